@@ -1,0 +1,48 @@
+"""``python -m agentrl <stage> ...``: one entry point, one module per stage.
+
+Stage modules are imported lazily so that ``agentrl sandbox`` does not pay for importing
+torch, and so that a stage whose optional dependency is missing does not break the others.
+Each stage module exposes ``main(argv: list[str]) -> int``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+STAGES: dict[str, tuple[str, str]] = {
+    "prepare-data": ("agentrl.data.cli", "write the normalized SFT, RL-pool and eval parquet files"),
+    "base-model": ("agentrl.model.cli", "build the embedded tiny model or resolve a hub id / path"),
+    "sandbox": ("agentrl.tools.cli", "run a Python file in the sandbox and print the result as JSON"),
+    "reward": ("agentrl.rewards.cli", "score one response with the reward registry"),
+    "rollout": ("agentrl.rollout.cli", "multi-turn agentic rollouts of a model on a problem file"),
+    "sft": ("agentrl.sft.cli", "supervised fine-tuning on multi-turn tool-use trajectories"),
+    "filter": ("agentrl.filtering.cli", "model-aware RL data filtering (score | select)"),
+    "grpo": ("agentrl.grpo.cli", "GRPO-TCR training"),
+    "evaluate": ("agentrl.evaluation.cli", "benchmark evaluation of one model"),
+    "report": ("agentrl.report.cli", "tables and plots of the whole run"),
+}
+
+
+def _usage() -> str:
+    width = max(len(name) for name in STAGES)
+    lines = ["usage: python -m agentrl <stage> [options]", "", "stages:"]
+    lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in STAGES.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
+    stage = argv[0].replace("_", "-")
+    if stage not in STAGES:
+        print(f"agentrl: unknown stage {argv[0]!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(STAGES[stage][0])
+    return int(module.main(argv[1:]) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

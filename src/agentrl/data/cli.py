@@ -1,0 +1,70 @@
+"""``python -m agentrl prepare-data``: write the normalized SFT, RL-pool and eval parquet files."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+from agentrl.config import Config, add_config_arguments, config_from_args
+from agentrl.data import upstream
+from agentrl.data.records import write_records
+
+log = logging.getLogger("agentrl.prepare_data")
+
+
+def _embedded(cfg: Config):
+    from agentrl.data import embedded
+    from agentrl.tools.code_interpreter import CodeInterpreter
+    from agentrl.tools.sandbox import make_sandbox
+
+    e = cfg.data.embedded
+    with make_sandbox(cfg.sandbox) as sandbox:
+        interpreter = CodeInterpreter(sandbox, cfg.tool)
+
+        def run_program(jobs):
+            results = sandbox.run_many(jobs)
+            failed = [(code, r) for (code, _), r in zip(jobs, results) if r.status != "ok"]
+            if failed:
+                raise RuntimeError(f"a reference solution failed in the sandbox: {failed[0]}")
+            return [r.stdout for r in results]
+
+        return embedded.generate(
+            seed=cfg.seed, families=e.families, sft_per_family=e.sft_per_family,
+            rl_pool_per_family=e.rl_pool_per_family, eval_per_family=e.eval_per_family,
+            failed_attempt_share=e.failed_attempt_share, prompt_style=e.prompt_style,
+            execute=lambda code: interpreter.execute(code).text, run_program=run_program,
+        )
+
+
+def prepare(cfg: Config, sft_out: Path, rl_out: Path, eval_dir: Path) -> dict[str, int]:
+    if cfg.data.source == "embedded":
+        dataset = _embedded(cfg)
+        sft, rl_pool, eval_sets = dataset.sft, dataset.rl_pool, dataset.eval_sets
+    else:
+        up = cfg.data.upstream
+        sft = upstream.normalize_sft(upstream.read_rows(up.sft, up.max_sft_rows), upstream.source_name(up.sft))
+        rl_pool = upstream.normalize_rl(upstream.read_rows(up.rl, up.max_rl_rows), upstream.source_name(up.rl))
+        eval_sets = {
+            name: upstream.normalize_eval(name, upstream.read_rows(source), upstream.source_name(source))
+            for name, source in up.eval.items()
+        }
+    write_records(sft, sft_out)
+    write_records(rl_pool, rl_out)
+    for name, problems in eval_sets.items():
+        write_records(problems, eval_dir / f"{name}.parquet")
+    return {"sft": len(sft), "rl_pool": len(rl_pool), **{f"eval/{k}": len(v) for k, v in eval_sets.items()}}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="agentrl prepare-data", description=__doc__)
+    add_config_arguments(parser)
+    parser.add_argument("--sft", type=Path, required=True, help="output: normalized SFT parquet")
+    parser.add_argument("--rl-pool", type=Path, required=True, help="output: normalized RL-pool parquet")
+    parser.add_argument("--eval-dir", type=Path, required=True, help="output folder: <benchmark>.parquet")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    counts = prepare(config_from_args(args), args.sft, args.rl_pool, args.eval_dir)
+    log.info("wrote %s", json.dumps(counts))
+    return 0

@@ -1,0 +1,329 @@
+"""The embedded task: three small families that mirror the paper's benchmark kinds.
+
+- ``arith`` (like AIME): multi-step integer arithmetic on numbers long enough that a
+  1-5 M-parameter model cannot compute the result itself; the answer is an integer in
+  ``\\boxed{}``. Difficulty = number of operands and digits (levels 1-5).
+- ``choice`` (like GPQA): four lettered options, one of them the value of such an
+  expression, the others near misses; the answer is the letter.
+- ``program`` (like LiveCodeBench): a small stdin/stdout task from a set of templates of
+  growing length; the answer is a fenced python program graded on hidden test cases.
+
+Everything is deterministic from the seed. SFT trajectories are *real end to end*, as the
+paper's data: a scripted solver writes code, the code runs in the project's code interpreter
+(the same sandbox and output post-processing the agent loop uses), and the next assistant turn
+is written from the real tool output it got back. A configurable share of trajectories contains
+a failed first attempt (a crash, code that prints nothing, or a wrong program whose output does
+not match the example) followed by a recovery. Held-out eval problems never share their text
+with SFT or RL-pool problems.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from agentrl.data.prompts import CODE_INTERPRETER_TOOL, embedded_prompt
+from agentrl.data.records import Message, Problem, SftExample
+
+DATA_SOURCES = {"arith": "embedded-arith", "choice": "embedded-choice", "program": "embedded-code"}
+ABILITIES = {"arith": "math", "choice": "science", "program": "code"}
+LETTERS = "ABCD"
+NUM_CODE_CASES = 4
+
+
+# --------------------------------------------------------------------------- arithmetic
+def _arith_expression(rng: random.Random, level: int) -> str:
+    """An integer expression whose size grows with ``level`` (1-5)."""
+    operands = {1: 2, 2: 2, 3: 3, 4: 4, 5: 5}[level]
+    digits = {1: (2, 2), 2: (3, 4), 3: (2, 3), 4: (2, 4), 5: (3, 4)}[level]
+    numbers = []
+    for _ in range(operands):
+        width = rng.randint(*digits)
+        numbers.append(str(rng.randint(10 ** (width - 1), 10**width - 1)))
+    ops = [rng.choice(["+", "-", "*"]) for _ in range(operands - 1)]
+    expression = numbers[0]
+    for op, number in zip(ops, numbers[1:]):
+        expression = f"{expression} {op} {number}"
+    if level == 5:  # one parenthesised pair changes the order of operations
+        parts = expression.split(" ")
+        expression = "(" + " ".join(parts[:3]) + ") " + " ".join(parts[3:])
+    return expression
+
+
+def _distractors(rng: random.Random, value: int) -> list[int]:
+    """Three near misses: one digit changed, so the options cannot be told apart by size."""
+    out: set[int] = set()
+    while len(out) < 3:
+        place = 10 ** rng.randint(0, max(0, len(str(abs(value))) - 1))
+        candidate = value + rng.choice([-1, 1]) * rng.randint(1, 9) * place
+        if candidate != value:
+            out.add(candidate)
+    return sorted(out)
+
+
+# --------------------------------------------------------------------------- programs
+@dataclass(frozen=True)
+class ProgramTemplate:
+    name: str
+    statement: str
+    solution: str
+    wrong_solution: str  # a plausible first attempt with a real bug, used for recoveries
+    make_input: Callable[[random.Random], str]
+
+
+def _ints_line(rng: random.Random, lo: int = 3, hi: int = 7) -> str:
+    return " ".join(str(rng.randint(-20, 99)) for _ in range(rng.randint(lo, hi)))
+
+
+def _word(rng: random.Random) -> str:
+    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(4, 9)))
+
+
+def _column(rng: random.Random) -> str:
+    values = [str(rng.randint(1, 99)) for _ in range(rng.randint(2, 5))]
+    return "\n".join([str(len(values)), *values])
+
+
+PROGRAM_TEMPLATES: tuple[ProgramTemplate, ...] = (
+    ProgramTemplate("reverse", "read a word and print it reversed.",
+                    "print(input()[::-1])", "print(input())", _word),
+    ProgramTemplate("upper", "read a word and print it in upper case.",
+                    "print(input().upper())", "print(input().lower())", _word),
+    ProgramTemplate("sum", "read integers from one line and print their sum.",
+                    "print(sum(map(int, input().split())))", "print(max(map(int, input().split())))", _ints_line),
+    ProgramTemplate("max", "read integers from one line and print the largest.",
+                    "print(max(map(int, input().split())))", "print(min(map(int, input().split())))", _ints_line),
+    ProgramTemplate("count", "read integers from one line and print how many there are.",
+                    "print(len(input().split()))", "print(len(input()))", _ints_line),
+    ProgramTemplate("range", "read integers from one line and print the largest minus the smallest.",
+                    "a = list(map(int, input().split()))\nprint(max(a) - min(a))",
+                    "a = list(map(int, input().split()))\nprint(max(a) + min(a))", _ints_line),
+    ProgramTemplate("sorted", "read integers from one line and print them sorted, separated by spaces.",
+                    "print(*sorted(map(int, input().split())))", "print(*sorted(input().split()))", _ints_line),
+    ProgramTemplate("evens", "read integers from one line and print how many are even.",
+                    "print(sum(1 for x in map(int, input().split()) if x % 2 == 0))",
+                    "print(sum(1 for x in map(int, input().split()) if x % 2 == 1))", _ints_line),
+    ProgramTemplate("column", "read n, then n lines with one integer each, and print their sum.",
+                    "n = int(input())\nprint(sum(int(input()) for _ in range(n)))",
+                    "n = int(input())\nprint(n)", _column),
+)
+
+
+def _with_stdin(solution: str, stdin: str) -> str:
+    """Tool code that runs ``solution`` on ``stdin``: the interpreter tool itself has no stdin."""
+    return f"import io, sys\nsys.stdin = io.StringIO({stdin + chr(10)!r})\n{solution}"
+
+
+# --------------------------------------------------------------------------- problems
+@dataclass(frozen=True)
+class _Draft:
+    """A problem before grading material that needs execution (program outputs) is filled in."""
+
+    family: str
+    key: str  # the text that makes two problems the same (dedup across splits)
+    fields: dict[str, str]
+    answer: str  # arith: value, choice: letter, program: template name
+    level: int
+
+
+def _draft(family: str, rng: random.Random) -> _Draft:
+    if family == "arith":
+        level = rng.randint(1, 5)
+        expression = _arith_expression(rng, level)
+        return _Draft(family, expression, {"expression": expression}, str(eval(expression)), level)
+    if family == "choice":
+        level = rng.randint(1, 5)
+        expression = _arith_expression(rng, level)
+        value = eval(expression)
+        options = _distractors(rng, value) + [value]
+        rng.shuffle(options)
+        lines = "\n".join(f"{LETTERS[i]}) {v}" for i, v in enumerate(options))
+        answer = LETTERS[options.index(value)]
+        return _Draft(family, f"{expression}|{lines}", {"expression": expression, "options": lines}, answer, level)
+    if family == "program":
+        level = rng.randrange(len(PROGRAM_TEMPLATES))
+        template = PROGRAM_TEMPLATES[level]
+        inputs = [template.make_input(rng) for _ in range(NUM_CODE_CASES)]
+        return _Draft(family, f"{template.name}|{inputs}", {"statement": template.statement, "inputs": json.dumps(inputs)},
+                      template.name, level)
+    raise ValueError(f"unknown embedded family {family!r}; known: {sorted(DATA_SOURCES)}")
+
+
+def _drafts(family: str, count: int, rng: random.Random, taken: set[str]) -> list[_Draft]:
+    out: list[_Draft] = []
+    attempts = 0
+    while len(out) < count:
+        attempts += 1
+        if attempts > 100 * count:
+            raise RuntimeError(f"embedded '{family}': could not draw {count} distinct problems")
+        draft = _draft(family, rng)
+        if draft.key not in taken:
+            taken.add(draft.key)
+            out.append(draft)
+    return out
+
+
+def _problem(draft: _Draft, split: str, index: int, style: str, case_outputs: list[str] | None) -> Problem:
+    fields = dict(draft.fields)
+    ground_truth: str | dict
+    if draft.family == "program":
+        assert case_outputs is not None, "program problems need their reference outputs"
+        inputs = json.loads(fields.pop("inputs"))
+        fields.update(example_input=inputs[0], example_output=case_outputs[0])
+        ground_truth = {"inputs": [i + "\n" for i in inputs], "outputs": [o + "\n" for o in case_outputs]}
+    else:
+        ground_truth = draft.answer
+    content = embedded_prompt(draft.family, style, **fields)
+    return Problem(
+        id=f"{draft.family}-{split}-{index:05d}",
+        data_source=DATA_SOURCES[draft.family],
+        prompt=[{"role": "user", "content": content}],
+        ability=ABILITIES[draft.family],
+        ground_truth=ground_truth,
+        extra={"family": draft.family, "level": draft.level, "split": split,
+               "template": draft.answer if draft.family == "program" else None},
+    )
+
+
+# --------------------------------------------------------------------------- the solver
+def _call(code: str, content: str) -> Message:
+    return {"role": "assistant", "content": content,
+            "tool_calls": [{"type": "function", "function": {"name": "code_interpreter", "arguments": {"code": code}}}]}
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+class ScriptedSolver:
+    """Writes the SFT trajectories: code goes through the real tool; answers come from its output."""
+
+    def __init__(self, execute: Callable[[str], str], rng: random.Random, failed_attempt_share: float):
+        self.execute = execute  # code -> tool-response text, exactly as the agent loop shows it
+        self.rng = rng
+        self.failed_attempt_share = failed_attempt_share
+
+    def _tool_turn(self, messages: list[Message], code: str, content: str) -> str:
+        output = self.execute(code)
+        messages += [_call(code, content), {"role": "tool", "content": output}]
+        return output
+
+    def _compute(self, messages: list[Message], expression: str) -> str:
+        """Compute ``expression`` with the tool, maybe after a failed attempt; return the printed value."""
+        intro = "Let me compute it with the tool."
+        if self.rng.random() < self.failed_attempt_share:
+            broken = f"prnt({expression})" if self.rng.random() < 0.5 else f"result = {expression}"
+            output = self._tool_turn(messages, broken, intro)
+            # The reply reads the real output: what the tool showed decides what the solver says.
+            if not output.strip():
+                intro = "The code printed nothing. Let me print the result."
+            elif "Error" in output:
+                intro = "The code failed. Let me fix it."
+            else:
+                intro = f"It printed {_last_line(output)}. Let me check it once more."
+        return _last_line(self._tool_turn(messages, f"print({expression})", intro))
+
+    def solve(self, problem: Problem, draft: _Draft) -> list[Message]:
+        messages: list[Message] = [dict(problem.prompt[0])]
+        if draft.family == "arith":
+            value = self._compute(messages, draft.fields["expression"])
+            messages.append({"role": "assistant", "content": f"The result is {value}.\n\\boxed{{{value}}}"})
+        elif draft.family == "choice":
+            value = self._compute(messages, draft.fields["expression"])
+            options = dict(line.split(") ", 1) for line in draft.fields["options"].splitlines())
+            letter = next((k for k, v in options.items() if v == value), None)
+            if letter is None:
+                raise RuntimeError(f"{problem.id}: the tool printed {value!r}, which is none of the options")
+            messages.append({"role": "assistant", "content": f"The value is {value}, option {letter}.\n\\boxed{{{letter}}}"})
+        else:
+            self._program(messages, problem)
+        return messages
+
+    def _program(self, messages: list[Message], problem: Problem) -> None:
+        template = next(t for t in PROGRAM_TEMPLATES if t.name == problem.extra["template"])
+        example_input = problem.ground_truth["inputs"][0].rstrip("\n")
+        expected = problem.ground_truth["outputs"][0].rstrip("\n")
+        intro = "Let me test my program on the example."
+        if self.rng.random() < self.failed_attempt_share:
+            wrong_code = _with_stdin(template.wrong_solution, example_input)
+            output = self.execute(wrong_code)
+            # Only a bug that shows on the example makes a recovery story; one that does not
+            # show would teach the model to rewrite code that just passed its check.
+            if _last_line(output) != expected:
+                messages += [_call(wrong_code, intro), {"role": "tool", "content": output}]
+                intro = f"It printed {_last_line(output) or 'nothing'}, but {expected} is expected. Let me fix it."
+        output = self._tool_turn(messages, _with_stdin(template.solution, example_input), intro)
+        if _last_line(output) != expected:
+            raise RuntimeError(f"{problem.id}: reference solution printed {output!r}, expected {expected!r}")
+        messages.append({"role": "assistant",
+                         "content": f"The output matches the example.\n```python\n{template.solution}\n```"})
+
+
+# --------------------------------------------------------------------------- assembly
+@dataclass(frozen=True)
+class EmbeddedDataset:
+    sft: list[SftExample]
+    rl_pool: list[Problem]
+    eval_sets: dict[str, list[Problem]]
+
+
+def generate(
+    *,
+    seed: int,
+    families: tuple[str, ...],
+    sft_per_family: int,
+    rl_pool_per_family: int,
+    eval_per_family: int,
+    failed_attempt_share: float,
+    prompt_style: str,
+    execute: Callable[[str], str],
+    run_program: Callable[[list[tuple[str, str]]], list[str]],
+) -> EmbeddedDataset:
+    """Draw every split of every family, then write the SFT trajectories through the real tool.
+
+    ``execute(code) -> text`` is the code-interpreter tool; ``run_program([(code, stdin)]) ->
+    [stdout]`` runs reference solutions to make the hidden test cases of ``program`` problems.
+    Eval problems are drawn first so that no later split can take their text.
+    """
+    rng = random.Random(seed)
+    sft: list[SftExample] = []
+    rl_pool: list[Problem] = []
+    eval_sets: dict[str, list[Problem]] = {}
+    solver = ScriptedSolver(execute, random.Random(seed + 1), failed_attempt_share)
+    for family in families:
+        taken: set[str] = set()
+        splits = {
+            "eval": _drafts(family, eval_per_family, rng, taken),
+            "sft": _drafts(family, sft_per_family, rng, taken),
+            "rl": _drafts(family, rl_pool_per_family, rng, taken),
+        }
+        outputs = _program_outputs(splits, run_program) if family == "program" else {}
+        problems = {
+            split: [_problem(d, split, i, prompt_style, outputs.get((split, i))) for i, d in enumerate(drafts)]
+            for split, drafts in splits.items()
+        }
+        eval_sets[family] = problems["eval"]
+        rl_pool += problems["rl"]
+        for problem, draft in zip(problems["sft"], splits["sft"]):
+            messages = solver.solve(problem, draft)
+            sft.append(SftExample(id=problem.id, messages=messages, tools=[CODE_INTERPRETER_TOOL]))
+    return EmbeddedDataset(sft=sft, rl_pool=rl_pool, eval_sets=eval_sets)
+
+
+def _program_outputs(splits: dict[str, list[_Draft]], run_program) -> dict[tuple[str, int], list[str]]:
+    """Reference outputs of every test case, computed by really running the reference solution."""
+    jobs, where = [], []
+    for split, drafts in splits.items():
+        for i, draft in enumerate(drafts):
+            template = next(t for t in PROGRAM_TEMPLATES if t.name == draft.answer)
+            for stdin in json.loads(draft.fields["inputs"]):
+                jobs.append((template.solution, stdin + "\n"))
+                where.append((split, i))
+    results = run_program(jobs)
+    out: dict[tuple[str, int], list[str]] = {}
+    for key, stdout in zip(where, results):
+        out.setdefault(key, []).append(stdout.rstrip("\n"))
+    return out

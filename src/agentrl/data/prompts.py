@@ -1,0 +1,126 @@
+"""The recipe's prompt templates (RECIPE.md section 2), verbatim from the upstream scripts.
+
+Typos ("sumbit") and odd spacing are upstream's and kept on purpose: the released SFT data and
+the released checkpoints were trained on exactly these strings. The embedded task's compact
+prompts live at the bottom; they are a deliberate departure (shorter sequences for a CPU-sized
+model), selectable with ``data.embedded.prompt_style: paper``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MATH_PROMPT_1 = "Analyze and solve the following math problem step by step. \n\n"
+MATH_PROMPT_2 = (
+    "\n\nThe tool could be used for more precise and efficient calculation and could help you "
+    "to verify your result before you reach the final answer."
+)
+AGENT_PROMPT = (
+    "\n\n**Note: You should first analyze the problem and form a high-level solution strategy, "
+    "then utilize the tools to help you solve the problem.**"
+)
+ANSWER_FORMAT = (
+    "\nRemember once you make sure the current answer is your final answer, do not call the tools "
+    "again and directly output the final answer in the following text format, the answer format "
+    "must be: \\boxed{'The final answer goes here.'}."
+)
+UNITS_SENTENCE = (
+    "\nDo not put units of the final answer inside \\boxed{}. The content of \\boxed{} should be "
+    "the numerical value of the final answer only, without any units."
+)
+UNITS_SENTENCE_OTHER_MATH = (
+    "\nDo not put units of the final answer inside \\boxed{}. The content of \\boxed{} should be "
+    "the final numerical value of the final answer only, without any units."
+)
+GPQA_LETTER = "\n Here you need to put the final uppercase letter option of this problem into \\boxed{}"
+CODE_SUBMIT = (
+    "\nBefore sumbit your code, you can utilize tools to check the correctness of your code, once "
+    "you make sure the current code is correct, do not call the tools again and submit your code "
+    "within ```python\n# YOUR CODE HERE\n```."
+)
+LCB_INTRO = (
+    "You will be given a question (problem specification) and will generate a correct Python "
+    "program that matches the specification and passes all tests.\n\n"
+)
+LCB_STDIN = (
+    "\n\nRead the inputs from stdin solve the problem and write the answer to stdout (do not "
+    "directly test on the sample inputs). Enclose your code within delimiters as follows. Ensure "
+    "that when the python program runs, it reads the inputs, runs the algorithm and writes output "
+    "to STDOUT.\n```python\n# YOUR CODE HERE\n\""
+)
+
+# The one tool of the recipe (RECIPE.md section 3), exactly as upstream declares it.
+CODE_INTERPRETER_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "code_interpreter",
+        "description": "A tool for executing code.",
+        "parameters": {
+            "type": "object",
+            "properties": {"code": {"type": "string", "description": "The code to execute."}},
+            "required": ["code"],
+        },
+    },
+}
+
+
+def aime_prompt(problem: str) -> str:
+    return MATH_PROMPT_1 + problem + MATH_PROMPT_2 + AGENT_PROMPT + ANSWER_FORMAT
+
+
+def gpqa_prompt(problem: str, domain: str) -> str:
+    intro = f"Analyze and solve the following {domain} problem step by step. \n\n"
+    return intro + problem + MATH_PROMPT_2 + AGENT_PROMPT + ANSWER_FORMAT + GPQA_LETTER
+
+
+def lcb_prompt(problem: str, example_inputs: Any, example_outputs: Any) -> str:
+    return (
+        LCB_INTRO
+        + problem
+        + "\nHere are some input and output examples of the expected code:\nInput:"
+        + str(example_inputs)
+        + "\nOutput:\n"
+        + str(example_outputs)
+        + AGENT_PROMPT
+        + LCB_STDIN
+        + CODE_SUBMIT
+    )
+
+
+def rl_prompt(content: str, data_source: str) -> str:
+    """Wrap an RL-pool user message as upstream's training script does, by data source."""
+    source = data_source.lower()
+    if "code" in source:
+        return content + AGENT_PROMPT + CODE_SUBMIT
+    if source in ("math_dapo", "mega-science"):
+        return content + UNITS_SENTENCE
+    return aime_prompt(content) + UNITS_SENTENCE_OTHER_MATH
+
+
+# --------------------------------------------------------------------------- embedded task
+COMPACT_MATH = "Compute {expression}. Use the code tool, then give the answer in \\boxed{{}}."
+COMPACT_CHOICE = (
+    "Which option equals {expression}?\n{options}\nUse the code tool, then give the letter in \\boxed{{}}."
+)
+COMPACT_CODE = (
+    "Write a Python program: {statement}\nExample input:\n{example_input}\nExample output:\n"
+    "{example_output}\nTest it with the code tool, then submit it in a ```python``` block."
+)
+
+
+def embedded_prompt(family: str, style: str, **fields: str) -> str:
+    """The user message of an embedded problem: compact by default, the paper's wrapping on request."""
+    if family == "arith":
+        text = COMPACT_MATH.format(**fields)
+        return aime_prompt(f"Compute {fields['expression']}.") if style == "paper" else text
+    if family == "choice":
+        text = COMPACT_CHOICE.format(**fields)
+        if style == "paper":
+            problem = f"Which option equals {fields['expression']}?\n{fields['options']}"
+            return gpqa_prompt(problem, "arithmetic")
+        return text
+    if family == "program":
+        if style == "paper":
+            return lcb_prompt(fields["statement"], [fields["example_input"]], [fields["example_output"]])
+        return COMPACT_CODE.format(**fields)
+    raise ValueError(f"unknown embedded family {family!r}; known: arith, choice, program")

@@ -1,0 +1,122 @@
+"""The base model: a tiny Qwen3 and its tokenizer for the embedded default, or a hub id / path.
+
+Embedded default: a byte-level BPE tokenizer trained on the embedded corpus (rendered SFT
+conversations and RL prompts, never the eval sets), digits split one by one (as Qwen's
+pre-tokenizer does, so numbers are read digit by digit), the special tokens and chat template of
+Qwen3 (``<|im_start|>``, ``<|im_end|>``, ``<tool_call>``, ``<tool_response>``, ...), and a
+randomly initialised ``Qwen3ForCausalLM`` of ~1.5 M parameters, saved as a normal Hugging Face
+folder (safetensors). Everything downstream loads it with ``from_pretrained`` like a hub model.
+
+Presets: ``model.base`` is a hub id (downloaded with ``huggingface_hub.snapshot_download`` when
+the rule runs, never at DAG-build time) or a local folder (linked, so the rule's output folder
+is the one every stage reads).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+from agentrl.config import EmbeddedModelConfig
+
+CHAT_TEMPLATE = (Path(__file__).parent / "chat_template.jinja").read_text(encoding="utf-8")
+PAD_TOKEN = "<|endoftext|>"
+EOS_TOKEN = "<|im_end|>"
+# Qwen3 marks <|im_start|>/<|im_end|>/<|endoftext|> special (dropped by skip_special_tokens) and the
+# tool markers as plain added tokens (kept in decoded text, so a parser can find them).
+SPECIAL_TOKENS = [PAD_TOKEN, "<|im_start|>", EOS_TOKEN]
+TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
+
+
+def train_tokenizer(corpus: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """Byte-level BPE with single-digit pre-tokenization, wrapped as a transformers tokenizer."""
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
+    )
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS + TOOL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(corpus, trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        additional_special_tokens=["<|im_start|>"],
+        clean_up_tokenization_spaces=False,
+        model_max_length=1_000_000,
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_tiny_qwen3(tokenizer: PreTrainedTokenizerFast, cfg: EmbeddedModelConfig, seed: int) -> Qwen3ForCausalLM:
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim,
+        max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=True,
+        rope_theta=10000.0,
+        bos_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config)
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, tokenizer.pad_token_id]
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+def save_embedded_model(corpus: Iterable[str], cfg: EmbeddedModelConfig, seed: int, out_dir: str | Path) -> Path:
+    out_dir = Path(out_dir)
+    tokenizer = train_tokenizer(corpus, cfg.vocab_size)
+    model = build_tiny_qwen3(tokenizer, cfg, seed)
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)
+    return out_dir
+
+
+def resolve_pretrained(base: str, out_dir: str | Path) -> Path:
+    """Make ``out_dir`` hold the model named by ``base`` (a local folder or a hub id)."""
+    out_dir = Path(out_dir)
+    source = Path(base).expanduser()
+    if source.is_dir():
+        missing = [f for f in ("config.json",) if not (source / f).exists()]
+        if missing:
+            raise FileNotFoundError(f"model.base={base!r}: the folder has no {missing[0]}; is it a Hugging Face model folder?")
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        if out_dir.is_symlink() or out_dir.exists():
+            out_dir.unlink() if out_dir.is_symlink() else shutil.rmtree(out_dir)
+        os.symlink(source.resolve(), out_dir, target_is_directory=True)
+        return out_dir
+    if base.count("/") != 1 or base.startswith((".", "/")):
+        raise FileNotFoundError(f"model.base={base!r} is neither an existing folder nor a hub id 'org/name'")
+    from huggingface_hub import snapshot_download  # only needed when a hub model is asked for
+
+    snapshot_download(repo_id=base, local_dir=str(out_dir))
+    return out_dir
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,55 @@
+"""``python -m agentrl base-model``: build the embedded tiny model, or resolve a hub id / local folder."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+from agentrl.config import add_config_arguments, config_from_args
+from agentrl.data.prompts import CODE_INTERPRETER_TOOL
+from agentrl.data.records import read_problems, read_sft_examples
+
+log = logging.getLogger("agentrl.base_model")
+
+
+def embedded_corpus(sft_path: Path, rl_pool_path: Path) -> Iterator[str]:
+    """Text the tokenizer learns from: rendered SFT conversations and RL prompts (never eval sets)."""
+    from agentrl.model.build import train_tokenizer
+
+    # The template is plain Jinja: any tokenizer carrying it renders the same text, so a
+    # throwaway one renders the corpus that the real tokenizer is then trained on.
+    renderer = train_tokenizer(["0123456789"], 300)
+    for example in read_sft_examples(sft_path):
+        yield renderer.apply_chat_template(example.messages, tools=example.tools, tokenize=False)
+    for problem in read_problems(rl_pool_path):
+        yield renderer.apply_chat_template(problem.prompt, tools=[CODE_INTERPRETER_TOOL], tokenize=False,
+                                           add_generation_prompt=True)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="agentrl base-model", description=__doc__)
+    add_config_arguments(parser)
+    parser.add_argument("--sft", type=Path, help="normalized SFT parquet (tokenizer corpus; embedded only)")
+    parser.add_argument("--rl-pool", type=Path, help="normalized RL-pool parquet (tokenizer corpus; embedded only)")
+    parser.add_argument("--out", type=Path, required=True, help="output Hugging Face model folder")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    cfg = config_from_args(args)
+
+    from agentrl.model import build
+
+    if cfg.model.base == "embedded":
+        if not (args.sft and args.rl_pool):
+            parser.error("the embedded model needs --sft and --rl-pool (its tokenizer is trained on them)")
+        build.save_embedded_model(embedded_corpus(args.sft, args.rl_pool), cfg.model.embedded, cfg.seed, args.out)
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(args.out)
+        log.info("embedded Qwen3: %d parameters, vocab %d -> %s",
+                 build.count_parameters(model), model.config.vocab_size, args.out)
+    else:
+        build.resolve_pretrained(cfg.model.base, args.out)
+        log.info("model.base %s -> %s", cfg.model.base, args.out)
+    return 0
