@@ -1,0 +1,69 @@
+"""Multiple choice (GPQA-Diamond, the embedded ``choice`` task): the boxed option letter.
+
+Upstream grades GPQA with the same strict box check as math: the last ``\\boxed{...}`` in the
+last 100 characters must equal the letter exactly, so ``\\boxed{(B)}`` or ``\\boxed{b}`` score
+-1. Deliberate departure: the box's content is reduced to a letter first, tolerating
+``\\boxed{B}``, ``\\boxed{(B)}``, ``\\boxed{\\text{B}}``, ``\\boxed{\\textbf{B}}``,
+``\\boxed{B.}``, ``\\boxed{[B]}`` and lower case, because the prompt asks for "the final
+uppercase letter option" and a wrapper around the right letter is not a wrong answer. Anything
+that does not reduce to a single letter (``\\boxed{B or C}``, ``\\boxed{42}``) is wrong. The
+search window stays upstream's tail of ``reward.strict_tail_chars`` characters.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from agentrl.config import RewardConfig
+from agentrl.rewards.base import InvalidGroundTruthError, PendingVerdict, Verdict
+from agentrl.rewards.boxed import last_boxed_content, strict_tail
+
+_WRAPPER = re.compile(r"^\\(?:text|textbf|mathrm|mathbf|mathit|textrm)\s*\{(.*)\}$", re.DOTALL)
+_BRACKETS = (("(", ")"), ("[", "]"), ("{", "}"))
+
+
+def option_letter(text: str) -> str | None:
+    """The option letter ``text`` spells (``(b)`` -> ``B``), or None if it is not one letter."""
+    previous = None
+    while previous != text:
+        previous = text
+        text = text.strip().replace("$", "").rstrip(".").strip()
+        wrapped = _WRAPPER.match(text)
+        if wrapped:
+            text = wrapped.group(1)
+        for opening, closing in _BRACKETS:
+            if len(text) >= 2 and text[0] == opening and text[-1] == closing:
+                text = text[1:-1]
+    if len(text) == 1 and text.isascii() and text.isalpha():
+        return text.upper()
+    return None
+
+
+def ground_truth_letter(ground_truth: Any) -> str:
+    letter = option_letter(ground_truth) if isinstance(ground_truth, str) else None
+    if letter is None:
+        raise InvalidGroundTruthError(
+            f"multiple_choice ground truth must be a single option letter such as 'B', got {ground_truth!r}"
+        )
+    return letter
+
+
+class ChoiceVerifier:
+    family = "multiple_choice"
+
+    def __init__(self, cfg: RewardConfig):
+        self.tail_chars = cfg.strict_tail_chars
+
+    def prepare(self, response: str, ground_truth: Any) -> PendingVerdict:
+        expected = ground_truth_letter(ground_truth)
+        boxed = last_boxed_content(strict_tail(response, self.tail_chars))
+        letter = option_letter(boxed) if boxed is not None else None
+        correct = letter == expected
+        verdict = Verdict(
+            score=1.0 if correct else -1.0,
+            acc=correct,
+            pred=letter if letter is not None else boxed,
+            details={"boxed": boxed, "expected": expected},
+        )
+        return PendingVerdict.ready(verdict)

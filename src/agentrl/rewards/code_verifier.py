@@ -1,0 +1,261 @@
+"""Code answers (LiveCodeBench-v6, the RL pool's ``train-code-*`` rows, ``embedded-code``).
+
+Recipe (RECIPE.md section 4): the last fenced python block of the response is the solution;
+it is graded against the row's tests in the sandbox, one sandbox run per case with a per-case
+timeout (``reward.code_case_timeout_s``; upstream: 30 s). Score = fraction of cases passed,
+``acc`` = all passed, -1 when there is no code block or the code does not parse. Three kinds
+of tests (the ground truth is a dict, or its JSON string):
+
+- stdin/stdout ``{"inputs": [...], "outputs": [...]}``: the program reads the case's input on
+  stdin; it passes when it exits cleanly and ``stdout.rstrip("\\n")`` equals the expected
+  output (also with trailing newlines stripped: upstream's data has both spellings). Other
+  whitespace counts: a trailing space is a wrong answer, as upstream.
+- functional ``{"inputs", "outputs", "fn_name"}``: each input is the call's arguments, either
+  a list or a string of one JSON value per line (LiveCodeBench's spelling); the expected
+  output is a value or its JSON. The target is ``Solution().fn_name`` when the code defines a
+  ``class Solution`` with that method, else a top-level ``fn_name`` (upstream wraps free
+  functions into ``class Solution`` textually; resolving the name at run time is the same
+  call without rewriting the user's code). The solution is executed with
+  ``__name__ != "__main__"`` so a demo ``main`` block does not wait on stdin; common stdlib
+  names (``typing``, ``collections``, ``heapq``, ...) are pre-imported as LiveCodeBench does.
+  The return value travels back as JSON (tuples become lists) and is compared on the host:
+  equal to the expected value, or to the single element of a one-element expected list (the
+  APPS/TACO convention of wrapping outputs).
+- LeetCode ``{"entry_point", "import_prefix", "test_code"}``: ``import_prefix + code +
+  test_code + check(entry_point)`` is one case; it passes when it exits cleanly.
+
+The grader decides correctness on the host from the run's status and output; the solution's
+own prints during a functional call are captured so they cannot fake a result line.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from agentrl.config import RewardConfig
+from agentrl.rewards.base import InvalidGroundTruthError, Job, PendingVerdict, Verdict
+
+if TYPE_CHECKING:
+    from agentrl.tools.sandbox import ExecutionResult
+
+_FENCED_PYTHON = re.compile(r"```(?:python3?|py)[ \t]*\r?\n(.*?)```", re.DOTALL | re.IGNORECASE)
+RESULT_MARKER = "@@agentrl-functional-result@@"
+FUNCTIONAL_PRELUDE = (
+    "from typing import *\n"
+    "import bisect, collections, functools, heapq, itertools, math, re, string\n"
+    "from bisect import *\nfrom collections import *\nfrom functools import *\n"
+    "from heapq import *\nfrom itertools import *\n"
+)
+# The harness runs the solution's source with exec() so that it is not "__main__" and so that a
+# `from __future__` line in it stays legal (it must open the compiled unit).
+_FUNCTIONAL_HARNESS = """\
+import io as _io, json as _json, sys as _sys
+_namespace = {{"__name__": "solution"}}
+_real_stdout, _sys.stdout = _sys.stdout, _io.StringIO()
+try:
+    exec({prelude!r}, _namespace)
+    exec(compile({source!r}, "<solution>", "exec"), _namespace)
+    _cls = _namespace.get("Solution")
+    if isinstance(_cls, type) and hasattr(_cls, {fn_name!r}):
+        _target = getattr(_cls(), {fn_name!r})
+    elif callable(_namespace.get({fn_name!r})):
+        _target = _namespace[{fn_name!r}]
+    else:
+        raise NameError("the solution defines neither Solution.{fn_name} nor a function {fn_name}")
+    _result = _target(*_json.loads({args_json!r}))
+finally:
+    _sys.stdout = _real_stdout
+print({marker!r} + _json.dumps(_result, default=repr))
+"""
+
+
+def extract_code(response: str) -> str | None:
+    """The last fenced python block of ``response`` (```python / ```py / ```python3), or None."""
+    blocks = _FENCED_PYTHON.findall(response)
+    return blocks[-1] if blocks else None
+
+
+# --------------------------------------------------------------------------- test kinds
+@dataclass(frozen=True)
+class StdioTests:
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def jobs(self, code: str) -> list[Job]:
+        return [(code, stdin) for stdin in self.inputs]
+
+    def outcome(self, index: int, result: ExecutionResult) -> str:
+        if result.status != "ok":
+            return result.status
+        return "pass" if result.stdout.rstrip("\n") == self.outputs[index].rstrip("\n") else "wrong_answer"
+
+
+@dataclass(frozen=True)
+class FunctionalTests:
+    fn_name: str
+    args: tuple[list[Any], ...]
+    outputs: tuple[Any, ...]
+
+    def __len__(self) -> int:
+        return len(self.args)
+
+    def jobs(self, code: str) -> list[Job]:
+        return [
+            (
+                _FUNCTIONAL_HARNESS.format(
+                    prelude=FUNCTIONAL_PRELUDE, source=code, fn_name=self.fn_name,
+                    args_json=json.dumps(args), marker=RESULT_MARKER,
+                ),
+                None,
+            )
+            for args in self.args
+        ]
+
+    def outcome(self, index: int, result: ExecutionResult) -> str:
+        if result.status != "ok":
+            return result.status
+        lines = [line for line in result.stdout.splitlines() if line.startswith(RESULT_MARKER)]
+        if not lines:
+            return "error"
+        actual = json.loads(lines[-1][len(RESULT_MARKER) :])
+        expected = self.outputs[index]
+        matches = actual == expected or (isinstance(expected, list) and len(expected) == 1 and actual == expected[0])
+        return "pass" if matches else "wrong_answer"
+
+
+@dataclass(frozen=True)
+class CheckHarness:
+    entry_point: str
+    import_prefix: str
+    test_code: str
+
+    def __len__(self) -> int:
+        return 1
+
+    def jobs(self, code: str) -> list[Job]:
+        program = f"{self.import_prefix}\n{code}\n\n{self.test_code}\n\ncheck({self.entry_point})\n"
+        return [(program, None)]
+
+    def outcome(self, index: int, result: ExecutionResult) -> str:
+        return "pass" if result.status == "ok" else result.status
+
+
+CodeTests = StdioTests | FunctionalTests | CheckHarness
+
+
+# --------------------------------------------------------------------------- ground truth
+def _text(value: Any, what: str) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(line, str) for line in value):
+        return "\n".join(value)  # some rows spell a case as its list of lines
+    raise InvalidGroundTruthError(f"{what} must be a string (or a list of lines), got {type(value).__name__}")
+
+
+def _call_args(value: Any, what: str) -> list[Any]:
+    if isinstance(value, list):
+        return value
+    if isinstance(value, str):
+        try:
+            return [json.loads(line) for line in value.split("\n") if line.strip()]
+        except json.JSONDecodeError as exc:
+            raise InvalidGroundTruthError(f"{what}: a line is not JSON ({exc}): {value[:80]!r}") from None
+    return [value]
+
+
+def _expected_value(value: Any, what: str) -> Any:
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise InvalidGroundTruthError(f"{what} is not JSON ({exc}): {value[:80]!r}") from None
+
+
+def parse_code_tests(ground_truth: Any) -> CodeTests:
+    """The tests a code ground truth (dict or JSON string) describes; see the module docstring."""
+    if isinstance(ground_truth, str):
+        try:
+            ground_truth = json.loads(ground_truth)
+        except json.JSONDecodeError as exc:
+            raise InvalidGroundTruthError(f"code ground truth is a string but not JSON: {exc}") from None
+    if not isinstance(ground_truth, dict):
+        raise InvalidGroundTruthError(f"code ground truth must be a dict, got {type(ground_truth).__name__}")
+    if {"entry_point", "test_code"} <= ground_truth.keys():
+        return CheckHarness(
+            entry_point=str(ground_truth["entry_point"]),
+            import_prefix=str(ground_truth.get("import_prefix") or ""),
+            test_code=str(ground_truth["test_code"]),
+        )
+    if not {"inputs", "outputs"} <= ground_truth.keys():
+        raise InvalidGroundTruthError(
+            "code ground truth must have keys {inputs, outputs[, fn_name]} or {entry_point, import_prefix, "
+            f"test_code}}; got keys {sorted(ground_truth)}"
+        )
+    inputs, outputs = ground_truth["inputs"], ground_truth["outputs"]
+    if not isinstance(inputs, list) or not isinstance(outputs, list) or len(inputs) != len(outputs) or not inputs:
+        raise InvalidGroundTruthError(
+            "code ground truth 'inputs' and 'outputs' must be non-empty lists of the same length, got "
+            f"inputs={str(inputs)[:60]!r}, outputs={str(outputs)[:60]!r}"
+        )
+    fn_name = ground_truth.get("fn_name")
+    if fn_name:
+        if not str(fn_name).isidentifier():
+            raise InvalidGroundTruthError(f"code ground truth fn_name {fn_name!r} is not a Python identifier")
+        return FunctionalTests(
+            fn_name=str(fn_name),
+            args=tuple(_call_args(value, f"inputs[{i}]") for i, value in enumerate(inputs)),
+            outputs=tuple(_expected_value(value, f"outputs[{i}]") for i, value in enumerate(outputs)),
+        )
+    return StdioTests(
+        inputs=tuple(_text(value, f"inputs[{i}]") for i, value in enumerate(inputs)),
+        outputs=tuple(_text(value, f"outputs[{i}]") for i, value in enumerate(outputs)),
+    )
+
+
+# --------------------------------------------------------------------------- verifier
+def _stderr_tail(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else "..." + text[-limit:]
+
+
+class CodeVerifier:
+    family = "code"
+
+    def __init__(self, cfg: RewardConfig):
+        self.case_timeout_s = cfg.code_case_timeout_s
+
+    def prepare(self, response: str, ground_truth: Any) -> PendingVerdict:
+        tests = parse_code_tests(ground_truth)
+        total = len(tests)
+        code = extract_code(response)
+        if code is None:
+            return PendingVerdict.ready(_unrunnable(None, "no_code", total))
+        try:
+            ast.parse(code)
+        except (SyntaxError, ValueError) as exc:  # ValueError: NUL bytes in the source
+            return PendingVerdict.ready(_unrunnable(code, f"syntax_error: {exc}", total))
+        return PendingVerdict(jobs=tests.jobs(code), finish=lambda results: _graded(code, tests, results))
+
+
+def _unrunnable(code: str | None, error: str, total: int) -> Verdict:
+    details = {"error": error, "cases_passed": 0, "cases_total": total, "case_outcomes": []}
+    return Verdict(score=-1.0, acc=False, pred=code, details=details)
+
+
+def _graded(code: str, tests: CodeTests, results: Sequence[ExecutionResult]) -> Verdict:
+    outcomes = [tests.outcome(index, result) for index, result in enumerate(results)]
+    passed = outcomes.count("pass")
+    details: dict[str, Any] = {"cases_passed": passed, "cases_total": len(outcomes), "case_outcomes": outcomes}
+    failed = [index for index, outcome in enumerate(outcomes) if outcome != "pass"]
+    if failed:
+        first = results[failed[0]]
+        details["first_failure"] = {"case": failed[0], "outcome": outcomes[failed[0]], "stderr": _stderr_tail(first.stderr)}
+    return Verdict(score=passed / len(outcomes), acc=not failed, pred=code, details=details)
