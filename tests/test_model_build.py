@@ -1,0 +1,99 @@
+"""The embedded base model: a Qwen3 folder with a tokenizer that reads digits one by one and
+renders tool calls the way Qwen3's template does."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from agentrl.config import load_config
+from agentrl.data.prompts import CODE_INTERPRETER_TOOL
+from agentrl.model.build import count_parameters, resolve_pretrained, save_embedded_model
+
+CONVERSATION = [
+    {"role": "user", "content": "Compute 4821 * 37 - 9156."},
+    {"role": "assistant", "content": "Let me compute it.",
+     "tool_calls": [{"type": "function", "function": {"name": "code_interpreter",
+                                                      "arguments": {"code": "print(4821 * 37 - 9156)"}}}]},
+    {"role": "tool", "content": "169221\n"},
+    {"role": "assistant", "content": "The result is 169221.\n\\boxed{169221}"},
+]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("model") / "base"
+    from agentrl.model.build import train_tokenizer
+
+    renderer = train_tokenizer(["0123456789"], 300)
+    text = renderer.apply_chat_template(CONVERSATION, tools=[CODE_INTERPRETER_TOOL], tokenize=False)
+    save_embedded_model([text] * 20, load_config({}).model.embedded, seed=0, out_dir=out)
+    return out
+
+
+def test_folder_loads_as_a_hugging_face_model(model_dir):
+    assert (model_dir / "model.safetensors").exists()
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    assert model.config.model_type == "qwen3"
+    assert 1_000_000 < count_parameters(model) < 5_000_000
+    assert model.config.vocab_size == len(tokenizer)
+    ids = tokenizer("hello", return_tensors="pt").input_ids
+    assert model(ids).logits.shape == (1, ids.shape[1], len(tokenizer))
+
+
+def test_chat_template_renders_hermes_tool_calls_and_responses(model_dir):
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    text = tokenizer.apply_chat_template(CONVERSATION, tools=[CODE_INTERPRETER_TOOL], tokenize=False)
+    assert text.startswith("<|im_start|>system\n# Tools\n")
+    assert "<tools>\n" + json.dumps(CODE_INTERPRETER_TOOL) + "\n</tools>" in text
+    assert ('Let me compute it.\n<tool_call>\n{"name": "code_interpreter", "arguments": '
+            '{"code": "print(4821 * 37 - 9156)"}}\n</tool_call><|im_end|>\n') in text
+    assert "<|im_start|>user\n<tool_response>\n169221\n\n</tool_response><|im_end|>\n<|im_start|>assistant\n" in text
+    prompt = tokenizer.apply_chat_template(CONVERSATION[:1], tools=[CODE_INTERPRETER_TOOL], tokenize=False,
+                                           add_generation_prompt=True)
+    assert prompt.endswith("<|im_start|>user\nCompute 4821 * 37 - 9156.<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_digits_are_single_tokens_and_text_round_trips(model_dir):
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    ids = tokenizer("x = 169221 + 7", add_special_tokens=False).input_ids
+    pieces = [tokenizer.decode([i]) for i in ids]
+    assert [p for p in pieces if p.strip().isdigit()] == list("1692217")
+    text = tokenizer.apply_chat_template(CONVERSATION, tools=[CODE_INTERPRETER_TOOL], tokenize=False)
+    assert tokenizer.decode(tokenizer(text, add_special_tokens=False).input_ids) == text
+
+
+def test_tool_markers_are_single_tokens_kept_when_decoding(model_dir):
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    for marker in ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<|im_end|>"):
+        assert len(tokenizer(marker, add_special_tokens=False).input_ids) == 1, marker
+    ids = tokenizer("<tool_call>x</tool_call><|im_end|>", add_special_tokens=False).input_ids
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "<tool_call>x</tool_call>"
+    assert tokenizer.eos_token == "<|im_end|>"
+
+
+def test_same_seed_same_weights(tmp_path, model_dir):
+    again = tmp_path / "again"
+    from agentrl.model.build import train_tokenizer
+
+    renderer = train_tokenizer(["0123456789"], 300)
+    text = renderer.apply_chat_template(CONVERSATION, tools=[CODE_INTERPRETER_TOOL], tokenize=False)
+    save_embedded_model([text] * 20, load_config({}).model.embedded, seed=0, out_dir=again)
+    first = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
+    second = AutoModelForCausalLM.from_pretrained(again).state_dict()
+    assert all(torch.equal(first[k], second[k]) for k in first)
+
+
+def test_local_folder_is_linked_and_bad_names_are_refused(tmp_path, model_dir):
+    out = resolve_pretrained(str(model_dir), tmp_path / "models" / "base")
+    assert (out / "config.json").exists() and out.is_symlink()
+    with pytest.raises(FileNotFoundError, match="neither an existing folder nor a hub id"):
+        resolve_pretrained("./no/such/model/here", tmp_path / "x")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        resolve_pretrained(str(empty), tmp_path / "y")
