@@ -1,0 +1,77 @@
+# Model-aware RL data (RECIPE.md section 6): the SFT model rates the RL pool, then the band and
+# the optional histogram matching pick the RL training set. Two rules, so that a changed
+# threshold or target histogram re-runs only the cheap selection: each rule's params hold only
+# the filter keys it reads (scoring: how the rollouts are drawn; selection: the thresholds).
+FILTER_SCORE_CFG = json.dumps(
+    {
+        **{key: config[key] for key in ("seed", "rollout", "reward", "sandbox", "tool")},
+        "filter": {key: config["filter"][key] for key in ("k", "temperature", "top_p")},
+    },
+    sort_keys=True,
+    separators=(",", ":"),
+)
+FILTER_SELECT_CFG = json.dumps(
+    {
+        "seed": config["seed"],
+        "filter": {
+            key: config["filter"][key]
+            for key in ("low", "high", "easy_min", "hard_max", "target_histogram", "target_pass_rates", "target_size")
+        },
+    },
+    sort_keys=True,
+    separators=(",", ":"),
+)
+# Another model's pass rates when the config matches its histogram (the weak-model preset).
+FILTER_TARGET = [config["filter"]["target_pass_rates"]] if config["filter"]["target_pass_rates"] else []
+ROLLOUT_ENV = "../envs/vllm.yaml" if config["rollout"]["engine"] == "vllm" else "../envs/train.yaml"
+
+
+rule score_rl_pool:
+    input:
+        model=result("models/sft/config.json"),
+        pool=result("data/rl_pool.parquet"),
+    output:
+        pass_rates=result("filter/pass_rates.parquet"),
+        samples=result("filter/samples.jsonl"),
+    log:
+        f"{LOGS}/score_rl_pool.log",
+    # No benchmark: Snakemake refuses it on a cached rule (a cache hit has no timing to write);
+    # the log states the wall time instead.
+    conda:
+        ROLLOUT_ENV
+    cache: True
+    params:
+        cfg=FILTER_SCORE_CFG,
+        model_dir=lambda wildcards, input: str(Path(input.model).parent),
+    threads: 2
+    shell:
+        "python -m agentrl filter score --config-json {params.cfg:q} --model {params.model_dir} --threads {threads} "
+        "--pool {input.pool} --out {output.pass_rates} --samples {output.samples} > {log} 2>&1"
+
+
+rule select_rl_data:
+    input:
+        pass_rates=result("filter/pass_rates.parquet"),
+        pool=result("data/rl_pool.parquet"),
+        target=FILTER_TARGET,
+    output:
+        rl_train=result("filter/rl_train.parquet"),
+        stats=result("filter/stats.json"),
+        histogram=report(
+            result("filter/pass_rate_hist.png"),
+            caption="../workflow/report/pass_rate_hist.rst",
+            category="RL data filtering",
+        ),
+    log:
+        f"{LOGS}/select_rl_data.log",
+    benchmark:
+        result("timings/select_rl_data.tsv")
+    conda:
+        "../envs/report.yaml"
+    params:
+        cfg=FILTER_SELECT_CFG,
+    threads: 1
+    shell:
+        "python -m agentrl filter select --config-json {params.cfg:q} --pass-rates {input.pass_rates} "
+        "--pool {input.pool} --out {output.rl_train} --stats {output.stats} "
+        "--histogram {output.histogram} > {log} 2>&1"

@@ -1,0 +1,67 @@
+# The run's report: summary table and plots under results/report/, and `snakemake --report`
+# (every output flagged with report() below, captions in workflow/report/).
+#
+# Optional inputs exist by configuration, not by chance: a training stage's log is plotted when
+# its model is evaluated, and the filter stats when the RL model is (the RL data exists then).
+REPORT_TRAINING_STAGES = [stage for stage in ("sft", "rl") if stage in config["eval"]["models"]]
+REPORT_INPUTS = {
+    "metrics": expand(result("eval/{model}/{benchmark}/metrics.json"), model=EVAL_MODELS, benchmark=benchmarks()),
+    **{f"{stage}_log": result(f"{stage}/metrics.jsonl") for stage in REPORT_TRAINING_STAGES},
+    **(
+        {"filter_stats": result("filter/stats.json"), "histogram": result("filter/pass_rate_hist.png")}
+        if "rl" in config["eval"]["models"]
+        else {}
+    ),
+}
+REPORT_OPTIONAL_ARGS = " ".join(
+    [
+        f"--{stage}-metrics {result(f'{stage}/metrics.jsonl')} --{stage}-plot {result(f'report/training_{stage}.png')}"
+        for stage in REPORT_TRAINING_STAGES
+    ]
+    + (
+        [f"--filter-stats {result('filter/stats.json')} --pass-rate-histogram {result('filter/pass_rate_hist.png')}"]
+        if "rl" in config["eval"]["models"]
+        else []
+    )
+)
+REPORT_TARGETS = [result("report/summary.md")]
+
+
+rule report:
+    input:
+        **REPORT_INPUTS,
+    output:
+        table_md=report(result("report/summary.md"), caption="../workflow/report/summary.rst", category="Summary"),
+        table_csv=report(result("report/summary.csv"), caption="../workflow/report/summary.rst", category="Summary"),
+        accuracy=report(
+            result("report/accuracy_by_stage.png"),
+            caption="../workflow/report/accuracy_by_stage.rst",
+            category="Evaluation",
+        ),
+        modes=report(
+            result("report/reasoning_modes.png"),
+            caption="../workflow/report/reasoning_modes.rst",
+            category="Evaluation",
+        ),
+        curves=[
+            report(
+                result(f"report/training_{stage}.png"),
+                caption="../workflow/report/training_curves.rst",
+                category="Training",
+                labels={"stage": stage},
+            )
+            for stage in REPORT_TRAINING_STAGES
+        ],
+    log:
+        f"{LOGS}/report.log",
+    benchmark:
+        result("timings/report.tsv")
+    conda:
+        "../envs/report.yaml"
+    params:
+        optional=REPORT_OPTIONAL_ARGS,
+    threads: 1
+    shell:
+        "python -m agentrl report --metrics {input.metrics} {params.optional} "
+        "--table-md {output.table_md} --table-csv {output.table_csv} "
+        "--accuracy-plot {output.accuracy} --modes-plot {output.modes} > {log} 2>&1"

@@ -1,0 +1,97 @@
+"""``python -m agentrl evaluate run|export-livecodebench``: benchmark evaluation of one model.
+
+- ``run``: ``eval.n`` agentic samples per problem of one benchmark, with ``eval.temperature`` /
+  ``eval.top_p`` (paper: 32 / 1.0 / 0.6), the RL rollout engine and agent loop, graded by the
+  reward registry -> ``samples.jsonl`` (one row per sample, :mod:`agentrl.evaluation.samples`)
+  and ``metrics.json`` (:func:`agentrl.evaluation.metrics.summarize_benchmark` of those rows,
+  plus a ``run`` block saying what was evaluated and how).
+- ``export-livecodebench``: the samples of a code benchmark in the input format of
+  LiveCodeBench's official evaluator (:mod:`agentrl.evaluation.livecodebench`).
+
+Every model is sampled with the same seed per benchmark (common random numbers), so the
+difference between two model stages is not blurred by different sampling noise where their
+distributions agree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from agentrl.config import Config, add_config_arguments, config_from_args
+from agentrl.data.records import read_problems
+from agentrl.evaluation.livecodebench import custom_outputs, write_custom_outputs
+from agentrl.evaluation.metrics import summarize_benchmark
+from agentrl.evaluation.samples import read_jsonl, write_jsonl
+
+log = logging.getLogger("agentrl.evaluate")
+
+
+def metrics_of_samples(samples_path: Path, run: dict[str, Any]) -> dict[str, Any]:
+    """metrics.json: the summary of the samples file plus the ``run`` block."""
+    rows = list(read_jsonl(samples_path))
+    summary = summarize_benchmark(rows, source=str(samples_path))
+    scores = [float(r["score"]) for r in rows]
+    finish: dict[str, int] = {}
+    for row in rows:
+        finish[row["finish_reason"]] = finish.get(row["finish_reason"], 0) + 1
+    return {**summary, "mean_score": sum(scores) / len(scores), "finish_reasons": finish, "run": run}
+
+
+def run(cfg: Config, model_dir: Path, problems_path: Path, samples_out: Path, metrics_out: Path, benchmark: str) -> dict:
+    from agentrl.evaluation.sampling import SamplingSetup, graded_sample_rows
+
+    problems = read_problems(problems_path)
+    e = cfg.eval
+    setup = SamplingSetup(n=e.n, temperature=e.temperature, top_p=e.top_p, seed=cfg.seed, seed_tag=f"evaluate.{benchmark}")
+    log.info("evaluating %s on %s (%d problems): n=%d, temperature=%g, top_p=%g",
+             model_dir, benchmark, len(problems), e.n, e.temperature, e.top_p)
+    count = write_jsonl(graded_sample_rows(cfg, str(model_dir), problems, setup), samples_out)
+    assert count == len(problems) * e.n, f"wrote {count} samples for {len(problems)} problems x n={e.n}"
+    run_info = {
+        "model": str(model_dir), "benchmark": benchmark, "problems": str(problems_path),
+        "n": e.n, "temperature": e.temperature, "top_p": e.top_p, "top_k": cfg.rollout.top_k,
+        "max_turns": cfg.rollout.max_turns, "max_response_tokens": cfg.rollout.max_response_tokens,
+        "engine": cfg.rollout.engine, "seed": cfg.seed,
+    }
+    metrics = metrics_of_samples(samples_out, run_info)
+    metrics_out.parent.mkdir(parents=True, exist_ok=True)
+    metrics_out.write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+    return metrics
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="agentrl evaluate", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    p_run = commands.add_parser("run", help="sample, grade and summarize one model on one benchmark")
+    add_config_arguments(p_run)
+    p_run.add_argument("--model", type=Path, required=True, help="Hugging Face model folder")
+    p_run.add_argument("--problems", type=Path, required=True, help="normalized eval parquet (results/data/eval/<name>.parquet)")
+    p_run.add_argument("--benchmark", help="benchmark name for logs and the seed (default: the parquet's stem)")
+    p_run.add_argument("--samples", type=Path, required=True, help="output: samples.jsonl")
+    p_run.add_argument("--metrics", type=Path, required=True, help="output: metrics.json")
+    p_run.add_argument("--threads", type=int, help="CPU threads for torch (the rule's threads)")
+    p_lcb = commands.add_parser("export-livecodebench", help="code samples -> LiveCodeBench custom-evaluator JSON")
+    p_lcb.add_argument("--problems", type=Path, required=True, help="normalized eval parquet of a code benchmark")
+    p_lcb.add_argument("--samples", type=Path, required=True, help="samples.jsonl written by `evaluate run`")
+    p_lcb.add_argument("--out", type=Path, required=True, help="output: the custom_output_file JSON")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if args.command == "run":
+        from agentrl.evaluation.sampling import set_torch_threads
+
+        set_torch_threads(args.threads)
+        benchmark = args.benchmark or args.problems.stem
+        metrics = run(config_from_args(args), args.model, args.problems, args.samples, args.metrics, benchmark)
+        n = metrics["samples_per_problem"]
+        log.info("%s: avg@%d %.3f, pass@%d %.3f, tool calls/response %.2f", benchmark, n, metrics[f"avg@{n}"],
+                 n, metrics["pass@k"][str(n)], metrics["tool_use"]["tool_calls_per_response"])
+    else:
+        outputs = custom_outputs(read_problems(args.problems), read_jsonl(args.samples), str(args.samples))
+        write_custom_outputs(outputs, args.out)
+        log.info("wrote %d questions x %d samples to %s", len(outputs), len(outputs[0]["code_list"]), args.out)
+    return 0

@@ -1,0 +1,95 @@
+"""Agentic rollouts of one model on a problem set, graded: the common core of evaluation and filtering.
+
+Both the benchmark evaluation and the RL-pool scoring of the filtering stage do the same thing
+with different sampling settings: n multi-turn rollouts per problem with the rollout engine and
+agent loop that RL trains with, then the reward registry's verdict on each. Sharing the code is
+what makes a pass rate measured here mean the same thing as a reward during RL (RECIPE.md
+section 6: the SFT model's pass rate under the RL rollout setup).
+
+Problems are rolled out in chunks, each with its own seed derived from the stage seed and the
+chunk's index, so a run is reproducible for a given config and progress is logged as it goes.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agentrl.config import Config
+from agentrl.data.records import Problem
+from agentrl.evaluation.samples import sample_row
+from agentrl.rewards import RewardFunction
+
+log = logging.getLogger("agentrl.sampling")
+
+
+@dataclass(frozen=True)
+class SamplingSetup:
+    """How many samples per problem and how to draw them; ``seed_tag`` separates stages' streams."""
+
+    n: int
+    temperature: float
+    top_p: float
+    seed: int
+    seed_tag: str
+    problems_per_chunk: int = 256
+
+
+def derived_seed(seed: int, tag: str, index: int = 0) -> int:
+    """A 31-bit seed for (global seed, stage tag, chunk index): stable across runs and machines."""
+    return zlib.crc32(f"{seed}:{tag}:{index}".encode()) & 0x7FFFFFFF
+
+
+def set_torch_threads(threads: int | None) -> None:
+    """Use the CPU threads the job was given (Snakemake's ``threads``): more intra-op threads
+    than cores makes every small matmul of CPU decoding several times slower under load."""
+    if threads is not None:
+        import torch
+
+        assert threads >= 1, f"--threads must be >= 1, got {threads}"
+        torch.set_num_threads(threads)
+
+
+def load_tokenizer(model_dir: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def graded_sample_rows(cfg: Config, model_dir: str, problems: Sequence[Problem], setup: SamplingSetup) -> Iterator[dict[str, Any]]:
+    """Yield one ``samples.jsonl`` row (:func:`agentrl.evaluation.samples.sample_row`) per rollout,
+    ordered by problem then sample index."""
+    from agentrl.rollout import AgentLoop, SamplingParams, make_engine
+    from agentrl.tools.code_interpreter import CodeInterpreter
+    from agentrl.tools.sandbox import make_sandbox
+
+    assert problems, "no problems to roll out"
+    tokenizer = load_tokenizer(model_dir)
+    engine = make_engine(cfg.rollout, model_dir)
+    with make_sandbox(cfg.sandbox) as sandbox:
+        loop = AgentLoop(engine, tokenizer, CodeInterpreter(sandbox, cfg.tool), cfg.rollout)
+        reward_fn = RewardFunction(cfg.reward, sandbox)
+        total = len(problems)
+        for index, start in enumerate(range(0, total, setup.problems_per_chunk)):
+            chunk = list(problems[start : start + setup.problems_per_chunk])
+            seed = derived_seed(setup.seed, setup.seed_tag, index)
+            params = SamplingParams(
+                temperature=setup.temperature, top_p=setup.top_p, top_k=cfg.rollout.top_k,
+                max_tokens=cfg.rollout.max_response_tokens, seed=seed,
+            )
+            trajectories = loop.run(chunk, setup.n, params, seed)
+            assert len(trajectories) == len(chunk) * setup.n, (
+                f"agent loop returned {len(trajectories)} trajectories for {len(chunk)} problems x n={setup.n}"
+            )
+            by_id = {p.id: p for p in chunk}
+            rewards = reward_fn.score_many(
+                [(by_id[t.problem_id], t.text, len(t.response_ids), len(t.tool_calls)) for t in trajectories]
+            )
+            correct = sum(r.acc for r in rewards)
+            log.info("problems %d-%d of %d: %d/%d samples correct", start + 1, start + len(chunk), total,
+                     correct, len(rewards))
+            for trajectory, reward in zip(trajectories, rewards, strict=True):
+                yield sample_row(by_id[trajectory.problem_id], trajectory, reward, tokenizer)

@@ -1,0 +1,76 @@
+"""``python -m agentrl report``: the run's summary table and plots (``results/report/``).
+
+Inputs are explicit paths: the evaluate stage's ``metrics.json`` files (required), and, when
+the workflow's config runs those stages, the SFT and RL training logs and the filter stage's
+``stats.json``. An absent optional input is not an error because the *rule* decides what exists
+(it asks for the RL log only when the config evaluates the RL model); a path that is given
+must exist and parse. The pass-rate histogram is the filter stage's own output and enters
+``snakemake --report`` from there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+from pathlib import Path
+
+from agentrl.report.plots import plot_accuracy_by_stage, plot_reasoning_modes, plot_training_curves
+from agentrl.report.tables import read_eval_results, summary_frame, summary_markdown
+
+log = logging.getLogger("agentrl.report")
+
+
+def _relative(path: Path, start: Path) -> str:
+    """A link that works from summary.md wherever the results folder is moved."""
+    return os.path.relpath(path.resolve(), start.resolve())
+
+
+def build_report(args: argparse.Namespace) -> None:
+    results = read_eval_results(args.metrics)
+    frame = summary_frame(results)
+    out_dir = args.table_md.parent
+    plots: list[tuple[str, str]] = []
+    plot_accuracy_by_stage(results, args.accuracy_plot)
+    plots.append(("accuracy by model stage", _relative(args.accuracy_plot, out_dir)))
+    plot_reasoning_modes(results, args.modes_plot)
+    plots.append(("reasoning modes", _relative(args.modes_plot, out_dir)))
+    for stage, log_path, plot_path in (("SFT", args.sft_metrics, args.sft_plot), ("RL", args.rl_metrics, args.rl_plot)):
+        if (log_path is None) != (plot_path is None):
+            raise SystemExit(f"agentrl report: give both --{stage.lower()}-metrics and --{stage.lower()}-plot, or neither")
+        if log_path is not None:
+            drawn = plot_training_curves(log_path, plot_path, stage)
+            log.info("%s curves: %s", stage, ", ".join(drawn))
+            plots.append((f"{stage} training curves", _relative(plot_path, out_dir)))
+    filter_stats = None
+    if args.filter_stats is not None:
+        filter_stats = json.loads(args.filter_stats.read_text(encoding="utf-8"))
+    if args.pass_rate_histogram is not None:
+        plots.append(("RL pool pass rates", _relative(args.pass_rate_histogram, out_dir)))
+    args.table_md.parent.mkdir(parents=True, exist_ok=True)
+    args.table_md.write_text(summary_markdown(frame, filter_stats, plots), encoding="utf-8")
+    args.table_csv.parent.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(args.table_csv, index=False)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="agentrl report", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--metrics", type=Path, nargs="+", required=True,
+                        help="eval metrics.json files, laid out as .../<model>/<benchmark>/metrics.json")
+    parser.add_argument("--sft-metrics", type=Path, help="SFT training log (metrics.jsonl)")
+    parser.add_argument("--rl-metrics", type=Path, help="RL training log (metrics.jsonl)")
+    parser.add_argument("--filter-stats", type=Path, help="the filter stage's stats.json")
+    parser.add_argument("--pass-rate-histogram", type=Path, help="the filter stage's histogram PNG (linked from the summary)")
+    parser.add_argument("--table-md", type=Path, required=True, help="output: summary.md")
+    parser.add_argument("--table-csv", type=Path, required=True, help="output: summary.csv")
+    parser.add_argument("--accuracy-plot", type=Path, required=True, help="output: accuracy by model stage (PNG)")
+    parser.add_argument("--modes-plot", type=Path, required=True, help="output: reasoning modes (PNG)")
+    parser.add_argument("--sft-plot", type=Path, help="output: SFT training curves (PNG), with --sft-metrics")
+    parser.add_argument("--rl-plot", type=Path, help="output: RL training curves (PNG), with --rl-metrics")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    build_report(args)
+    log.info("wrote %s and %s", args.table_md, args.table_csv)
+    return 0

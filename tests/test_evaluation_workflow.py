@@ -1,0 +1,87 @@
+"""The evaluate / export / report rules in Snakemake: one job per (model, benchmark), inputs by config.
+
+A small Snakefile in a temporary folder includes the repository's ``rules/common.smk``,
+``rules/eval.smk`` and ``rules/report.smk`` (unchanged) with the repository's config and schema;
+the upstream stages' outputs (model folders, eval sets, training logs, filter stats) are plain
+files there, so the dry runs show exactly what these rules plan. Slow: each Snakemake call pays
+its start-up.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+WRAPPER = f"""
+from snakemake.utils import validate
+configfile: "{ROOT}/config.yaml"
+validate(config, "{ROOT}/workflow/schemas/config.schema.yaml")
+include: "{ROOT}/rules/common.smk"
+include: "{ROOT}/rules/eval.smk"
+include: "{ROOT}/rules/report.smk"
+rule all:
+    input: REPORT_TARGETS, LIVECODEBENCH_EXPORTS
+"""
+
+
+def _dry_run(workdir: Path, *args: str) -> tuple[dict[str, int], str]:
+    command = [sys.executable, "-m", "snakemake", "-n", "-p", "--cores", "1", "-s", str(workdir / "Snakefile"), *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=workdir,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, f"snakemake {' '.join(args)} failed:\n{out}"
+    counts = {}
+    for line in out.split("Job stats:", 1)[1].splitlines()[3:]:
+        match = re.match(r"^(\w+)\s+(\d+)$", line.strip())
+        if not match or match.group(1) == "total":
+            break
+        counts[match.group(1)] = int(match.group(2))
+    return counts, out
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("eval_workflow")
+    (root / "Snakefile").write_text(WRAPPER)
+    sources = [f"results/models/{m}/config.json" for m in ("base", "sft", "rl")]
+    sources += [f"results/data/eval/{b}.parquet" for b in ("arith", "choice", "program")]
+    sources += ["results/sft/metrics.jsonl", "results/rl/metrics.jsonl", "results/filter/stats.json",
+                "results/filter/pass_rate_hist.png", "ckpt/step_30/config.json"]
+    for source in sources:
+        (root / source).parent.mkdir(parents=True, exist_ok=True)
+        (root / source).write_text("{}")
+    return root
+
+
+def test_every_model_and_benchmark_is_one_job_and_code_benchmarks_are_exported(workdir):
+    counts, out = _dry_run(workdir)
+    assert counts == {"evaluate": 9, "export_livecodebench": 3, "report": 1, "all": 1}
+    assert "--sft-metrics results/sft/metrics.jsonl --sft-plot results/report/training_sft.png" in out
+    assert "--filter-stats results/filter/stats.json" in out
+    for model in ("base", "sft", "rl"):
+        assert f"results/eval/{model}/program/livecodebench_custom_outputs.json" in out
+        assert f"results/eval/{model}/arith/livecodebench_custom_outputs.json" not in out
+
+
+def test_one_target_is_one_job(workdir):
+    counts, _ = _dry_run(workdir, "results/eval/sft/arith/metrics.json")
+    assert counts == {"evaluate": 1}
+
+
+def test_models_and_checkpoints_come_from_the_config(workdir):
+    override = workdir / "override.yaml"
+    override.write_text(yaml.safe_dump({"eval": {"models": ["base"], "checkpoints": {"rl_step30": "ckpt/step_30"}}}))
+    counts, out = _dry_run(workdir, "--configfile", str(override))
+    assert counts == {"evaluate": 6, "export_livecodebench": 2, "report": 1, "all": 1}
+    assert "ckpt/step_30/config.json" in out and "results/eval/rl_step30/choice/metrics.json" in out
+    # Without the trained stages evaluated, their logs and the filter stats are not inputs.
+    assert "--sft-metrics" not in out and "--rl-metrics" not in out and "--filter-stats" not in out
