@@ -242,12 +242,16 @@ def normalize_eval(benchmark: str, rows: list[dict[str, Any]], origin: str) -> l
     for row in _iter_rows(rows, origin):
         content, truth, ability = loader(row)
         data_source = row.row.get("data_source") or default_source
+        # Keep the file's own metadata (LiveCodeBench's question_id, dates): the official
+        # evaluator matches submissions by it.
+        info = row.json("extra_info") if row.row.get("extra_info") is not None else {}
+        info = _drop_nulls(info) if isinstance(info, dict) else {"extra_info": info}
         problems.append(Problem(
             id=f"{benchmark}-{row.index:04d}",
             data_source=str(data_source),
             prompt=[{"role": "user", "content": content}],
             ability=ability,
             ground_truth=truth,
-            extra={"benchmark": benchmark, "index": row.index},
+            extra={**info, "benchmark": benchmark, "index": row.index},
         ))
     return problems
