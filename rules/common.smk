@@ -3,7 +3,7 @@ import json
 from pathlib import Path
 
 RESULTS = config["results_dir"]
-LOGS = "logs"
+LOGS = f"{RESULTS}/logs"  # under results_dir: runs of two presets keep their own logs
 SRC = str(Path(workflow.basedir).parent / "src")
 
 # Stages run as `python -m agentrl ...`; with the package installed (pip install -e .) this is a
@@ -32,7 +32,7 @@ def config_json(*sections):
 
 
 def final_targets():
-    return [result("models/base/config.json")]
+    return [result("models/base/config.json"), *REPORT_TARGETS, *LIVECODEBENCH_EXPORTS]
 
 
 def parent_dir(output_key):

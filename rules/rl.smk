@@ -1,0 +1,33 @@
+# GRPO-TCR (RECIPE.md section 5): the SFT model trained with agentic rollouts on the filtered RL
+# set, validated on the eval sets. The checkpoint folder is a param, not an output: Snakemake
+# removes a job's outputs before it (re)runs, and a requeued job must find its checkpoints to
+# resume (the metrics file is restored from the newest checkpoint).
+GRPO_CFG = config_json("seed", "rollout", "reward", "sandbox", "tool", "grpo")
+
+
+rule grpo:
+    input:
+        model=result("models/sft/config.json"),
+        train=result("filter/rl_train.parquet"),
+        eval=expand(result("data/eval/{benchmark}.parquet"), benchmark=benchmarks()),
+    output:
+        model=result("models/rl/config.json"),
+        metrics=result("rl/metrics.jsonl"),
+    log:
+        f"{LOGS}/grpo.log",
+    benchmark:
+        result("timings/grpo.tsv")
+    conda:
+        "../envs/vllm.yaml" if config["rollout"]["engine"] == "vllm" else "../envs/train.yaml"
+    params:
+        cfg=GRPO_CFG,
+        model_dir=lambda wildcards, input: str(Path(input.model).parent),
+        out_dir=parent_dir("model"),
+        checkpoints=result("rl/checkpoints"),
+    threads: 2
+    resources:
+        gpu=0,  # GPUs per node (0: one CPU process); the profiles set it for GPU runs
+    shell:
+        "python -m agentrl grpo --config-json {params.cfg:q} --model {params.model_dir} "
+        "--train {input.train} --eval {input.eval} --out {params.out_dir} --metrics {output.metrics} "
+        "--checkpoint-dir {params.checkpoints} --nproc {resources.gpu} --threads {threads} > {log} 2>&1"

@@ -1,0 +1,30 @@
+# SFT on real multi-turn tool-use trajectories (RECIPE.md section 5), on DeepSpeed. The
+# checkpoint folder is a param, not an output: Snakemake removes a job's outputs before it
+# (re)runs, and a killed or requeued job must find its checkpoints to resume.
+
+
+rule sft:
+    input:
+        model=result("models/base/config.json"),
+        data=result("data/sft.parquet"),
+    output:
+        model=result("models/sft/config.json"),
+        metrics=result("sft/metrics.jsonl"),
+    log:
+        f"{LOGS}/sft.log",
+    benchmark:
+        result("timings/sft.tsv")
+    conda:
+        "../envs/train.yaml"
+    params:
+        cfg=config_json("seed", "sft"),
+        model_dir=lambda wildcards, input: str(Path(input.model).parent),
+        out_dir=parent_dir("model"),
+        checkpoints=result("sft/checkpoints"),
+    threads: 2
+    resources:
+        gpu=0,  # GPUs per node (0: one CPU process); the profiles set it for GPU runs
+    shell:
+        "python -m agentrl sft --config-json {params.cfg:q} --model {params.model_dir} --data {input.data} "
+        "--out {params.out_dir} --metrics {output.metrics} --checkpoint-dir {params.checkpoints} "
+        "--nproc {resources.gpu} > {log} 2>&1"
