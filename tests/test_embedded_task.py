@@ -1,0 +1,110 @@
+"""The embedded task: deterministic, three families, disjoint splits, real end-to-end trajectories."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from agentrl.config import load_config
+from agentrl.data import embedded
+from agentrl.tools.code_interpreter import CodeInterpreter
+from agentrl.tools.sandbox import make_sandbox
+
+CFG = load_config({"sandbox": {"workers": 2}})
+
+
+@pytest.fixture(scope="module")
+def interpreter():
+    with make_sandbox(CFG.sandbox) as sandbox:
+        yield CodeInterpreter(sandbox, CFG.tool), sandbox
+
+
+def _generate(interpreter, seed=0, per_family=12, share=0.5):
+    tool, sandbox = interpreter
+    return embedded.generate(
+        seed=seed, families=("arith", "choice", "program"), sft_per_family=per_family,
+        rl_pool_per_family=per_family * 2, eval_per_family=per_family, failed_attempt_share=share,
+        prompt_style="compact", execute=lambda code: tool.execute(code).text,
+        run_program=lambda jobs: [r.stdout for r in sandbox.run_many(jobs)],
+    )
+
+
+@pytest.fixture(scope="module")
+def dataset(interpreter):
+    return _generate(interpreter)
+
+
+def test_deterministic_from_the_seed(interpreter, dataset):
+    again = _generate(interpreter)
+    assert [e.to_row() for e in again.sft] == [e.to_row() for e in dataset.sft]
+    assert [p.to_row() for p in again.rl_pool] == [p.to_row() for p in dataset.rl_pool]
+    other = _generate(interpreter, seed=1)
+    assert [p.prompt for p in other.rl_pool] != [p.prompt for p in dataset.rl_pool]
+
+
+def test_families_sizes_and_data_sources(dataset):
+    assert {k: len(v) for k, v in dataset.eval_sets.items()} == {"arith": 12, "choice": 12, "program": 12}
+    assert Counter(p.data_source for p in dataset.rl_pool) == {"embedded-arith": 24, "embedded-choice": 24,
+                                                               "embedded-code": 24}
+    assert len(dataset.sft) == 36
+    choice = dataset.eval_sets["choice"][0]
+    assert choice.ground_truth in ("A", "B", "C", "D")
+    program = dataset.eval_sets["program"][0]
+    assert len(program.ground_truth["inputs"]) == len(program.ground_truth["outputs"]) == embedded.NUM_CODE_CASES
+
+
+def test_eval_problems_never_appear_in_training_splits(dataset):
+    eval_prompts = {p.prompt[0]["content"] for problems in dataset.eval_sets.values() for p in problems}
+    train_prompts = {p.prompt[0]["content"] for p in dataset.rl_pool}
+    train_prompts |= {e.messages[0]["content"] for e in dataset.sft}
+    assert not eval_prompts & train_prompts
+
+
+def test_difficulty_varies_within_each_family(dataset):
+    for family in ("arith", "choice", "program"):
+        levels = {p.extra["level"] for p in dataset.rl_pool if p.extra["family"] == family}
+        assert len(levels) >= 3, f"{family}: levels {levels}"
+
+
+def test_arith_answers_are_the_true_values(dataset):
+    for problem in dataset.eval_sets["arith"]:
+        expression = problem.prompt[0]["content"].split("Compute ")[1].split(". Use")[0]
+        assert problem.ground_truth == str(eval(expression))
+
+
+def test_share_of_trajectories_recover_from_a_failed_attempt(dataset):
+    recovering = [e for e in dataset.sft if sum(1 for m in e.messages if m.get("tool_calls")) > 1]
+    assert 0.2 < len(recovering) / len(dataset.sft) < 0.8
+    errors = [m["content"] for e in recovering for m in e.messages if m["role"] == "tool"]
+    assert any("NameError" in text for text in errors) or any(text == "" for text in errors)
+
+
+def test_trajectories_replayed_through_the_sandbox_reproduce_their_tool_outputs(interpreter, dataset):
+    tool, _ = interpreter
+    for example in dataset.sft:
+        calls = [m["tool_calls"][0]["function"]["arguments"]["code"] for m in example.messages if m.get("tool_calls")]
+        recorded = [m["content"] for m in example.messages if m["role"] == "tool"]
+        assert [r.text for r in tool.execute_many(calls)] == recorded, example.id
+
+
+def test_final_answers_come_from_the_tool_output(dataset):
+    for example in dataset.sft:
+        final = example.messages[-1]["content"]
+        last_tool = [m["content"] for m in example.messages if m["role"] == "tool"][-1].strip()
+        if example.id.startswith("arith"):
+            assert final.endswith(f"\\boxed{{{last_tool}}}")
+        if example.id.startswith("choice"):
+            assert f"The value is {last_tool}," in final
+        if example.id.startswith("program"):
+            assert "```python\n" in final
+
+
+def test_tool_call_arguments_are_json_objects_with_code(dataset):
+    for example in dataset.sft:
+        for message in example.messages:
+            for call in message.get("tool_calls", []):
+                assert call["function"]["name"] == "code_interpreter"
+                assert isinstance(call["function"]["arguments"]["code"], str)
+                json.dumps(call)
