@@ -1,0 +1,214 @@
+"""The multi-turn agent loop: generate, call the code interpreter, append its answer, repeat.
+
+Recipe (RECIPE.md section 3, upstream verl's tool agent loop as the demystify scripts run it):
+the prompt is the problem's chat messages rendered by the tokenizer's chat template with the
+``code_interpreter`` tool schema; each assistant turn is generated; if it holds a tool call, the
+first call is run and its output comes back as a ``<tool_response>`` user turn (loss mask 0),
+and generation goes on; a trajectory ends on a turn without a tool call (``stop``), after
+``rollout.max_turns`` assistant turns (``max_turns``), or when its response budget
+``rollout.max_response_tokens`` is spent, tool tokens included (``length``). A malformed call is
+answered with ``"Error when executing tool: ..."`` and the trajectory goes on.
+
+Batching: every turn, the live trajectories of the whole call generate together (one
+``engine.generate``), then the tool calls of all of them run concurrently in the sandbox
+(``CodeInterpreter.execute_many``). A trajectory that ends leaves the batch at once.
+
+Deliberate departures from upstream, and why:
+- Generation stops at ``</tool_call>`` as well as at the end of turn, and the loop then closes
+  the turn itself (the template's ``<|im_end|>``, loss mask 0). Upstream generates to
+  ``<|im_end|>`` and parses the calls out of the whole turn; since only the first call is run,
+  whatever the model writes after it (further calls, a hallucinated tool response) would be
+  trained on although it never took effect. Stopping there saves those tokens; the price is
+  that the ``<|im_end|>`` closing a tool-call turn is not trained in RL (SFT trains it).
+- At ``max_turns`` a turn's pending call is not run (as upstream), but the turn is closed with
+  the end-of-turn token (mask 0) so the sequence stays well formed.
+- A tool response that does not fit the remaining budget is cut to fit, and the trajectory ends
+  ``length`` (upstream truncates the whole response to the budget after the loop; same result).
+
+What a :class:`Trajectory` holds: ``response_ids`` are exactly the sampled ids and the inserted
+template/tool ids, never re-tokenized text; ``loss_mask`` is 1 exactly on sampled ids;
+``logprobs`` are the engine's sampling log-probs (0.0 where the mask is 0); ``num_turns``
+counts assistant turns; ``tool_calls`` holds one entry per call the loop answered: the code
+of a well-formed call, the raw text between the tags of a malformed one (``tool_errors`` is
+then True, as for a run that failed or timed out); ``text`` decodes the whole response without
+special tokens, as upstream's reward manager sees it.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+
+from agentrl.config import RolloutConfig
+from agentrl.data.prompts import CODE_INTERPRETER_TOOL
+from agentrl.data.records import Problem, Trajectory
+from agentrl.rollout.engine import Engine, SamplingParams
+from agentrl.rollout.tool_parser import ToolCall, ToolTurnFormat, parse_tool_call
+
+@dataclass
+class _Rollout:
+    """A trajectory being built."""
+
+    problem: Problem
+    sample_index: int
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    num_turns: int = 0
+    tool_calls: list[str] = field(default_factory=list)
+    tool_errors: list[bool] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    def add_generated(self, ids: list[int], logprobs: list[float]) -> None:
+        self.response_ids += ids
+        self.loss_mask += [1] * len(ids)
+        self.logprobs += logprobs
+
+    def add_inserted(self, ids: list[int]) -> None:
+        self.response_ids += ids
+        self.loss_mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+
+
+@dataclass
+class RolloutStats:
+    """Counters of the last :meth:`AgentLoop.run` (for logs and the benchmark)."""
+
+    generated_tokens: int = 0
+    inserted_tokens: int = 0
+    turns: int = 0
+    tool_calls: int = 0
+    generate_s: float = 0.0
+    tools_s: float = 0.0
+
+
+def _turn_seed(seed: int, turn: int) -> int:
+    return random.Random(f"agentrl-rollout:{seed}:{turn}").getrandbits(31)
+
+
+class AgentLoop:
+    """Multi-turn rollouts of ``engine`` with the code-interpreter tool."""
+
+    def __init__(self, engine: Engine, tokenizer, interpreter, cfg: RolloutConfig) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.interpreter = interpreter
+        self.cfg = cfg
+        self.format = ToolTurnFormat(tokenizer)
+        self.stats = RolloutStats()
+
+    def prompt_ids(self, problem: Problem) -> list[int]:
+        """The problem's messages rendered with the tool schema and the generation prompt."""
+        text = self.tokenizer.apply_chat_template(
+            problem.prompt, tools=[CODE_INTERPRETER_TOOL], add_generation_prompt=True, tokenize=False
+        )
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) > self.cfg.max_prompt_tokens:
+            raise ValueError(
+                f"problem {problem.id!r}: the rendered prompt is {len(ids)} tokens, over "
+                f"rollout.max_prompt_tokens={self.cfg.max_prompt_tokens}; raise the limit or drop the problem"
+            )
+        return ids
+
+    def run(self, problems: list[Problem], n: int, params: SamplingParams, seed: int) -> list[Trajectory]:
+        """``n`` trajectories per problem, ordered by problem then sample index.
+
+        ``params.max_tokens`` is ignored in favour of the budget ``rollout.max_response_tokens``;
+        ``params.seed`` is replaced by one drawn from ``seed`` and the turn number (an engine may
+        give request ``i`` the seed ``turn_seed + i``: drawn seeds keep those ranges apart).
+        """
+        assert n >= 1, f"n must be >= 1, got {n}"
+        self.stats = RolloutStats()
+        rollouts = []
+        for problem in problems:
+            prompt = self.prompt_ids(problem)
+            rollouts += [_Rollout(problem, i, prompt) for i in range(n)]
+        live = list(rollouts)
+        turn = 0
+        while live:
+            turn_params = params.replace(
+                max_tokens=self.cfg.max_response_tokens,
+                seed=_turn_seed(seed, turn),
+                stop_token_ids=self.format.stop_token_ids,
+            )
+            calls = self._generate_turn(live, turn_params)
+            self._answer_calls(calls)
+            live = [r for r in live if r.finish_reason is None]
+            turn += 1
+        return [self._trajectory(r) for r in rollouts]
+
+    def _generate_turn(self, live: list[_Rollout], params: SamplingParams) -> list[tuple[_Rollout, ToolCall]]:
+        """One assistant turn for every live trajectory; returns the tool calls to answer."""
+        budget = self.cfg.max_response_tokens
+        started = time.perf_counter()
+        outputs = self.engine.generate(
+            [r.prompt_ids + r.response_ids for r in live],
+            params,
+            max_tokens=[budget - len(r.response_ids) for r in live],
+        )
+        self.stats.generate_s += time.perf_counter() - started
+        calls = []
+        for rollout, output in zip(live, outputs):
+            rollout.add_generated(output.token_ids, output.logprobs)
+            rollout.num_turns += 1
+            self.stats.generated_tokens += len(output.token_ids)
+            self.stats.turns += 1
+            if output.finish_reason == "length":  # the turn ran into the budget
+                rollout.finish_reason = "length"
+                continue
+            if output.token_ids[-1] != self.format.call_end_id:
+                rollout.finish_reason = "stop"  # the turn ended without asking for a tool
+                continue
+            turn_text = self.tokenizer.decode(output.token_ids, skip_special_tokens=False)
+            call = parse_tool_call(turn_text)
+            assert call is not None, f"a turn ending in </tool_call> must parse as a call: {turn_text!r}"
+            if rollout.num_turns >= self.cfg.max_turns:
+                rollout.finish_reason = "max_turns"
+                self._insert(rollout, [self.format.end_of_turn_id])
+                continue
+            if len(rollout.response_ids) >= self.cfg.max_response_tokens:
+                rollout.finish_reason = "length"  # no room left for the tool's answer
+                continue
+            calls.append((rollout, call))
+        return calls
+
+    def _answer_calls(self, calls: list[tuple[_Rollout, ToolCall]]) -> None:
+        """Run the well-formed calls concurrently; append every answer as a tool-response turn."""
+        runnable = [(rollout, call) for rollout, call in calls if call.ok]
+        started = time.perf_counter()
+        results = self.interpreter.execute_many([call.code for _, call in runnable]) if runnable else []
+        self.stats.tools_s += time.perf_counter() - started
+        answers = {id(rollout): (result.text, not result.ok) for (rollout, _), result in zip(runnable, results)}
+        for rollout, call in calls:
+            text, failed = answers.get(id(rollout), (call.error, True))
+            recorded = call.code if call.ok else call.raw
+            rollout.tool_calls.append(recorded if isinstance(recorded, str) else str(recorded))
+            rollout.tool_errors.append(failed)
+            self.stats.tool_calls += 1
+            self._insert(rollout, self.format.response_ids(text))
+
+    def _insert(self, rollout: _Rollout, ids: list[int]) -> None:
+        """Append loop-inserted tokens (mask 0), cut to the budget; a full budget ends the trajectory."""
+        room = self.cfg.max_response_tokens - len(rollout.response_ids)
+        rollout.add_inserted(ids[:room])
+        self.stats.inserted_tokens += min(len(ids), room)
+        if len(rollout.response_ids) >= self.cfg.max_response_tokens and rollout.finish_reason is None:
+            rollout.finish_reason = "length"
+
+    def _trajectory(self, rollout: _Rollout) -> Trajectory:
+        assert rollout.finish_reason is not None, "every trajectory ends with a reason"
+        return Trajectory(
+            problem_id=rollout.problem.id,
+            sample_index=rollout.sample_index,
+            prompt_ids=rollout.prompt_ids,
+            response_ids=rollout.response_ids,
+            loss_mask=rollout.loss_mask,
+            logprobs=rollout.logprobs,
+            text=self.tokenizer.decode(rollout.response_ids, skip_special_tokens=True),
+            num_turns=rollout.num_turns,
+            tool_calls=rollout.tool_calls,
+            tool_errors=rollout.tool_errors,
+            finish_reason=rollout.finish_reason,
+        )

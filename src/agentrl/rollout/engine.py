@@ -1,0 +1,175 @@
+"""The generation engine interface shared by the ``hf`` and ``vllm`` backends.
+
+An engine turns token-id prompts into sampled continuations and takes new weights from the
+trainer; nothing else. The agent loop, the trainer and the evaluation stage only see
+:class:`Engine`, so they never branch on the backend's name (DESIGN.md, Style). The backend is
+chosen by ``rollout.engine`` through :func:`make_engine`, and only the selected one is imported
+(vLLM is an optional dependency).
+
+Log-probabilities: every engine returns, per generated token, its log-probability under the
+distribution it was actually sampled from: ``log_softmax(logits / temperature)`` after top-k and
+top-p filtering (vLLM's ``processed_logprobs``). With ``temperature == 0`` (greedy) that
+distribution is a point mass, so the engines report the untempered model log-probability
+``log_softmax(logits)`` instead, which is what vLLM does for greedy requests too. GRPO recomputes
+the old log-probs with the trainer's forward pass anyway (RECIPE.md section 5); these are for
+diagnostics (train/rollout mismatch) and for evaluation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+    from agentrl.config import RolloutConfig
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one call of :meth:`Engine.generate`.
+
+    ``temperature == 0`` is greedy; ``top_k == -1`` and ``top_p == 1`` disable the filters.
+    ``seed`` makes sampling reproducible (``None``: fresh randomness). ``stop_token_ids`` end a
+    sequence when sampled (the stop token is kept in the output, as vLLM does for special stop
+    tokens); the agent loop sets them to the end-of-turn and end-of-tool-call tokens.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 1024
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        assert self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"
+        assert 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"
+        assert self.top_k == -1 or self.top_k >= 1, f"top_k must be -1 (off) or >= 1, got {self.top_k}"
+        assert self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}"
+
+    @classmethod
+    def from_config(cls, cfg: RolloutConfig, seed: int | None = None) -> SamplingParams:
+        """The sampling settings of the ``rollout:`` config section; ``max_tokens`` is the response budget."""
+        return cls(
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            top_k=cfg.top_k if cfg.top_k > 0 else -1,  # the config also accepts vLLM's 0 for "off"
+            max_tokens=cfg.max_response_tokens,
+            seed=seed,
+        )
+
+    def replace(self, **changes) -> SamplingParams:
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class GenerationOutput:
+    """One continuation: the sampled ids (stop token included), their sampling log-probs, why it ended."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+
+    def __post_init__(self) -> None:
+        assert len(self.token_ids) == len(self.logprobs), (
+            f"{len(self.token_ids)} tokens but {len(self.logprobs)} log-probs"
+        )
+
+
+class Engine(Protocol):
+    """What the agent loop and the trainer need from a generation backend."""
+
+    def generate(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        params: SamplingParams,
+        *,
+        max_tokens: Sequence[int] | None = None,
+    ) -> list[GenerationOutput]:
+        """One continuation per prompt, in prompt order.
+
+        ``max_tokens`` optionally caps each prompt's continuation below ``params.max_tokens`` (the
+        agent loop's trajectories have different budgets left); a capped continuation ends 'length'.
+        """
+        ...
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load the trainer's current parameters (Hugging Face names) into the engine, in memory."""
+        ...
+
+
+def resolve_dtype(name: str, device: str) -> torch.dtype:
+    """``rollout.dtype``: ``auto`` is bfloat16 on a GPU and float32 on a CPU (bf16 matmuls are slow there)."""
+    import torch
+
+    if name == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_policy(model_dir: str, *, dtype: str = "auto", device: str | None = None):
+    """Load a Hugging Face causal LM folder and its tokenizer, in eval mode, for generation.
+
+    Returns ``(model, tokenizer)``. The tokenizer must carry a chat template (the agent loop
+    renders prompts and tool turns with it).
+    """
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not (Path(model_dir) / "config.json").exists():
+        raise FileNotFoundError(f"{model_dir}: not a Hugging Face model folder (no config.json)")
+    device = device or default_device()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if not tokenizer.chat_template:
+        raise ValueError(f"{model_dir}: the tokenizer has no chat template; the agent loop needs one")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=resolve_dtype(dtype, device))
+    model.to(device).eval()
+    return model, tokenizer
+
+
+def make_engine(cfg: RolloutConfig, model_dir: str, *, model=None, tokenizer=None) -> Engine:
+    """The engine named by ``cfg.engine``.
+
+    ``hf`` generates with ``model`` when given (the trainer's own in-memory module: then weight
+    updates are free) or loads ``model_dir``. ``vllm`` always loads ``model_dir`` into an
+    in-process vLLM engine; the trainer pushes new weights with ``update_weights``.
+    """
+    if cfg.engine == "hf":
+        from agentrl.rollout.hf_engine import HFEngine
+
+        if model is None:
+            model, tokenizer = load_policy(model_dir, dtype=cfg.dtype)
+        elif tokenizer is None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        return HFEngine(model, pad_token_id=_pad_id(tokenizer), batch_size=cfg.batch_size)
+    if cfg.engine == "vllm":
+        from agentrl.rollout.vllm_engine import VllmEngine
+
+        return VllmEngine(model_dir, cfg)
+    raise ValueError(f"rollout.engine = {cfg.engine!r} is not known; choose one of: hf, vllm")
+
+
+def _pad_id(tokenizer) -> int:
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    assert pad is not None, "the tokenizer has neither a pad nor an eos token; cannot left-pad batches"
+    return int(pad)

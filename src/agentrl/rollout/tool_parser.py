@@ -1,0 +1,148 @@
+"""Hermes tool calls: parse the model's call, and the template tokens around a tool response.
+
+Recipe (RECIPE.md section 3): the model calls ``<tool_call>\\n{"name": ..., "arguments":
+{...}}\\n</tool_call>``; only the first call of a turn is run; an unparsable call (bad JSON, an
+unknown tool, a missing ``code`` argument) is answered with ``"Error when executing tool: ..."``
+as the tool response instead of ending the trajectory. ``arguments`` may be an object or a JSON
+string (both occur in the released SFT data). A non-string ``code`` is passed on, as upstream
+does (the interpreter runs ``str(code)``).
+
+The text the loop inserts after a call (end of the assistant turn, the user turn holding
+``<tool_response>``, the next ``<|im_start|>assistant\\n``) is not hard-coded: :class:`ToolTurnFormat`
+renders a small conversation with the tokenizer's own chat template and cuts it around a
+sentinel, so a model with another template (another system block, a thinking prefix in the
+generation prompt) gets its own framing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from agentrl.data.prompts import CODE_INTERPRETER_TOOL
+
+TOOL_CALL_START = "<tool_call>"
+TOOL_CALL_END = "</tool_call>"
+ERROR_PREFIX = "Error when executing tool: "
+KNOWN_TOOLS = (CODE_INTERPRETER_TOOL["function"]["name"],)
+_FIRST_CALL = re.compile(re.escape(TOOL_CALL_START) + r"(.*?)" + re.escape(TOOL_CALL_END), re.DOTALL)
+_SENTINEL = "\x00agentrl-tool-response\x00"
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """The first tool call of a turn: ``code`` to run, or ``error`` (the tool response) when malformed.
+
+    ``raw`` is the text between the tags (what the trajectory records for a malformed call).
+    """
+
+    raw: str
+    code: Any = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def parse_tool_call(turn_text: str) -> ToolCall | None:
+    """The first ``<tool_call>`` of an assistant turn; ``None`` when the turn makes no call.
+
+    A turn that closes a call it never opened (``</tool_call>`` without ``<tool_call>``) is a
+    malformed call, not a final answer: the model asked for a tool.
+    """
+    match = _FIRST_CALL.search(turn_text)
+    if match is None:
+        if TOOL_CALL_END in turn_text:
+            raw = turn_text.split(TOOL_CALL_END, 1)[0]
+            return ToolCall(raw=raw, error=ERROR_PREFIX + f"{TOOL_CALL_END} without a {TOOL_CALL_START} before it")
+        return None
+    raw = match.group(1)
+    try:
+        return ToolCall(raw=raw, code=_code_argument(raw))
+    except ValueError as exc:
+        return ToolCall(raw=raw, error=ERROR_PREFIX + str(exc))
+
+
+def _code_argument(raw: str) -> Any:
+    try:
+        call = json.loads(raw.strip())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"the tool call is not valid JSON ({exc.msg} at character {exc.pos})") from None
+    if not isinstance(call, dict) or "name" not in call:
+        raise ValueError('the tool call must be a JSON object {"name": ..., "arguments": {...}}')
+    if call["name"] not in KNOWN_TOOLS:
+        raise ValueError(f"unknown tool {call['name']!r}; available tools: {', '.join(KNOWN_TOOLS)}")
+    arguments = call.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"the arguments are not valid JSON ({exc.msg} at character {exc.pos})") from None
+    if not isinstance(arguments, dict) or "code" not in arguments:
+        raise ValueError("missing required argument 'code'")
+    return arguments["code"]
+
+
+class ToolTurnFormat:
+    """Token ids the loop inserts around tool responses, derived from the chat template.
+
+    - ``end_of_turn_id``: the token that ends an assistant turn (``<|im_end|>``), a stop token.
+    - ``call_end_id``: the single token ``</tool_call>``, the other stop token.
+    - ``response_ids(text)``: everything after ``</tool_call>`` up to the next assistant turn's
+      first generated token, with ``text`` as the tool response.
+    """
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.call_end_id = _single_token(tokenizer, TOOL_CALL_END)
+        call = {"type": "function", "function": {"name": KNOWN_TOOLS[0], "arguments": {"code": "1"}}}
+        messages = [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "a", "tool_calls": [call]},
+            {"role": "tool", "content": _SENTINEL},
+        ]
+        rendered = tokenizer.apply_chat_template(
+            messages, tools=[CODE_INTERPRETER_TOOL], add_generation_prompt=True, tokenize=False
+        )
+        assert TOOL_CALL_END in rendered, (
+            f"the chat template does not render tool calls as {TOOL_CALL_START}...{TOOL_CALL_END} (hermes format)"
+        )
+        tail = rendered[rendered.rindex(TOOL_CALL_END) + len(TOOL_CALL_END) :]
+        assert tail.count(_SENTINEL) == 1, "the chat template does not render the tool message content verbatim"
+        self.before_text, self.after_text = tail.split(_SENTINEL)
+        self.before_ids = self._encode(self.before_text)
+        self.after_ids = self._encode(self.after_text)
+        assert self.before_ids, "the chat template inserts nothing between a tool call and its response"
+        self.end_of_turn_id = self.before_ids[0]
+        assert self.end_of_turn_id in tokenizer.all_special_ids, (
+            f"the chat template closes an assistant turn with {tokenizer.decode([self.end_of_turn_id])!r}, "
+            "which is not a special token; cannot use it as the end-of-turn stop token"
+        )
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def response_ids(self, text: str) -> list[int]:
+        """Template framing + tool output. The output is tokenized with special tokens split, so a
+        program that prints ``<|im_end|>`` cannot forge a turn boundary."""
+        content = self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        return self.before_ids + content + self.after_ids
+
+    def response_text(self, text: str) -> str:
+        return self.before_text + text + self.after_text
+
+    @property
+    def stop_token_ids(self) -> tuple[int, int]:
+        return (self.end_of_turn_id, self.call_end_id)
+
+
+def _single_token(tokenizer, text: str) -> int:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert len(ids) == 1, (
+        f"{text!r} is {len(ids)} tokens for this tokenizer; the agent loop stops generation on it and "
+        "needs it to be one token (it is in Qwen2.5/Qwen3 and in the embedded tokenizer)"
+    )
+    return ids[0]
