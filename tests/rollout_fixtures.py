@@ -16,6 +16,7 @@ import functools
 import random
 import re
 import shutil
+import atexit
 import tempfile
 import time
 from pathlib import Path
@@ -75,7 +76,9 @@ def random_policy(seed: int = 0) -> Path:
     from agentrl.config import EmbeddedModelConfig
     from agentrl.model.build import save_embedded_model
 
-    out = Path(tempfile.mkdtemp(prefix="agentrl-random-policy-")) / "model"
+    root = tempfile.mkdtemp(prefix="agentrl-random-policy-")
+    atexit.register(shutil.rmtree, root, True)  # cached for the session, removed when it ends
+    out = Path(root) / "model"
     return save_embedded_model(_corpus(), EmbeddedModelConfig(**SMALL_MODEL), seed, out)
 
 
@@ -161,7 +164,9 @@ def trained_policy(steps: int = 100) -> Path:
     """A copy of :func:`random_policy` trained on :func:`sft_conversations` until it calls the tool itself."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model_dir = Path(tempfile.mkdtemp(prefix="agentrl-trained-policy-")) / "model"
+    root = tempfile.mkdtemp(prefix="agentrl-trained-policy-")
+    atexit.register(shutil.rmtree, root, True)
+    model_dir = Path(root) / "model"
     shutil.copytree(random_policy(), model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
