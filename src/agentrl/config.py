@@ -102,6 +102,7 @@ class SandboxConfig:
     max_output_bytes: int
     network_isolation: Literal["required", "best_effort"]
     sandbox_fusion_url: str
+    preload_modules: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,120 @@ class RolloutConfig:
 
 
 @dataclass(frozen=True)
+class SftDeepSpeedConfig:
+    zero_stage: int
+    dtype: Literal["auto", "float32", "bfloat16"]
+    gradient_checkpointing: bool
+
+
+@dataclass(frozen=True)
+class SftConfig:
+    epochs: int
+    global_batch_size: int
+    micro_batch_size: int
+    micro_batch_tokens: int | None
+    max_length: int
+    truncation: Literal["right", "error"]
+    lr: float
+    lr_schedule: Literal["cosine", "constant"]
+    warmup_ratio: float
+    weight_decay: float
+    betas: tuple[float, ...]
+    grad_clip: float
+    save_every_steps: int
+    keep_checkpoints: int | None
+    deepspeed: SftDeepSpeedConfig
+
+
+@dataclass(frozen=True)
+class FilterConfig:
+    k: int
+    temperature: float
+    top_p: float
+    low: float
+    high: float
+    easy_min: float
+    hard_max: float
+    target_histogram: dict[str, float] | None
+    target_pass_rates: str | None
+    target_size: int | None
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    n: int
+    temperature: float
+    top_p: float
+    models: tuple[str, ...]
+    checkpoints: dict[str, str]
+
+
+@dataclass(frozen=True)
+class GrpoAlgorithmConfig:
+    """Overrides of the variant's algorithm settings (agentrl.grpo.variants); None = the variant's value."""
+
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] | None
+    ratio_level: Literal["token", "sequence"] | None
+    clip_low: float | None
+    clip_high: float | None
+    clip_c: float | None
+    kl_coef: float | None
+    kl_estimator: Literal["k1", "k2", "k3"] | None
+    entropy_coef: float | None
+    overlong_shaping: bool | None
+    norm_adv_by_std: bool | None
+
+
+@dataclass(frozen=True)
+class DynamicSamplingConfig:
+    enable: bool
+    max_rollout_batches: int
+
+
+@dataclass(frozen=True)
+class GrpoValidationConfig:
+    n: int
+    temperature: float
+    top_p: float
+    max_problems: int | None
+
+
+@dataclass(frozen=True)
+class GrpoDeepSpeedConfig:
+    zero_stage: int
+    dtype: Literal["auto", "float32", "bfloat16"]
+    gradient_checkpointing: bool
+
+
+@dataclass(frozen=True)
+class GrpoConfig:
+    variant: str
+    algorithm: GrpoAlgorithmConfig
+    dynamic_sampling: DynamicSamplingConfig
+    epochs: int
+    max_steps: int | None
+    batch_prompts: int
+    n: int
+    mini_batch_prompts: int
+    ppo_epochs: int
+    micro_batch_tokens: int
+    logit_chunk_tokens: int
+    lr: float
+    lr_schedule: Literal["constant", "cosine"]
+    lr_warmup_steps: int
+    weight_decay: float
+    betas: tuple[float, ...]
+    grad_clip: float
+    test_freq: int
+    val_before_train: bool
+    validation: GrpoValidationConfig
+    save_freq: int
+    keep_checkpoints: int | None
+    deepspeed: GrpoDeepSpeedConfig
+    tensorboard: bool
+
+
+@dataclass(frozen=True)
 class Config:
     seed: int
     results_dir: str
@@ -167,6 +282,10 @@ class Config:
     tool: ToolConfig
     reward: RewardConfig
     rollout: RolloutConfig
+    sft: SftConfig
+    filter: FilterConfig
+    eval: EvalConfig
+    grpo: GrpoConfig
 
 
 # --------------------------------------------------------------------------- loading

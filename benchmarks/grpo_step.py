@@ -1,0 +1,128 @@
+"""One GRPO step on the embedded model: where the time goes, and the trainer's overhead.
+
+    python benchmarks/grpo_step.py --model results/models/sft --train results/filter/rl_train.parquet \
+        [--batch-prompts 16 --n 8 --threads 2 --json out.json]
+
+Builds the GRPO stage's real parts (DeepSpeed actor, hf rollout engine sharing it, agent loop,
+sandbox, reward) in this process and runs one step piece by piece: rollout (generation and
+tools), reward, old-log-prob recomputation, the update (mini-batches, token-budget micro-batches,
+DeepSpeed steps) and the weight push. Then a plain loop trains a fresh copy of the same model on
+the very same samples and micro-batches - Hugging Face forward with full logits, the same
+token-mean policy-gradient loss without clipping or statistics, backward, ``torch.optim.AdamW``
+once per mini-batch - and both report training tokens/s (prompt + response tokens through
+forward and backward). Their ratio is what the trainer's machinery costs (DeepSpeed, chunked
+log-probs, entropy and clip statistics, the recomputation pass is excluded from both).
+Figures depend on the machine and its load; the report prints the CPU count and load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+
+def plain_update(model, samples, plan, pad_token_id: int, lr: float, temperature: float) -> float:
+    """Seconds to train ``model`` on ``samples`` with ``plan`` in plain torch (no DeepSpeed)."""
+    from agentrl.grpo.batching import collate
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    started = time.perf_counter()
+    for mini in plan:
+        tokens = sum(samples[i].num_loss_tokens for micro in mini for i in micro)
+        for micro in mini:
+            if not micro:
+                continue
+            batch = collate([samples[i] for i in micro], pad_token_id)
+            logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits / temperature
+            logp = torch.log_softmax(logits[:, :-1].float(), dim=-1).gather(-1, batch.input_ids[:, 1:, None])[..., 0]
+            # Response-frame gather of the (B, L-1) log-probs: column k of row i is position start_i - 1 + k.
+            width = batch.loss_mask.shape[1]
+            index = (batch.response_start[:, None] - 1 + torch.arange(width)[None]).clamp(max=logp.shape[1] - 1)
+            logp = logp.gather(1, index)
+            loss = -(logp * batch.advantages * batch.loss_mask).sum() / max(tokens, 1)
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, default=Path("results/models/sft"))
+    parser.add_argument("--train", type=Path, default=Path("results/filter/rl_train.parquet"))
+    parser.add_argument("--batch-prompts", type=int, default=16)
+    parser.add_argument("--n", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    from agentrl.config import load_config
+    from agentrl.data.records import read_problems
+    from agentrl.grpo.prompts import PromptSampler
+    from agentrl.grpo.runner import GrpoPaths, build_components, load_model
+    from agentrl.grpo.trainer import GrpoStep
+    from agentrl.tools.sandbox import make_sandbox
+    from agentrl.training import deepspeed_engine as dse
+
+    cfg = load_config({"grpo": {"batch_prompts": args.batch_prompts, "n": args.n,
+                                "mini_batch_prompts": min(args.batch_prompts, load_config({}).grpo.mini_batch_prompts)}})
+    ctx = dse.init_distributed()
+    paths = GrpoPaths(args.model, args.train, (), Path("-"), Path("-"), Path("-"), dse.find_deepspeed_config(0))
+    sampler = PromptSampler(read_problems(args.train), seed=0)
+    with make_sandbox(cfg.sandbox) as sandbox:
+        parts, _ = build_components(cfg, paths, ctx, sandbox, steps=1)
+        step = GrpoStep(parts)
+        t0 = time.perf_counter()
+        groups, timing = step.collect(1, sampler)
+        advantages = step.advantages(groups)
+        samples = step.samples(groups, advantages)
+        plan = step.plan(len(groups), samples)
+        t1 = time.perf_counter()
+        step.recompute_logprobs(samples, plan)
+        t2 = time.perf_counter()
+        step.update(samples, plan)
+        t3 = time.perf_counter()
+        parts.rollout_engine.update_weights(parts.engine.module.model.named_parameters())
+        t4 = time.perf_counter()
+
+    input_tokens = sum(len(s.input_ids) for s in samples) * cfg.grpo.ppo_epochs
+    plain_s = plain_update(load_model(args.model, torch.device("cpu")), samples, plan, parts.pad_token_id,
+                           cfg.grpo.lr, cfg.rollout.temperature)
+    report = {
+        "cpus": os.cpu_count(),
+        "load_average": os.getloadavg(),
+        "torch_threads": torch.get_num_threads(),
+        "prompts_x_n": f"{args.batch_prompts} x {args.n}",
+        "trajectories": len(samples),
+        "input_tokens": input_tokens,
+        "loss_tokens": sum(s.num_loss_tokens for s in samples),
+        "micro_batches": sum(len(m) for m in plan),
+        "optimizer_steps": len(plan) * cfg.grpo.ppo_epochs,
+        "step_s": t4 - t0,
+        "rollout_s": timing["timing/rollout_s"],
+        "generate_s": timing["timing/generate_s"],
+        "tools_s": timing["timing/tools_s"],
+        "reward_s": timing["timing/reward_s"],
+        "old_logp_s": t2 - t1,
+        "update_s": t3 - t2,
+        "weight_sync_s": t4 - t3,
+        "trainer_train_tokens_per_s": input_tokens / (t3 - t2),
+        "plain_train_tokens_per_s": input_tokens / plain_s,
+    }
+    report["trainer_overhead"] = report["plain_train_tokens_per_s"] / report["trainer_train_tokens_per_s"] - 1.0
+    print(json.dumps(report, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

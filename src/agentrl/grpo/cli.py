@@ -1,0 +1,110 @@
+"""``python -m agentrl grpo``: GRPO-TCR training of the SFT model on the filtered RL set (DeepSpeed).
+
+Reads the initial policy (``--model``, the SFT model), the RL problems (``--train``,
+``results/filter/rl_train.parquet``) and the validation sets (``--eval``, one parquet per set);
+writes the final policy to ``--out`` as a Hugging Face folder, one JSON line of metrics per step
+to ``--metrics`` and resumable checkpoints to ``--checkpoint-dir``: a rerun of the same command
+continues after the newest checkpoint.
+
+``--nproc N`` (or ``auto``: the GPUs the scheduler granted) processes per node: when more than
+one process is needed and none is running yet, the command re-executes itself through torchrun
+(and srun on multi-node SLURM jobs); see :mod:`agentrl.launch`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from agentrl.config import ConfigError, add_config_arguments, config_from_args
+from agentrl.launch import build_launch_command, is_launched, resolve_nproc_per_node, world_size
+
+log = logging.getLogger("agentrl.grpo")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="agentrl grpo", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_arguments(parser)
+    parser.add_argument("--model", type=Path, required=True, help="initial policy (the SFT model): Hugging Face folder")
+    parser.add_argument("--train", type=Path, required=True, help="RL problems (results/filter/rl_train.parquet)")
+    parser.add_argument("--eval", type=Path, nargs="*", default=[],
+                        help="validation sets, one normalized problem parquet each (named by file stem)")
+    parser.add_argument("--out", type=Path, required=True, help="final policy: Hugging Face folder")
+    parser.add_argument("--metrics", type=Path, required=True, help="metrics, one JSON line per step")
+    parser.add_argument("--checkpoint-dir", type=Path, required=True,
+                        help="checkpoints; a rerun resumes from the newest one")
+    parser.add_argument("--deepspeed-config", type=Path, default=None,
+                        help="DeepSpeed JSON (default: configs/deepspeed/zero<grpo.deepspeed.zero_stage>.json)")
+    parser.add_argument("--nproc", default="auto",
+                        help="processes per node: a number (0 = one CPU process) or auto (GPUs granted, else 1)")
+    parser.add_argument("--threads", type=int, help="CPU threads for torch per process (the rule's threads)")
+    return parser
+
+
+def without_option(argv: list[str], option: str) -> list[str]:
+    """``argv`` without ``option VALUE`` / ``option=VALUE``.
+
+    The relaunched processes do not need ``--nproc`` (the launcher sets RANK and WORLD_SIZE),
+    and torchrun's own parser would refuse it as an ambiguous abbreviation of its
+    ``--nproc-per-node`` / ``--nproc_per_node``.
+    """
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == option:
+            skip = True
+        elif not arg.startswith(option + "="):
+            out.append(arg)
+    return out
+
+
+def main(argv: list[str]) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    try:
+        cfg = config_from_args(args)  # validate before launching any process
+        from agentrl.grpo.runner import check_config
+        from agentrl.grpo.variants import resolve_algorithm
+
+        check_config(cfg)
+        resolve_algorithm(cfg.grpo)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    for path, what in [(args.model, "--model"), (args.train, "--train")] + [(p, "--eval") for p in args.eval]:
+        if not path.exists():
+            parser.error(f"{what} {path} does not exist")
+
+    if not is_launched(os.environ):
+        try:
+            nproc = resolve_nproc_per_node(args.nproc, os.environ)
+            command = build_launch_command(["agentrl", "grpo", *without_option(argv, "--nproc")], os.environ, nproc,
+                                           python=sys.executable)
+        except ValueError as exc:
+            parser.error(str(exc))
+        if world_size(os.environ, nproc) > 1 or command[0] == "srun":
+            log.info("launching: %s", " ".join(command))
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.execvp(command[0], command)
+
+    import deepspeed
+
+    from agentrl.evaluation.sampling import set_torch_threads
+    from agentrl.grpo.runner import GrpoPaths, train
+    from agentrl.training.deepspeed_engine import find_deepspeed_config
+
+    deepspeed.utils.logger.setLevel(logging.WARNING)
+    set_torch_threads(args.threads)
+    paths = GrpoPaths(
+        model=args.model, train=args.train, eval_sets=tuple(args.eval), out=args.out, metrics=args.metrics,
+        checkpoints=args.checkpoint_dir,
+        deepspeed_config=args.deepspeed_config or find_deepspeed_config(cfg.grpo.deepspeed.zero_stage),
+    )
+    train(cfg, paths)
+    return 0

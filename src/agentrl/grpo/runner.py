@@ -1,0 +1,206 @@
+"""The GRPO stage from files to files: build the parts, resume, train, validate, checkpoint, export.
+
+Inputs: the SFT model folder, ``rl_train.parquet``, the eval sets. Outputs: the final policy as
+a Hugging Face folder (safetensors, tokenizer, chat template), ``metrics.jsonl`` (one line per
+step, ``step`` 0 = validation before training) and the checkpoints folder. A run that finds a
+checkpoint resumes from the newest one (:mod:`agentrl.grpo.checkpoint`): the step after it is
+the next one run, with the same prompts and rollout seeds the uninterrupted run would have used.
+
+Seeds: the prompt order comes from ``(seed, "grpo-data")``, rollouts of step k from
+``(seed, step k, round, rank)``, validation from ``(seed, set)``; none depend on how many steps
+this process has run, which is what makes a resumed run continue rather than restart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from agentrl.config import Config
+from agentrl.data.records import read_problems
+from agentrl.evaluation.sampling import derived_seed
+from agentrl.grpo.checkpoint import resume, save_checkpoint
+from agentrl.grpo.distributed import barrier
+from agentrl.grpo.metrics import MetricsWriter
+from agentrl.grpo.policy import ResponseLogProbs
+from agentrl.grpo.prompts import PromptSampler
+from agentrl.grpo.trainer import Components, GrpoStep
+from agentrl.grpo.validation import EvalSet, limit_problems, validate
+from agentrl.grpo.variants import AlgorithmSettings, resolve_algorithm
+from agentrl.training import deepspeed_engine as dse
+
+log = logging.getLogger("agentrl.grpo")
+
+
+@dataclass(frozen=True)
+class GrpoPaths:
+    model: Path  # the initial policy (the SFT model), a Hugging Face folder
+    train: Path  # rl_train.parquet
+    eval_sets: tuple[Path, ...]  # validation sets, one parquet each (named by file stem)
+    out: Path  # the final policy
+    metrics: Path  # metrics.jsonl
+    checkpoints: Path
+    deepspeed_config: Path  # a configs/deepspeed/zero<stage>.json with "auto" placeholders
+
+
+def total_steps(cfg: Config, num_problems: int) -> int:
+    """``grpo.max_steps``, else ``epochs x (problems // batch_prompts)`` (verl's dataloader length)."""
+    if cfg.grpo.max_steps is not None:
+        return cfg.grpo.max_steps
+    return cfg.grpo.epochs * max(1, num_problems // cfg.grpo.batch_prompts)
+
+
+def optimizer_steps_per_step(cfg: Config) -> int:
+    return cfg.grpo.ppo_epochs * -(-cfg.grpo.batch_prompts // cfg.grpo.mini_batch_prompts)
+
+
+def check_config(cfg: Config) -> None:
+    from agentrl.config import ConfigError
+
+    grpo = cfg.grpo
+    if grpo.batch_prompts % grpo.mini_batch_prompts:
+        raise ConfigError(
+            f"grpo.batch_prompts ({grpo.batch_prompts}) must be a multiple of grpo.mini_batch_prompts "
+            f"({grpo.mini_batch_prompts}): every optimizer step sees the same number of prompts"
+        )
+    if cfg.rollout.temperature <= 0:
+        raise ConfigError("rollout.temperature must be > 0 for GRPO: greedy rollouts of a group are identical")
+
+
+def reward_config(cfg: Config, settings: AlgorithmSettings):
+    """The reward section with overlong shaping switched by the variant."""
+    overlong = dataclasses.replace(cfg.reward.overlong, enable=settings.overlong_shaping)
+    return dataclasses.replace(cfg.reward, overlong=overlong)
+
+
+def load_model(model_dir: Path, device: torch.device, dtype: torch.dtype | None = None):
+    from transformers import AutoModelForCausalLM
+
+    if not (model_dir / "config.json").exists():
+        raise FileNotFoundError(f"{model_dir}: not a Hugging Face model folder (no config.json)")
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype or torch.float32)
+    return model.to(device)
+
+
+def build_engine(actor: torch.nn.Module, cfg: Config, paths: GrpoPaths, ctx: dse.DistributedContext,
+                 dtype: torch.dtype, steps: int):
+    """DeepSpeed around the actor: one sequence list per backward, boundaries set by the trainer."""
+    grpo = cfg.grpo
+    ds_config = dse.fill_deepspeed_config(
+        dse.load_deepspeed_config(paths.deepspeed_config, grpo.deepspeed.zero_stage),
+        micro_batch_size=1, gradient_accumulation_steps=1, world_size=ctx.world_size, grad_clip=grpo.grad_clip,
+        dtype=dtype, hidden_size=actor.model.config.get_text_config().hidden_size, origin=str(paths.deepspeed_config),
+    )
+    optim = dse.OptimizerSettings(
+        lr=grpo.lr, betas=tuple(grpo.betas), weight_decay=grpo.weight_decay, schedule=grpo.lr_schedule,
+        warmup_steps=grpo.lr_warmup_steps, total_steps=steps * optimizer_steps_per_step(cfg),
+    )
+    return dse.build_engine(actor, ds_config, optim)
+
+
+def build_components(cfg: Config, paths: GrpoPaths, ctx: dse.DistributedContext, sandbox, steps: int):
+    """The DeepSpeed actor, the reference (KL variants), the rollout engine, agent loop and reward."""
+    from transformers import AutoTokenizer
+
+    from agentrl.rewards import RewardFunction
+    from agentrl.rollout import AgentLoop, make_engine
+    from agentrl.tools.code_interpreter import CodeInterpreter
+
+    settings = resolve_algorithm(cfg.grpo)
+    tokenizer = AutoTokenizer.from_pretrained(str(paths.model))
+    if not tokenizer.chat_template:
+        raise ValueError(f"{paths.model}: the tokenizer has no chat template; the agent loop needs one")
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    dtype = dse.resolve_dtype(cfg.grpo.deepspeed.dtype, ctx.device)
+    model = load_model(paths.model, ctx.device)
+    if cfg.grpo.deepspeed.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    actor = ResponseLogProbs(model, logit_chunk_tokens=cfg.grpo.logit_chunk_tokens, temperature=cfg.rollout.temperature)
+    engine = build_engine(actor, cfg, paths, ctx, dtype, steps)
+    reference = None
+    if settings.uses_reference:
+        ref_model = load_model(paths.model, ctx.device, dtype).eval().requires_grad_(False)
+        reference = ResponseLogProbs(ref_model, logit_chunk_tokens=cfg.grpo.logit_chunk_tokens,
+                                     temperature=cfg.rollout.temperature)
+    policy = engine.module.model
+    rollout_engine = make_engine(cfg.rollout, str(paths.model), model=policy, tokenizer=tokenizer)
+    loop = AgentLoop(rollout_engine, tokenizer, CodeInterpreter(sandbox, cfg.tool), cfg.rollout)
+    reward_fn = RewardFunction(reward_config(cfg, settings), sandbox)
+    parts = Components(cfg=cfg, settings=settings, ctx=ctx, engine=engine, reference=reference,
+                       rollout_engine=rollout_engine, loop=loop, reward_fn=reward_fn, pad_token_id=int(pad_id))
+    return parts, tokenizer
+
+
+def export_policy(model, tokenizer, folder: Path) -> None:
+    """The policy as a Hugging Face folder: config, safetensors, tokenizer, chat template."""
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(folder))
+    tokenizer.save_pretrained(str(folder))
+
+
+def train(cfg: Config, paths: GrpoPaths) -> int:
+    """Run (or resume) the GRPO stage; returns the number of steps trained by this call."""
+    from agentrl.tools.sandbox import make_sandbox
+
+    check_config(cfg)
+    ctx = dse.init_distributed()
+    if not ctx.is_main:
+        log.setLevel(logging.WARNING)
+    torch.manual_seed(derived_seed(cfg.seed, "grpo-torch", ctx.rank))
+    problems = read_problems(paths.train)
+    eval_sets = [EvalSet(p.stem, limit_problems(read_problems(p), cfg.grpo.validation.max_problems))
+                 for p in paths.eval_sets]
+    steps = total_steps(cfg, len(problems))
+    sampler = PromptSampler(problems, derived_seed(cfg.seed, "grpo-data"))
+    with make_sandbox(cfg.sandbox) as sandbox:
+        parts, tokenizer = build_components(cfg, paths, ctx, sandbox, steps)
+        policy = parts.engine.module.model
+        start, records = 0, []
+        state = resume(parts.engine, paths.checkpoints, ctx)
+        if state is not None:
+            sampler.load_state_dict(state["sampler"])
+            start, records = int(state["step"]), list(state["metrics"])
+            log.info("resumed from %s: step %d of %d done", paths.checkpoints, start, steps)
+        writer = None
+        if ctx.is_main:
+            tensorboard = paths.metrics.parent / "tensorboard" if cfg.grpo.tensorboard else None
+            writer = MetricsWriter(paths.metrics, steps, tensorboard)
+            writer.reset(records)
+        log.info("GRPO %s: %d problems, %d steps of %d prompts x %d, %d process(es)", cfg.grpo.variant,
+                 len(problems), steps, cfg.grpo.batch_prompts, cfg.grpo.n, ctx.world_size)
+
+        def emit(record: dict) -> None:
+            records.append(record)
+            if writer is not None:
+                writer.write(record)
+
+        def run_validation() -> dict:
+            began = time.perf_counter()
+            metrics = validate(cfg, parts.loop, parts.reward_fn, eval_sets, ctx)
+            return {**metrics, "timing/validation_s": time.perf_counter() - began}
+
+        if start == 0 and cfg.grpo.val_before_train and eval_sets:
+            emit({"step": 0, **run_validation()})
+        stepper = GrpoStep(parts)
+        for step in range(start + 1, steps + 1):
+            record = stepper.run(step, sampler)
+            if eval_sets and cfg.grpo.test_freq and (step % cfg.grpo.test_freq == 0 or step == steps):
+                record.update(run_validation())
+            emit(record)
+            if cfg.grpo.save_freq and (step % cfg.grpo.save_freq == 0 or step == steps):
+                save_checkpoint(
+                    parts.engine, paths.checkpoints, step,
+                    trainer_state={"sampler": sampler.state_dict(), "total_steps": steps, "variant": cfg.grpo.variant},
+                    metrics=records, export_model=lambda folder: export_policy(policy, tokenizer, folder),
+                    ctx=ctx, keep=cfg.grpo.keep_checkpoints,
+                )
+        dse.save_hf_model(parts.engine, policy, tokenizer, paths.out, ctx)
+        if writer is not None:
+            writer.close()
+        barrier(ctx)
+    return steps - start

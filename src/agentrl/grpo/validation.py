@@ -1,0 +1,84 @@
+"""Validation during GRPO: avg@n on each eval set, with the validation sampling settings.
+
+Upstream (verl ``_validate``) samples n responses per validation problem (paper: 32, temperature
+1.0, top_p 0.6) and logs the mean accuracy per data source. Here each rank rolls out its share
+of every set with the trainer's own rollout engine and agent loop (the current weights), the
+reward registry grades them, and rank 0 reduces to ``val/<set>/avg@<n>`` (mean over problems
+of the share of correct samples, ``agentrl.evaluation.metrics.avg_at_k``) and
+``val/mean/avg@<n>`` (mean over the sets). The sampling seed of a set is the same at every
+validation (common random numbers), so the change between two validations is the model's, not
+the sampler's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from agentrl.config import Config
+from agentrl.data.records import Problem
+from agentrl.evaluation.metrics import avg_at_k
+from agentrl.evaluation.sampling import derived_seed
+from agentrl.grpo.distributed import all_gather
+from agentrl.rewards import RewardFunction
+from agentrl.rollout import AgentLoop, SamplingParams
+from agentrl.training.deepspeed_engine import DistributedContext
+
+
+@dataclass(frozen=True)
+class EvalSet:
+    name: str
+    problems: tuple[Problem, ...]
+
+
+def validate(
+    cfg: Config,
+    loop: AgentLoop,
+    reward_fn: RewardFunction,
+    eval_sets: Sequence[EvalSet],
+    ctx: DistributedContext,
+) -> dict[str, float]:
+    """Validation metrics (``val/...``), identical on every rank."""
+    setup = cfg.grpo.validation
+    n = setup.n
+    metrics: dict[str, float] = {}
+    for set_index, eval_set in enumerate(eval_sets):
+        local = list(eval_set.problems[ctx.rank :: ctx.world_size])
+        seed = derived_seed(cfg.seed, f"grpo-val-{eval_set.name}", ctx.rank)
+        rows: list[tuple[str, list[float], list[int], list[int]]] = []
+        if local:
+            params = SamplingParams(
+                temperature=setup.temperature, top_p=setup.top_p, top_k=cfg.rollout.top_k,
+                max_tokens=cfg.rollout.max_response_tokens, seed=seed,
+            )
+            trajectories = loop.run(local, n, params, seed)
+            by_id = {p.id: p for p in local}
+            results = reward_fn.score_many(
+                [(by_id[t.problem_id], t.text, len(t.response_ids), len(t.tool_calls)) for t in trajectories]
+            )
+            for start in range(0, len(trajectories), n):
+                group = trajectories[start : start + n]
+                rows.append((
+                    group[0].problem_id,
+                    [float(r.acc) for r in results[start : start + n]],
+                    [len(t.response_ids) for t in group],
+                    [len(t.tool_calls) for t in group],
+                ))
+        gathered = [row for rank_rows in all_gather(ctx, rows) for row in rank_rows]
+        assert len(gathered) == len(eval_set.problems), (
+            f"validation of {eval_set.name}: {len(gathered)} problems graded, {len(eval_set.problems)} expected"
+        )
+        correct = np.asarray([accs for _, accs, _, _ in gathered])  # (problems, n)
+        metrics[f"val/{eval_set.name}/avg@{n}"] = avg_at_k(correct)
+        metrics[f"val/{eval_set.name}/response_length_mean"] = float(np.mean([x for _, _, ls, _ in gathered for x in ls]))
+        metrics[f"val/{eval_set.name}/tool_calls_mean"] = float(np.mean([x for _, _, _, cs in gathered for x in cs]))
+    if eval_sets:
+        metrics[f"val/mean/avg@{n}"] = float(np.mean([metrics[f"val/{s.name}/avg@{n}"] for s in eval_sets]))
+    return metrics
+
+
+def limit_problems(problems: Sequence[Problem], max_problems: int | None) -> tuple[Problem, ...]:
+    return tuple(problems if max_problems is None else problems[:max_problems])
+

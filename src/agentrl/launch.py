@@ -1,0 +1,200 @@
+"""How a training stage starts its processes: one process, torchrun on one machine, or torchrun on
+every node of a SLURM allocation.
+
+Training stages (``sft``, ``grpo``) are invoked once, by Snakemake or by hand, as
+``python -m agentrl <stage> ... --nproc N``. When they need more than one process and are not
+already running under a launcher (no ``RANK``/``WORLD_SIZE`` in the environment), they re-execute
+themselves through the command built here:
+
+- one process in all: no launcher, the stage runs in place;
+- one node: ``python -m torch.distributed.run --standalone --nproc_per_node N -m agentrl ...``
+  (``--standalone`` picks a free rendezvous port, so two jobs on one machine do not collide);
+- several SLURM nodes: torchrun needs one agent per node. From the batch step (where the rule's
+  shell runs; give the rule the ``mpi`` resource so that the SLURM executor does not wrap it in
+  ``srun -n1``) the stage first re-executes itself as ``srun --nodes M --ntasks-per-node 1 ...``;
+  each of those per-node tasks then builds the static-rendezvous torchrun command with
+  ``--nnodes M --node_rank $SLURM_NODEID --master_addr <first host of SLURM_JOB_NODELIST>
+  --master_port P``.
+
+Processes per node: ``--nproc N`` when given (Snakemake does not set CUDA_VISIBLE_DEVICES, so
+rules pass their ``gpu`` resource), else the GPUs the scheduler granted (CUDA_VISIBLE_DEVICES,
+then SLURM_GPUS_ON_NODE / SLURM_GPUS_PER_NODE / SLURM_JOB_GPUS), else one CPU process.
+
+Every function here is pure (the environment is an argument), so the SLURM cases are unit-tested
+without a cluster.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+DEFAULT_MASTER_PORT = 29500
+NPROC_OPTION = "--nproc"  # every stage started through here accepts it
+
+
+def strip_nproc(argv: Sequence[str]) -> list[str]:
+    """``argv`` without ``--nproc N`` / ``--nproc=N``.
+
+    The launcher options are dropped from what is forwarded: torchrun parses the whole command
+    line with argparse, whose prefix matching would read ``--nproc`` as its own ``--nproc-per-node``.
+    """
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == NPROC_OPTION:
+            skip = True
+        elif not arg.startswith(NPROC_OPTION + "="):
+            out.append(arg)
+    return out
+
+
+def is_launched(env: Mapping[str, str]) -> bool:
+    """True inside a process started by a launcher (torchrun sets RANK and WORLD_SIZE)."""
+    return "RANK" in env and "WORLD_SIZE" in env
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a SLURM node list, compressed or not.
+
+    ``gpu[01-02]`` -> ``gpu01``; ``gpu[01-02,05],cpu3`` -> ``gpu01``; ``rack[1-2]-n[07-08]`` ->
+    ``rack1-n07``; ``node7,node9`` -> ``node7``. Zero padding is kept as written.
+    """
+    text = nodelist.strip()
+    assert text, "empty SLURM node list"
+    depth, end = 0, len(text)
+    for i, char in enumerate(text):  # the first item ends at the first comma outside brackets
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            end = i
+            break
+    item = text[:end]
+
+    def first_of_group(match: re.Match[str]) -> str:
+        first = match.group(1).split(",")[0]
+        return first.split("-")[0]
+
+    host = re.sub(r"\[([^\]]*)\]", first_of_group, item)
+    if not host or "[" in host or "]" in host:
+        raise ValueError(f"cannot parse the SLURM node list {nodelist!r}")
+    return host
+
+
+def _count_gpu_spec(spec: str) -> int | None:
+    """SLURM_GPUS_PER_NODE forms: ``8``, ``h100:8``, ``h100:4,a100:2``, ``8(x2)``."""
+    total = 0
+    for part in spec.split(","):
+        part = re.sub(r"\(x\d+\)$", "", part.strip())
+        count = part.rsplit(":", 1)[-1]
+        if not count.isdigit():
+            return None
+        total += int(count)
+    return total
+
+
+def visible_gpus(env: Mapping[str, str]) -> int | None:
+    """GPUs granted to this job on this node, from the environment; None when nothing says."""
+    cuda = env.get("CUDA_VISIBLE_DEVICES")
+    if cuda is not None:
+        ids = [d for d in cuda.split(",") if d.strip() and d.strip() != "-1"]
+        return len(ids)
+    if env.get("SLURM_GPUS_ON_NODE", "").strip().isdigit():
+        return int(env["SLURM_GPUS_ON_NODE"])
+    if env.get("SLURM_GPUS_PER_NODE"):
+        count = _count_gpu_spec(env["SLURM_GPUS_PER_NODE"])
+        if count is not None:
+            return count
+    for key in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
+        if env.get(key):
+            return len([d for d in env[key].split(",") if d.strip()])
+    return None
+
+
+def resolve_nproc_per_node(requested: str | int, env: Mapping[str, str]) -> int:
+    """``--nproc``: a number (0 means no GPU: one CPU process) or ``auto`` (from the environment)."""
+    if isinstance(requested, str) and requested.strip().lower() == "auto":
+        return max(1, visible_gpus(env) or 0)
+    try:
+        count = int(requested)
+    except ValueError:
+        raise ValueError(f"--nproc must be a number or 'auto', got {requested!r}") from None
+    if count < 0:
+        raise ValueError(f"--nproc must be >= 0, got {count}")
+    return max(1, count)
+
+
+def num_nodes(env: Mapping[str, str]) -> int:
+    for key in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"):
+        value = env.get(key, "").strip()
+        if value:
+            if not value.isdigit():
+                raise ValueError(f"{key}={value!r} is not a node count")
+            return int(value)
+    return 1
+
+
+def master_port(env: Mapping[str, str]) -> int:
+    """MASTER_PORT if set; else one derived from the SLURM job id, so jobs sharing a node differ."""
+    if env.get("MASTER_PORT", "").strip():
+        return int(env["MASTER_PORT"])
+    job_id = env.get("SLURM_JOB_ID", "").strip()
+    if job_id.isdigit():
+        return 15000 + int(job_id) % 20000
+    return DEFAULT_MASTER_PORT
+
+
+def _one_task_per_node_step(env: Mapping[str, str], nnodes: int) -> bool:
+    """Inside an srun step that runs exactly one task on each node of the allocation."""
+    return (
+        "SLURM_NODEID" in env
+        and env.get("SLURM_STEP_NUM_NODES") == str(nnodes)
+        and env.get("SLURM_STEP_NUM_TASKS") == str(nnodes)
+    )
+
+
+def world_size(env: Mapping[str, str], nproc_per_node: int) -> int:
+    return num_nodes(env) * nproc_per_node
+
+
+def build_launch_command(
+    module_args: Sequence[str],
+    env: Mapping[str, str],
+    nproc_per_node: int,
+    *,
+    python: str = "python",
+) -> list[str]:
+    """The command that runs ``python -m <module_args>`` on every process of the job.
+
+    ``module_args`` is what follows ``python -m`` (e.g. ``["agentrl", "sft", "--model", ...]``),
+    without ``--nproc`` (see :func:`strip_nproc`); the srun hop of a multi-node job passes
+    ``--nproc N`` on so that every node starts the same number of processes.
+    """
+    assert module_args, "module_args must name the module to run"
+    assert nproc_per_node >= 1, f"nproc_per_node must be >= 1, got {nproc_per_node}"
+    nnodes = num_nodes(env)
+    plain = [python, "-m", *module_args]
+    if nnodes == 1:
+        if nproc_per_node == 1:
+            return plain
+        return [python, "-m", "torch.distributed.run", "--standalone",
+                "--nproc_per_node", str(nproc_per_node), "-m", *module_args]
+    if not _one_task_per_node_step(env, nnodes):
+        if env.get("SLURM_STEP_NUM_TASKS") not in (None, "1"):
+            raise ValueError(
+                f"running inside an srun step with {env.get('SLURM_STEP_NUM_TASKS')} tasks on a "
+                f"{nnodes}-node job: start the stage once (batch step) or with one task per node")
+        srun = ["srun", "--nodes", str(nnodes), "--ntasks", str(nnodes), "--ntasks-per-node", "1",
+                "--kill-on-bad-exit=1"]
+        gpus = visible_gpus(env)
+        if gpus:
+            srun += ["--gpus-per-node", str(gpus)]
+        return [*srun, *plain, NPROC_OPTION, str(nproc_per_node)]
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if not nodelist:
+        raise ValueError(f"a {nnodes}-node SLURM job without SLURM_JOB_NODELIST: cannot find the master node")
+    return [python, "-m", "torch.distributed.run",
+            "--nnodes", str(nnodes), "--node_rank", env["SLURM_NODEID"],
+            "--master_addr", first_host(nodelist), "--master_port", str(master_port(env)),
+            "--nproc_per_node", str(nproc_per_node), "-m", *module_args]

@@ -1,0 +1,144 @@
+"""SFT data: tokenized conversations, the data order, and token-budget micro-batches.
+
+- Every conversation is rendered once with its loss mask (:mod:`agentrl.sft.masking`) and
+  right-truncated at ``max_length`` (the recipe's truncation), or refused (``truncation: error``).
+- Data order: one seeded permutation per epoch; optimizer step ``s`` takes the ``s``-th slice of
+  ``global_batch_size`` conversations (the last partial batch of an epoch is dropped, as upstream's
+  sampler does). The order is a pure function of (seed, epoch, step), so a resumed run needs only
+  the step number to continue exactly where it stopped.
+- Micro-batches: the conversations of one step are sorted longest first and packed greedily into
+  micro-batches of at most ``micro_batch_size`` sequences and ``micro_batch_tokens`` padded tokens
+  (rows x longest row), which keeps padding small; the count is then made a multiple of the
+  process count (splitting the largest micro-batches) and micro-batches are dealt to processes
+  with equal counts (ZeRO-2/3 reduce gradients in every backward, so every process must run the
+  same number) and balanced padded tokens. Because the loss is a token sum divided by the whole
+  step's trained-token count, how a step is cut into micro-batches or processes changes only the
+  speed and the floating-point summation order, never the gradient.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from agentrl.data.records import SftExample
+from agentrl.sft.masking import render_with_assistant_mask
+
+log = logging.getLogger("agentrl.sft")
+
+
+@dataclass(frozen=True)
+class TokenizedExample:
+    id: str
+    input_ids: list[int]
+    loss_mask: list[int]  # 1 = trained (assistant) token
+
+    @property
+    def trained_targets(self) -> int:
+        """Positions whose next-token prediction is trained (token 0 is never a target)."""
+        return sum(self.loss_mask[1:])
+
+
+def tokenize_examples(examples: Sequence[SftExample], tokenizer, max_length: int, truncation: str,
+                      source: str = "sft data") -> list[TokenizedExample]:
+    """Render and mask every conversation; errors name the example (and ``source``)."""
+    out: list[TokenizedExample] = []
+    truncated = 0
+    for row, example in enumerate(examples):
+        try:
+            input_ids, loss_mask = render_with_assistant_mask(tokenizer, example.messages, example.tools)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ValueError(f"{source}: row {row} (id {example.id!r}): {exc}") from exc
+        if len(input_ids) > max_length:
+            if truncation == "error":
+                raise ValueError(f"{source}: row {row} (id {example.id!r}) has {len(input_ids)} tokens, more "
+                                 f"than sft.max_length={max_length} (sft.truncation: error)")
+            input_ids, loss_mask = input_ids[:max_length], loss_mask[:max_length]
+            truncated += 1
+        out.append(TokenizedExample(example.id, input_ids, loss_mask))
+    if truncated:
+        log.warning("%d of %d conversations right-truncated to %d tokens", truncated, len(out), max_length)
+    empty = sum(1 for e in out if e.trained_targets == 0)
+    if empty:
+        log.warning("%d conversations have no trained token (after truncation); they add nothing", empty)
+    return out
+
+
+def steps_per_epoch(num_examples: int, global_batch_size: int) -> int:
+    steps = num_examples // global_batch_size
+    if steps == 0:
+        raise ValueError(f"sft.global_batch_size={global_batch_size} is larger than the data set "
+                         f"({num_examples} conversations): not one optimizer step fits")
+    return steps
+
+
+def step_indices(step: int, num_examples: int, global_batch_size: int, seed: int) -> list[int]:
+    """Example indices of optimizer step ``step`` (0-based, counted across epochs)."""
+    per_epoch = steps_per_epoch(num_examples, global_batch_size)
+    epoch, position = divmod(step, per_epoch)
+    order = np.random.default_rng([seed, epoch]).permutation(num_examples)
+    return [int(i) for i in order[position * global_batch_size:(position + 1) * global_batch_size]]
+
+
+def _padded_cost(batch: list[int], lengths: Sequence[int]) -> int:
+    return len(batch) * max(lengths[i] for i in batch)
+
+
+def pack_micro_batches(lengths: Sequence[int], micro_batch_size: int, micro_batch_tokens: int | None,
+                       num_ranks: int) -> list[list[list[int]]]:
+    """Split one step's sequences (given by their lengths) into micro-batches, per rank.
+
+    Returns ``per_rank[r] = [micro_batch, ...]``, each micro-batch a list of positions into
+    ``lengths``. Every rank gets the same number of micro-batches; every position appears once.
+    """
+    assert micro_batch_size >= 1 and num_ranks >= 1, "micro_batch_size and num_ranks must be >= 1"
+    if len(lengths) % num_ranks:
+        raise ValueError(f"{len(lengths)} sequences per step cannot be split over {num_ranks} processes; "
+                         "make sft.global_batch_size a multiple of the process count")
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches: list[list[int]] = []
+    for index in order:
+        current = batches[-1] if batches else None
+        fits = (
+            current is not None
+            and len(current) < micro_batch_size
+            and (micro_batch_tokens is None or (len(current) + 1) * lengths[current[0]] <= micro_batch_tokens)
+        )
+        if fits:
+            current.append(index)
+        else:
+            batches.append([index])
+    while len(batches) % num_ranks:
+        splittable = [b for b in batches if len(b) > 1]
+        assert splittable, "cannot happen: there are at least num_ranks sequences"
+        largest = max(splittable, key=lambda b: (_padded_cost(b, lengths), len(b)))
+        half = len(largest) // 2
+        batches.remove(largest)
+        batches += [largest[:half], largest[half:]]
+    per_rank: list[list[list[int]]] = [[] for _ in range(num_ranks)]
+    loads = [0] * num_ranks
+    quota = len(batches) // num_ranks
+    for batch in sorted(batches, key=lambda b: (-_padded_cost(b, lengths), b[0])):
+        open_ranks = [r for r in range(num_ranks) if len(per_rank[r]) < quota]
+        rank = min(open_ranks, key=lambda r: (loads[r], r))
+        per_rank[rank].append(batch)
+        loads[rank] += _padded_cost(batch, lengths)
+    return per_rank
+
+
+def collate(examples: Sequence[TokenizedExample], pad_token_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded tensors: input_ids, attention_mask and loss_mask, each (B, T_max)."""
+    width = max(len(e.input_ids) for e in examples)
+    input_ids = torch.full((len(examples), width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(examples), width), dtype=torch.long)
+    loss_mask = torch.zeros((len(examples), width), dtype=torch.long)
+    for row, example in enumerate(examples):
+        n = len(example.input_ids)
+        input_ids[row, :n] = torch.tensor(example.input_ids, dtype=torch.long)
+        attention_mask[row, :n] = 1
+        loss_mask[row, :n] = torch.tensor(example.loss_mask, dtype=torch.long)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}

@@ -1,0 +1,72 @@
+"""``python -m agentrl sft``: supervised fine-tuning on multi-turn tool-use trajectories (DeepSpeed).
+
+Reads the normalized SFT parquet, trains the model in ``--model``, writes the fine-tuned model to
+``--out`` as a Hugging Face folder (safetensors, tokenizer, chat template), one JSON line of
+metrics per optimizer step to ``--metrics``, and resumable checkpoints to ``--checkpoint-dir``.
+
+``--nproc N`` (or ``auto``: the GPUs the scheduler granted) processes per node: when more than
+one process is needed and none is running yet, the command re-executes itself through torchrun
+(and srun on multi-node SLURM jobs); see :mod:`agentrl.launch`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from agentrl.config import add_config_arguments, config_from_args
+from agentrl.launch import build_launch_command, is_launched, resolve_nproc_per_node, strip_nproc, world_size
+
+log = logging.getLogger("agentrl.sft")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="agentrl sft", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_arguments(parser)
+    parser.add_argument("--model", type=Path, required=True, help="base model: Hugging Face folder")
+    parser.add_argument("--data", type=Path, required=True, help="normalized SFT parquet (agentrl.data.records)")
+    parser.add_argument("--out", type=Path, required=True, help="output Hugging Face model folder")
+    parser.add_argument("--metrics", type=Path, required=True, help="metrics, one JSON line per optimizer step")
+    parser.add_argument("--checkpoint-dir", type=Path, required=True,
+                        help="DeepSpeed checkpoints; a rerun resumes from the newest one made by the same setup")
+    parser.add_argument("--deepspeed-config", type=Path, default=None,
+                        help="DeepSpeed JSON (default: configs/deepspeed/zero<sft.deepspeed.zero_stage>.json)")
+    parser.add_argument("--nproc", default="auto",
+                        help="processes per node: a number (0 = one CPU process) or auto (GPUs granted, else 1)")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    cfg = config_from_args(args)  # validate before launching any process
+    for path, what in ((args.model, "--model"), (args.data, "--data")):
+        if not path.exists():
+            parser.error(f"{what} {path} does not exist")
+
+    if not is_launched(os.environ):
+        try:
+            nproc = resolve_nproc_per_node(args.nproc, os.environ)
+            command = build_launch_command(["agentrl", "sft", *strip_nproc(argv)], os.environ, nproc,
+                                           python=sys.executable)
+        except ValueError as exc:
+            parser.error(str(exc))
+        if world_size(os.environ, nproc) > 1 or command[0] == "srun":
+            log.info("launching: %s", " ".join(command))
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.execvp(command[0], command)
+
+    from agentrl.training.deepspeed_engine import find_deepspeed_config
+    from agentrl.sft.trainer import SftPaths, train_sft
+
+    deepspeed_config = args.deepspeed_config or find_deepspeed_config(cfg.sft.deepspeed.zero_stage)
+    paths = SftPaths(model_dir=args.model, data=args.data, out_dir=args.out, metrics=args.metrics,
+                     checkpoint_dir=args.checkpoint_dir, deepspeed_config=deepspeed_config)
+    train_sft(cfg.sft, cfg.seed, paths)
+    return 0

@@ -1,0 +1,280 @@
+"""The SFT loop on DeepSpeed (RECIPE.md section 5).
+
+Recipe: AdamW (betas, weight decay), cosine schedule with linear warmup over ``warmup_ratio`` of
+the steps, global-norm clipping, ``epochs`` passes, global batch of ``global_batch_size``
+conversations, right truncation at ``max_length``, bf16 on GPU; loss on assistant tokens only.
+
+Deliberate departures from upstream (verl's SFT trainer), with reasons:
+- Loss = summed next-token NLL over the trained tokens of the whole optimizer step divided by
+  their count (token mean over the global batch). Upstream averages per micro-batch and then over
+  micro-batches and ranks, which weighs a token by the size of the micro-batch it landed in; with
+  token-budget micro-batches that weighting would change with packing. Here packing and the number
+  of processes cannot change the gradient (tests/test_sft_distributed.py checks 1 vs 2 processes).
+- Logits are computed only at trained positions, in chunks with recomputation, so a 32k-token
+  conversation over a 152k vocabulary never materialises its full (T, V) logits.
+- The last partial global batch of each epoch is dropped (upstream's sampler does the same).
+
+Resume: a checkpoint every ``save_every_steps`` steps; the data order is a pure function of
+(seed, epoch, step) and the checkpoint restores model, optimizer, scheduler and RNG states, so a
+restarted run continues at the next step and ends with the same model as an uninterrupted one.
+Checkpoints made by a different run setup (config, data, base model, process count) are discarded
+with a warning rather than resumed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from agentrl.config import SftConfig
+from agentrl.data.records import read_sft_examples
+from agentrl.sft.batching import (
+    TokenizedExample,
+    collate,
+    pack_micro_batches,
+    step_indices,
+    steps_per_epoch,
+    tokenize_examples,
+)
+from agentrl.training import deepspeed_engine as dse
+
+log = logging.getLogger("agentrl.sft")
+
+# Positions per chunk of the vocabulary projection: bounds the logits' memory (chunk x vocab floats).
+LOGIT_CHUNK_TOKENS = 4096
+
+
+class AssistantTokenNll(torch.nn.Module):
+    """A causal LM returning (summed NLL of the trained next-token targets, their count)."""
+
+    def __init__(self, lm: torch.nn.Module, logit_chunk_tokens: int = LOGIT_CHUNK_TOKENS):
+        super().__init__()
+        self.lm = lm
+        self.logit_chunk_tokens = logit_chunk_tokens
+
+    def _chunk_nll(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self.lm.get_output_embeddings()(hidden).float()  # (n, V)
+        return F.cross_entropy(logits, targets, reduction="sum")
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = self.lm.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
+                                       use_cache=False).last_hidden_state  # (B, T, H)
+        trained = loss_mask[:, 1:].bool()  # (B, T-1): is token t+1 a trained target
+        hidden_at = hidden[:, :-1][trained]  # (N, H), the positions that predict trained tokens
+        targets = input_ids[:, 1:][trained]  # (N,)
+        total = hidden.new_zeros((), dtype=torch.float32)
+        if targets.numel() == 0:
+            # Zero loss through every parameter: under ZeRO-2/3 each rank must produce a gradient
+            # for every parameter in every backward, or their reductions fall out of step.
+            dummy = self._chunk_nll(hidden[:1, 0], input_ids[:1, 0])
+            return total + 0.0 * dummy, targets.new_zeros(())
+        for start in range(0, targets.numel(), self.logit_chunk_tokens):
+            chunk = slice(start, start + self.logit_chunk_tokens)
+            if targets.numel() > self.logit_chunk_tokens:
+                total = total + checkpoint(self._chunk_nll, hidden_at[chunk], targets[chunk], use_reentrant=False)
+            else:
+                total = total + self._chunk_nll(hidden_at[chunk], targets[chunk])
+        return total, torch.tensor(targets.numel(), device=targets.device)
+
+
+@dataclass(frozen=True)
+class SftPaths:
+    model_dir: Path
+    data: Path
+    out_dir: Path
+    metrics: Path
+    checkpoint_dir: Path
+    deepspeed_config: Path
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    steps_per_epoch: int
+    total_steps: int
+    warmup_steps: int
+    micro_batch_size: int  # DeepSpeed's bookkeeping triple: micro x accumulation x world = global
+    accumulation: int
+
+
+def plan_steps(cfg: SftConfig, num_examples: int, world_size: int) -> StepPlan:
+    if cfg.global_batch_size % world_size:
+        raise ValueError(f"sft.global_batch_size={cfg.global_batch_size} must be a multiple of the "
+                         f"process count ({world_size})")
+    per_epoch = steps_per_epoch(num_examples, cfg.global_batch_size)
+    total = per_epoch * cfg.epochs
+    per_rank = cfg.global_batch_size // world_size
+    micro = max(m for m in range(1, min(cfg.micro_batch_size, per_rank) + 1) if per_rank % m == 0)
+    return StepPlan(per_epoch, total, int(total * cfg.warmup_ratio), micro, per_rank // micro)
+
+
+def run_fingerprint(cfg: SftConfig, seed: int, world_size: int, paths: SftPaths) -> dict[str, Any]:
+    """What a checkpoint must share with this run to be resumed."""
+    settings = dataclasses.asdict(cfg)
+    for key in ("save_every_steps", "keep_checkpoints"):
+        settings.pop(key)
+    model_files = sorted(
+        (p.name, p.stat().st_size, p.stat().st_mtime_ns)
+        for p in Path(paths.model_dir).iterdir() if p.suffix in (".safetensors", ".bin", ".json")
+    )
+    return {
+        "sft": settings,
+        "seed": seed,
+        "world_size": world_size,
+        "data_sha256": hashlib.sha256(Path(paths.data).read_bytes()).hexdigest(),
+        "model_files": model_files,
+    }
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value))
+
+
+class MetricsWriter:
+    """JSON lines, rank 0 only; on resume, lines of steps after the checkpoint are dropped."""
+
+    def __init__(self, path: Path, resume_step: int, enabled: bool):
+        self.path = Path(path)
+        self.enabled = enabled
+        if not enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        kept = []
+        if resume_step > 0 and self.path.exists():
+            for line in self.path.read_text().splitlines():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:  # the half-written last line of a killed run
+                    continue
+                if record["step"] <= resume_step:
+                    kept.append(line)
+        self.path.write_text("".join(line + "\n" for line in kept))
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.enabled:
+            with open(self.path, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(record) + "\n")
+
+
+def _load_model(model_dir: Path, dtype: torch.dtype, gradient_checkpointing: bool):
+    from transformers import AutoModelForCausalLM
+
+    lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    if gradient_checkpointing:
+        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    lm.train()
+    return lm
+
+
+def _run_step(engine, examples: list[TokenizedExample], indices: list[int], cfg: SftConfig,
+              ctx: dse.DistributedContext, pad_token_id: int) -> dict[str, float]:
+    """Forward/backward of this rank's micro-batches of one step, then the optimizer step."""
+    lengths = [len(examples[i].input_ids) for i in indices]
+    mine = pack_micro_batches(lengths, cfg.micro_batch_size, cfg.micro_batch_tokens, ctx.world_size)[ctx.rank]
+    step_targets = sum(examples[i].trained_targets for i in indices)
+    # DeepSpeed averages gradients over ranks; x world_size turns that into a sum, so the step's
+    # gradient is that of (all trained-token NLL) / (all trained tokens).
+    scale = ctx.world_size / max(step_targets, 1)
+    local = torch.zeros(3, dtype=torch.float64)  # nll sum, real tokens, padded tokens
+    for position, micro in enumerate(mine):
+        engine.set_gradient_accumulation_boundary(position == len(mine) - 1)
+        batch = {k: v.to(ctx.device) for k, v in collate([examples[indices[p]] for p in micro], pad_token_id).items()}
+        nll_sum, _ = engine(batch["input_ids"], batch["attention_mask"], batch["loss_mask"])
+        engine.backward(nll_sum * scale, scale_wrt_gas=False)
+        local += torch.tensor([float(nll_sum.detach()), float(batch["attention_mask"].sum()),
+                               float(batch["input_ids"].numel())], dtype=torch.float64)
+    engine.step()
+    torch.distributed.all_reduce(local)
+    return {"loss": float(local[0]) / max(step_targets, 1), "tokens": float(local[1]),
+            "padded_tokens": float(local[2]), "trained_tokens": float(step_targets)}
+
+
+def train_sft(cfg: SftConfig, seed: int, paths: SftPaths) -> dict[str, Any]:
+    """Train ``paths.model_dir`` on ``paths.data``; write the HF folder and metrics. Returns a summary."""
+    import deepspeed
+    from tqdm import tqdm
+    from transformers import AutoTokenizer
+
+    # DeepSpeed's ZeRO calls a torch collective that torch has deprecated; nothing for us to act on
+    warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*", category=FutureWarning)
+    ctx = dse.init_distributed()
+    if not ctx.is_main:
+        log.setLevel(logging.WARNING)
+    deepspeed.utils.logger.setLevel(logging.WARNING)
+    torch.manual_seed(seed)
+
+    tokenizer = AutoTokenizer.from_pretrained(paths.model_dir)
+    examples = tokenize_examples(read_sft_examples(paths.data), tokenizer, cfg.max_length, cfg.truncation,
+                                 source=str(paths.data))
+    plan = plan_steps(cfg, len(examples), ctx.world_size)
+    dtype = dse.resolve_dtype(cfg.deepspeed.dtype, ctx.device)
+    lm = _load_model(paths.model_dir, dtype, cfg.deepspeed.gradient_checkpointing)
+    ds_config = dse.fill_deepspeed_config(
+        dse.load_deepspeed_config(paths.deepspeed_config, cfg.deepspeed.zero_stage),
+        micro_batch_size=plan.micro_batch_size, gradient_accumulation_steps=plan.accumulation,
+        world_size=ctx.world_size, grad_clip=cfg.grad_clip, dtype=dtype,
+        hidden_size=lm.config.get_text_config().hidden_size, origin=str(paths.deepspeed_config))
+    optim = dse.OptimizerSettings(lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay,
+                                  schedule=cfg.lr_schedule, warmup_steps=plan.warmup_steps,
+                                  total_steps=plan.total_steps)
+    engine = dse.build_engine(AssistantTokenNll(lm), ds_config, optim)
+    log.info("%d conversations, %d steps/epoch x %d epochs = %d steps (warmup %d), %d process(es), ZeRO-%d, %s",
+             len(examples), plan.steps_per_epoch, cfg.epochs, plan.total_steps, plan.warmup_steps,
+             ctx.world_size, cfg.deepspeed.zero_stage, dtype)
+
+    fingerprint = _jsonable(run_fingerprint(cfg, seed, ctx.world_size, paths))
+    start = _resume_or_reset(engine, paths.checkpoint_dir, fingerprint, ctx)
+    metrics = MetricsWriter(paths.metrics, start, enabled=ctx.is_main)
+    progress = tqdm(total=plan.total_steps, initial=start, disable=not ctx.is_main, desc="sft", mininterval=2.0)
+    started = time.perf_counter()
+    record: dict[str, Any] = {}
+    for step in range(start, plan.total_steps):
+        step_started = time.perf_counter()
+        lr = dse.current_lr(engine)
+        indices = step_indices(step, len(examples), cfg.global_batch_size, seed)
+        stats = _run_step(engine, examples, indices, cfg, ctx, tokenizer.pad_token_id)
+        elapsed = time.perf_counter() - step_started
+        done = step + 1
+        record = {"step": done, "epoch": round(done / plan.steps_per_epoch, 4), "loss": stats["loss"], "lr": lr,
+                  "grad_norm": dse.global_grad_norm(engine), "tokens_per_s": stats["tokens"] / elapsed,
+                  "step_time_s": elapsed, "trained_tokens": stats["trained_tokens"],
+                  "pad_fraction": 1.0 - stats["tokens"] / stats["padded_tokens"]}
+        metrics.write(record)
+        progress.update(1)
+        progress.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{lr:.2e}")
+        if cfg.save_every_steps and done % cfg.save_every_steps == 0 and done < plan.total_steps:
+            dse.save_checkpoint(engine, paths.checkpoint_dir, done, {"fingerprint": fingerprint}, ctx,
+                                cfg.keep_checkpoints)
+    progress.close()
+    dse.save_hf_model(engine, engine.module.lm, tokenizer, paths.out_dir, ctx)
+    wall = time.perf_counter() - started
+    log.info("SFT done: %d steps (%d this run) in %.1f s; final loss %s -> %s", plan.total_steps,
+             plan.total_steps - start, wall, record.get("loss"), paths.out_dir)
+    return {"steps": plan.total_steps, "resumed_from": start, "wall_s": wall, "final": record}
+
+
+def _resume_or_reset(engine, checkpoint_dir: Path, fingerprint: dict[str, Any], ctx: dse.DistributedContext) -> int:
+    """The step to start from: the last checkpoint's when it belongs to this run setup, else 0."""
+    state = dse.read_latest_trainer_state(checkpoint_dir)
+    if state is not None and state.get("fingerprint") == fingerprint:
+        state = dse.load_checkpoint(engine, checkpoint_dir, ctx)
+        log.info("resumed from %s after step %d", checkpoint_dir, state["step"])
+        return int(state["step"])
+    if state is not None:
+        log.warning("checkpoints in %s come from another run setup (config, data, model or process "
+                    "count); discarding them and starting from step 0", checkpoint_dir)
+        if ctx.is_main:
+            dse.discard_checkpoints(checkpoint_dir)
+    torch.distributed.barrier()
+    return 0

@@ -1,0 +1,1 @@
+"""Training infrastructure shared by the SFT and GRPO stages (DeepSpeed engine, checkpoints)."""

@@ -1,0 +1,294 @@
+"""DeepSpeed for the training stages: process group, engine, checkpoints, the final HF folder.
+
+Shared by SFT and GRPO. The ZeRO settings live in ``configs/deepspeed/zero{0,2,3}.json``, written
+as in DeepSpeed's and Hugging Face's examples with ``"auto"`` placeholders; :func:`fill_deepspeed_config`
+fills those from our config (batch sizes, clipping, precision, bucket sizes from the model's hidden
+size) and refuses any ``"auto"`` it does not know.
+
+Choices, and why:
+- The optimizer (``torch.optim.AdamW``) and the schedule (transformers' cosine / constant with
+  linear warmup, the ones verl's trainers use) are built here and handed to ``deepspeed.initialize``
+  rather than named in the JSON: DeepSpeed's own "AdamW" JIT-compiles a fused CUDA/CPU kernel,
+  which this must not depend on. Weight decay applies to every parameter, as upstream's AdamW.
+- The caller owns gradient accumulation: micro-batches are packed by a token budget, so their
+  number varies from step to step; the caller marks the last one with
+  ``set_gradient_accumulation_boundary`` and scales the loss itself (``backward(scale_wrt_gas=False)``).
+- Checkpoints: ``engine.save_checkpoint`` (model, optimizer and scheduler states, per rank) plus our
+  ``trainer_state.json`` and per-rank RNG states, all written before the ``latest`` pointer, which
+  rank 0 replaces atomically after every rank has finished; a run killed mid-save resumes from the
+  previous complete checkpoint.
+- One process still gets a (gloo or nccl) process group: DeepSpeed needs one. Its port is a free
+  one, so parallel single-process jobs on one machine do not collide.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import random
+import shutil
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+log = logging.getLogger("agentrl.training")
+
+LATEST = "latest"
+TRAINER_STATE = "trainer_state.json"
+SOURCE_CONFIG_DIR = Path(__file__).resolve().parents[3] / "configs" / "deepspeed"
+
+
+@dataclass(frozen=True)
+class DistributedContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def init_distributed() -> DistributedContext:
+    """Join the launcher's process group (or make a one-process one); pick the device."""
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    if "RANK" not in os.environ:
+        os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+                           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())})
+    if not torch.distributed.is_initialized():
+        deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name(), verbose=False)
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    return DistributedContext(rank=rank, world_size=world, local_rank=local_rank, device=device)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """``auto``: bf16 on GPU, fp32 on CPU (bf16 matmuls on CPU are slow and lossy)."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+
+
+# --------------------------------------------------------------------------- config files
+def find_deepspeed_config(zero_stage: int) -> Path:
+    """``configs/deepspeed/zero<stage>.json`` of the working directory, else of the source checkout."""
+    name = f"zero{zero_stage}.json"
+    candidates = [Path.cwd() / "configs" / "deepspeed" / name, SOURCE_CONFIG_DIR / name]
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise FileNotFoundError(f"no DeepSpeed config for ZeRO stage {zero_stage}: looked for "
+                            + ", ".join(str(p) for p in candidates))
+
+
+def load_deepspeed_config(path: str | Path, zero_stage: int) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        template = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"DeepSpeed config not found: {path}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON: {exc}") from None
+    stage = template.get("zero_optimization", {}).get("stage", 0)
+    if stage != zero_stage:
+        raise ValueError(f"{path} sets zero_optimization.stage={stage} but the config asks for "
+                         f"zero_stage={zero_stage}; use configs/deepspeed/zero{zero_stage}.json")
+    return template
+
+
+def fill_deepspeed_config(template: dict[str, Any], *, micro_batch_size: int, gradient_accumulation_steps: int,
+                          world_size: int, grad_clip: float, dtype: torch.dtype, hidden_size: int,
+                          origin: str = "DeepSpeed config") -> dict[str, Any]:
+    """A copy of ``template`` with every ``"auto"`` replaced by the value our config implies."""
+    values = {
+        "train_micro_batch_size_per_gpu": micro_batch_size,
+        "gradient_accumulation_steps": gradient_accumulation_steps,
+        "train_batch_size": micro_batch_size * gradient_accumulation_steps * world_size,
+        "gradient_clipping": grad_clip,
+        "bf16.enabled": dtype == torch.bfloat16,
+        "fp16.enabled": dtype == torch.float16,
+        # Hugging Face's heuristics for the bucket sizes, from the hidden size
+        "zero_optimization.reduce_bucket_size": hidden_size * hidden_size,
+        "zero_optimization.stage3_prefetch_bucket_size": int(0.9 * hidden_size * hidden_size),
+        "zero_optimization.stage3_param_persistence_threshold": 10 * hidden_size,
+    }
+    config = copy.deepcopy(template)
+
+    def fill(node: dict[str, Any], prefix: str) -> None:
+        for key, value in node.items():
+            path = f"{prefix}{key}"
+            if isinstance(value, dict):
+                fill(value, f"{path}.")
+            elif value == "auto":
+                if path not in values:
+                    raise ValueError(f"{origin}: '{path}' is \"auto\" but nothing fills it; set a value "
+                                     f"(fillable: {sorted(values)})")
+                node[key] = values[path]
+
+    fill(config, "")
+    return config
+
+
+# --------------------------------------------------------------------------- engine
+@dataclass(frozen=True)
+class OptimizerSettings:
+    lr: float
+    betas: tuple[float, float]
+    weight_decay: float
+    schedule: str  # cosine | constant (after linear warmup)
+    warmup_steps: int
+    total_steps: int
+    eps: float = 1e-8
+
+
+def build_engine(model: torch.nn.Module, ds_config: dict[str, Any], optim: OptimizerSettings):
+    """``deepspeed.initialize`` with AdamW and the warmup schedule; returns the engine."""
+    import deepspeed
+    from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps,
+                                  weight_decay=optim.weight_decay)
+    if optim.schedule == "cosine":
+        scheduler = get_cosine_schedule_with_warmup(optimizer, optim.warmup_steps, optim.total_steps)
+    elif optim.schedule == "constant":
+        scheduler = get_constant_schedule_with_warmup(optimizer, optim.warmup_steps)
+    else:
+        raise ValueError(f"unknown lr schedule {optim.schedule!r}; choose cosine or constant")
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                           config=ds_config)
+    return engine
+
+
+def current_lr(engine) -> float:
+    return float(engine.get_lr()[0])
+
+
+def global_grad_norm(engine) -> float | None:
+    norm = engine.get_global_grad_norm()
+    return None if norm is None else float(norm)
+
+
+# --------------------------------------------------------------------------- checkpoints
+def capture_rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _tag(step: int) -> str:
+    return f"step_{step}"
+
+
+def save_checkpoint(engine, checkpoint_dir: str | Path, step: int, trainer_state: dict[str, Any],
+                    ctx: DistributedContext, keep: int | None) -> Path:
+    """Save a resumable checkpoint after optimizer step ``step`` and point ``latest`` at it."""
+    checkpoint_dir = Path(checkpoint_dir)
+    tag_dir = checkpoint_dir / _tag(step)
+    tag_dir.mkdir(parents=True, exist_ok=True)
+    torch.save(capture_rng_state(), tag_dir / f"rng_rank{ctx.rank}.pt")
+    if ctx.is_main:
+        (tag_dir / TRAINER_STATE).write_text(json.dumps({**trainer_state, "step": step}, indent=1))
+    engine.save_checkpoint(str(checkpoint_dir), tag=_tag(step), save_latest=False)
+    torch.distributed.barrier()  # every rank's files are written before the pointer moves
+    if ctx.is_main:
+        tmp = checkpoint_dir / f"{LATEST}.tmp"
+        tmp.write_text(_tag(step))
+        tmp.replace(checkpoint_dir / LATEST)
+        _prune(checkpoint_dir, keep)
+    torch.distributed.barrier()
+    return tag_dir
+
+
+def _prune(checkpoint_dir: Path, keep: int | None) -> None:
+    if keep is None:
+        return
+    tags = sorted((p for p in checkpoint_dir.glob("step_*") if p.name.removeprefix("step_").isdigit()),
+                  key=lambda p: int(p.name.removeprefix("step_")))
+    for stale in tags[:-keep]:
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def read_latest_trainer_state(checkpoint_dir: str | Path) -> dict[str, Any] | None:
+    """The trainer state of the newest complete checkpoint, or None when there is none."""
+    pointer = Path(checkpoint_dir) / LATEST
+    if not pointer.is_file():
+        return None
+    state_file = Path(checkpoint_dir) / pointer.read_text().strip() / TRAINER_STATE
+    if not state_file.is_file():
+        raise FileNotFoundError(f"{pointer} names a checkpoint without {TRAINER_STATE}: {state_file}")
+    return json.loads(state_file.read_text())
+
+
+def load_checkpoint(engine, checkpoint_dir: str | Path, ctx: DistributedContext) -> dict[str, Any]:
+    """Restore model, optimizer, scheduler and this rank's RNG from the ``latest`` checkpoint."""
+    state = read_latest_trainer_state(checkpoint_dir)
+    assert state is not None, f"no checkpoint to resume in {checkpoint_dir}"
+    tag = _tag(state["step"])
+    load_path, _ = engine.load_checkpoint(str(checkpoint_dir), tag=tag)
+    if load_path is None:
+        raise RuntimeError(f"DeepSpeed could not load checkpoint {Path(checkpoint_dir) / tag}")
+    rng_file = Path(checkpoint_dir) / tag / f"rng_rank{ctx.rank}.pt"
+    restore_rng_state(torch.load(rng_file, weights_only=False))
+    return state
+
+
+def discard_checkpoints(checkpoint_dir: str | Path) -> None:
+    """Remove every checkpoint in ``checkpoint_dir`` (rank 0 only; made by another run setup)."""
+    checkpoint_dir = Path(checkpoint_dir)
+    (checkpoint_dir / LATEST).unlink(missing_ok=True)
+    for tag_dir in checkpoint_dir.glob("step_*"):
+        shutil.rmtree(tag_dir, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- final model
+def save_hf_model(engine, model: torch.nn.Module, tokenizer, out_dir: str | Path, ctx: DistributedContext) -> None:
+    """Write ``model`` (a module inside the engine) and the tokenizer as a Hugging Face folder.
+
+    Under ZeRO-3 the parameters are gathered on every rank first (a collective); rank 0 writes
+    ``<out>.tmp`` and renames it, so a killed job never leaves a folder that looks complete.
+    """
+    import deepspeed
+
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    zero3 = engine.zero_optimization_stage() == 3
+    params = list(model.parameters()) if zero3 else []
+    with deepspeed.zero.GatheredParameters(params, modifier_rank=None, enabled=zero3):
+        if ctx.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            # no explicit state_dict: save_pretrained then sees tied weights and writes them once
+            model.save_pretrained(tmp, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+    if ctx.is_main:
+        shutil.rmtree(out_dir, ignore_errors=True)
+        tmp.rename(out_dir)
+    torch.distributed.barrier()

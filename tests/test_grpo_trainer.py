@@ -1,0 +1,321 @@
+"""The GRPO trainer's parts on real small inputs: variants, batching, the actor's log-probs, the
+prompt order, metrics, and the DeepSpeed update checked against a plain-torch reference."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentrl.config import ConfigError, load_config, load_schema
+from agentrl.data.records import Problem
+from agentrl.grpo import algorithm as alg
+from agentrl.grpo.batching import PolicySample, collate, pack_micro_batches, unpad_response
+from agentrl.grpo.metrics import TokenWeightedStats, TrajectorySummary, rollout_metrics
+from agentrl.grpo.policy import ResponseLogProbs
+from agentrl.grpo.prompts import PromptSampler
+from agentrl.grpo.variants import VARIANTS, resolve_algorithm
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# --------------------------------------------------------------------------- variants
+def test_variant_registry_matches_the_schema_enum():
+    enum = load_schema()["properties"]["grpo"]["properties"]["variant"]["enum"]
+    assert sorted(enum) == sorted(VARIANTS)
+
+
+def test_default_variant_is_the_recipe():
+    settings = resolve_algorithm(load_config({}).grpo)
+    assert (settings.loss_agg_mode, settings.ratio_level) == ("token-mean", "token")
+    assert (settings.clip_low, settings.clip_high, settings.clip_c) == (0.2, 0.28, 10.0)
+    assert settings.kl_coef == 0 and not settings.uses_reference and settings.entropy_coef == 0
+    assert settings.overlong_shaping and settings.norm_adv_by_std
+
+
+def test_variants_differ_as_the_paper_says():
+    get = lambda name: resolve_algorithm(load_config({"grpo": {"variant": name}}).grpo)  # noqa: E731
+    t, scr, paper, vanilla = get("grpo_t"), get("grpo_scr"), get("grpo_tcr_paper"), get("grpo")
+    assert t.loss_agg_mode == "token-mean" and t.clip_high == 0.2 and t.uses_reference and not t.overlong_shaping
+    assert scr.ratio_level == "sequence" and (scr.clip_low, scr.clip_high) == (3e-4, 4e-4) and scr.overlong_shaping
+    assert paper.clip_high == 0.315 and paper.loss_agg_mode == "token-mean"
+    assert vanilla.loss_agg_mode == "seq-mean-token-mean" and vanilla.uses_reference and vanilla.clip_c is None
+
+
+def test_explicit_overrides_win_and_clip_c_zero_turns_dual_clip_off():
+    cfg = load_config({"grpo": {"variant": "grpo_t", "algorithm": {"clip_high": 0.3, "kl_coef": 0, "clip_c": 0}}})
+    settings = resolve_algorithm(cfg.grpo)
+    assert settings.clip_high == 0.3 and not settings.uses_reference and settings.clip_c is None
+    assert settings.clip_low == 0.2  # not overridden: the variant's
+
+
+def test_bad_dual_clip_is_refused_naming_the_key():
+    with pytest.raises(ConfigError, match="grpo.algorithm.clip_c"):
+        resolve_algorithm(load_config({"grpo": {"algorithm": {"clip_c": 0.5}}}).grpo)
+
+
+def test_ablation_presets_load_and_select_their_variant():
+    import yaml
+
+    for name in ("grpo", "grpo_t", "grpo_scr", "grpo_tcr", "grpo_tcr_paper"):
+        raw = yaml.safe_load((REPO / "presets" / "ablations" / f"{name}.yaml").read_text())
+        assert resolve_algorithm(load_config(raw).grpo) == VARIANTS[name]
+    raw = yaml.safe_load((REPO / "presets" / "ablations" / "dynamic_sampling.yaml").read_text())
+    assert load_config(raw).grpo.dynamic_sampling.enable
+
+
+# --------------------------------------------------------------------------- batching
+def test_micro_batches_respect_the_token_budget_and_cover_every_sample():
+    lengths = [5, 40, 12, 12, 3, 90, 7, 20]
+    groups = pack_micro_batches(lengths, token_budget=48)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for group in groups:
+        assert len(group) == 1 or len(group) * max(lengths[i] for i in group) <= 48
+    assert [5] in groups  # the 90-token sample is alone: it cannot be split
+    assert pack_micro_batches(lengths, 10_000) == [[5, 1, 7, 2, 3, 6, 0, 4]]
+
+
+def _sample(prompt, response, mask, advantage=0.5):
+    return PolicySample(list(prompt) + list(response), len(prompt), list(mask), [-1.0] * len(mask), advantage)
+
+
+def test_collate_lays_out_the_response_frame():
+    samples = [_sample([5, 6, 7], [8, 9], [1, 0], 2.0), _sample([5], [10, 11, 12], [1, 1, 1], -1.0)]
+    batch = collate(samples, pad_token_id=0)
+    assert batch.input_ids.tolist() == [[5, 6, 7, 8, 9], [5, 10, 11, 12, 0]]
+    assert batch.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]
+    assert batch.loss_mask.tolist() == [[1, 0, 0], [1, 1, 1]]
+    assert batch.advantages.tolist() == [[2.0, 0.0, 0.0], [-1.0, -1.0, -1.0]]
+    assert batch.response_start.tolist() == [3, 1]
+    assert unpad_response(batch.sampling_logp, samples) == [[-1.0, -1.0], [-1.0, -1.0, -1.0]]
+
+
+def _tiny_model(seed=0):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3Config(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=8, tie_word_embeddings=True)
+    return Qwen3ForCausalLM(config).float()
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 1000])
+def test_actor_logprobs_equal_the_full_forward(chunk):
+    model = _tiny_model()
+    samples = [_sample([1, 2, 3], [4, 5, 6, 7], [1, 1, 0, 1]), _sample([9, 8], [7, 6], [1, 1])]
+    batch = collate(samples, pad_token_id=0)
+    actor = ResponseLogProbs(model, logit_chunk_tokens=chunk, temperature=0.7)
+    logp, entropy = actor(batch, with_entropy=True)
+    for row, sample in enumerate(samples):
+        ids = torch.tensor([sample.input_ids])
+        logits = model(input_ids=ids).logits[0] / 0.7  # (L, V)
+        start, count = sample.prompt_length, sample.response_length
+        expected = torch.log_softmax(logits[start - 1 : start - 1 + count], -1).gather(
+            -1, ids[0, start : start + count, None])[:, 0]
+        torch.testing.assert_close(logp[row, :count], expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(entropy[row, :count], alg.entropy_from_logits(logits[None, start - 1 : start - 1 + count])[0],
+                                   atol=1e-5, rtol=1e-5)
+
+
+def test_actor_gradients_through_checkpointed_chunks_equal_unchunked():
+    grads = []
+    for chunk in (2, 1000):
+        model = _tiny_model()
+        batch = collate([_sample([1, 2, 3], [4, 5, 6, 7], [1, 1, 0, 1])], pad_token_id=0)
+        logp, _ = ResponseLogProbs(model, logit_chunk_tokens=chunk, temperature=1.0)(batch)
+        alg.masked_sum(logp, batch.loss_mask).backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-6, rtol=1e-5)
+
+
+# --------------------------------------------------------------------------- prompt order
+def _problems(count):
+    return [Problem(f"p{i}", "embedded-arith", [{"role": "user", "content": f"Compute {i} + 1."}], "math", str(i + 1))
+            for i in range(count)]
+
+
+def test_prompt_sampler_uses_each_problem_once_per_epoch_and_crosses_epochs():
+    sampler = PromptSampler(_problems(10), seed=3)
+    first = [p.id for _ in range(3) for p in sampler.next_batch(3)]  # 9 of epoch 0
+    crossing = [p.id for p in sampler.next_batch(3)]  # 1 of epoch 0 + 2 of epoch 1
+    assert len(set(first + crossing[:1])) == 10
+    assert sampler.epoch == 1 and sampler.offset == 2
+    assert crossing[1:] == [sampler.problems[i].id for i in sampler.order(1)[:2]]
+    assert list(sampler.order(0)) != list(sampler.order(1))  # reshuffled per epoch
+
+
+def test_prompt_sampler_state_round_trip_continues_the_same_order():
+    a = PromptSampler(_problems(7), seed=1)
+    a.next_batch(5)
+    b = PromptSampler(_problems(7), seed=1)
+    b.load_state_dict(a.state_dict())
+    assert [p.id for p in a.next_batch(6)] == [p.id for p in b.next_batch(6)]
+    with pytest.raises(ValueError, match="RL data or the seed changed"):
+        PromptSampler(_problems(8), seed=1).load_state_dict(a.state_dict())
+
+
+# --------------------------------------------------------------------------- metrics
+def test_rollout_metrics_on_hand_made_trajectories():
+    summaries = [
+        TrajectorySummary(100, 60, 3, 2, 1, "stop", 1.0, True, 0.0, 1.0),
+        TrajectorySummary(128, 128, 1, 0, 0, "length", -1.5, False, -0.5, -1.0),
+    ]
+    m = rollout_metrics(summaries, max_response_tokens=128)
+    assert m["rollout/reward_mean"] == -0.25 and m["rollout/acc_mean"] == 0.5
+    assert m["rollout/response_clip_share"] == 0.5 and m["rollout/response_length_max"] == 128
+    assert m["rollout/tool_calls_mean"] == 1.0 and m["rollout/tool_success_rate"] == 0.5
+    assert m["rollout/overlong_penalty_mean"] == -0.25 and m["rollout/turns_mean"] == 2.0
+
+
+def test_token_weighted_stats_merge_over_ranks():
+    a, b = TokenWeightedStats(), TokenWeightedStats()
+    a.add({"x": 1.0}, tokens=3, maxima={"m": 2.0})
+    b.add({"x": 3.0}, tokens=1, maxima={"m": 5.0})
+    assert TokenWeightedStats.merge([a.state(), b.state()]) == {"x": 1.5, "m": 5.0}
+
+
+def test_metrics_file_is_rewritten_on_reset_and_appended_per_step(tmp_path):
+    from agentrl.grpo.metrics import MetricsWriter, read_metrics
+
+    path = tmp_path / "rl" / "metrics.jsonl"
+    writer = MetricsWriter(path, total_steps=3)
+    for step in range(3):
+        writer.write({"step": step, "rollout/reward_mean": 0.1 * step})
+    writer.reset(read_metrics(path)[:2])  # a resume from the checkpoint of step 1
+    writer.write({"step": 2, "rollout/reward_mean": 0.5})
+    assert [(r["step"], r["rollout/reward_mean"]) for r in read_metrics(path)] == [(0, 0.0), (1, 0.1), (2, 0.5)]
+    path.write_text(path.read_text() + "{not json\n")
+    with pytest.raises(ValueError, match="line 4"):
+        read_metrics(path)
+
+
+def test_tensorboard_without_the_package_fails_naming_the_key(tmp_path):
+    from agentrl.grpo.metrics import MetricsWriter
+
+    try:
+        import torch.utils.tensorboard  # noqa: F401
+    except ImportError:
+        with pytest.raises(RuntimeError, match="grpo.tensorboard"):
+            MetricsWriter(tmp_path / "metrics.jsonl", 1, tmp_path / "tb")
+    else:
+        writer = MetricsWriter(tmp_path / "metrics.jsonl", 1, tmp_path / "tb")
+        writer.write({"step": 1, "actor/lr": 1e-3})
+        writer.close()
+        assert any((tmp_path / "tb").iterdir())
+
+
+# --------------------------------------------------------------------------- the update on DeepSpeed
+def _update_with(model_dir: Path, samples, budget: int, overrides: dict, monkeypatch=None):
+    """One GRPO update of ``samples`` on DeepSpeed; returns (plan, stats, grad norms, params, cfg,
+    the gradients of the first optimizer step as DeepSpeed is about to apply them)."""
+    from agentrl.grpo import trainer
+    from agentrl.grpo.runner import GrpoPaths, build_engine, load_model
+    from agentrl.grpo.trainer import Components, GrpoStep
+    from agentrl.training import deepspeed_engine as dse
+
+    first_grads = {}
+    if monkeypatch is not None:
+        real_step = trainer.step_with_grad_norm
+
+        def step_recording_grads(engine):
+            from deepspeed.utils import safe_get_full_grad  # reads ZeRO-partitioned gradients too
+
+            if not first_grads:
+                first_grads.update({k: safe_get_full_grad(v).clone() for k, v in engine.module.model.named_parameters()})
+            return real_step(engine)
+
+        monkeypatch.setattr(trainer, "step_with_grad_norm", step_recording_grads)
+
+    cfg = load_config({"grpo": {"n": 2, "batch_prompts": 2, "mini_batch_prompts": 2, "micro_batch_tokens": budget,
+                                "lr": 1e-3, **overrides}})
+    ctx = dse.init_distributed()
+    paths = GrpoPaths(model_dir, Path("-"), (), Path("-"), Path("-"), Path("-"),
+                      dse.find_deepspeed_config(cfg.grpo.deepspeed.zero_stage))
+    actor = ResponseLogProbs(load_model(model_dir, ctx.device), logit_chunk_tokens=7, temperature=1.0)
+    engine = build_engine(actor, cfg, paths, ctx, torch.float32, steps=1)
+    settings = resolve_algorithm(cfg.grpo)
+    reference = None
+    if settings.uses_reference:
+        reference = ResponseLogProbs(load_model(model_dir, ctx.device).eval(), logit_chunk_tokens=7, temperature=1.0)
+    parts = Components(cfg, settings, ctx, engine, reference, None, None, None, pad_token_id=0)
+    step = GrpoStep(parts)
+    samples = copy.deepcopy(samples)
+    plan = step.plan(len(samples) // cfg.grpo.n, samples)
+    step.recompute_logprobs(samples, plan)
+    stats, grad_norms, lrs = step.update(samples, plan)
+    params = {k: v.detach().clone() for k, v in engine.module.model.named_parameters()}
+    return plan, TokenWeightedStats.merge([stats]), grad_norms, params, cfg, first_grads
+
+
+def _reference_update(model_dir: Path, samples, cfg):
+    """The same update in plain torch: one forward of the whole mini-batch, token mean, clip, AdamW."""
+    from agentrl.grpo.runner import load_model
+
+    model = load_model(model_dir, torch.device("cpu"))
+    actor = ResponseLogProbs(model, logit_chunk_tokens=10_000, temperature=1.0)
+    batch = collate(samples, pad_token_id=0)
+    logp, _ = actor(batch)
+    settings = resolve_algorithm(cfg.grpo)
+    loss, _ = alg.policy_loss(logp, logp.detach(), batch.advantages, batch.loss_mask,
+                              clip_low=settings.clip_low, clip_high=settings.clip_high, clip_c=settings.clip_c,
+                              ratio_level=settings.ratio_level, agg_mode=settings.loss_agg_mode)
+    loss.backward()
+    grads = {k: v.grad.clone() for k, v in model.named_parameters()}
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grpo.grad_clip)
+    torch.optim.AdamW(model.parameters(), lr=cfg.grpo.lr, betas=tuple(cfg.grpo.betas), eps=1e-8,
+                      weight_decay=cfg.grpo.weight_decay).step()
+    return {k: v.detach().clone() for k, v in model.named_parameters()}, float(norm), grads
+
+
+def _random_samples(vocab: int, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    samples = []
+    for i, (prompt_len, response_len) in enumerate([(6, 9), (4, 3), (7, 14), (5, 6)]):
+        ids = torch.randint(5, vocab, (prompt_len + response_len,), generator=generator).tolist()
+        mask = (torch.rand(response_len, generator=generator) > 0.3).long().tolist()
+        mask[0] = 1
+        samples.append(PolicySample(ids, prompt_len, mask, [0.0] * response_len, [1.0, -1.0, 0.7, -0.7][i]))
+    return samples
+
+
+@pytest.mark.parametrize(("variant", "zero_stage"), [("grpo_tcr", 0), ("grpo_scr", 0), ("grpo_tcr", 2)])
+def test_deepspeed_update_equals_the_plain_torch_update_whatever_the_micro_batches(variant, zero_stage, monkeypatch):
+    """Micro-batch losses divided by the mini-batch token count and summed (scale_wrt_gas=False)
+    give the gradient of one forward over the whole mini-batch, however the batch is packed."""
+    from rollout_fixtures import random_policy
+
+    model_dir = random_policy()
+    samples = _random_samples(vocab=300)
+    overrides = {"variant": variant, "deepspeed": {"zero_stage": zero_stage}}
+    one_plan, one_stats, one_norms, one_params, cfg, one_grads = _update_with(model_dir, samples, 10_000, overrides, monkeypatch)
+    many_plan, _, many_norms, many_params, _, many_grads = _update_with(model_dir, samples, 20, overrides, monkeypatch)
+    assert len(one_plan[0]) == 1 and len(many_plan[0]) == 4  # one micro-batch vs one per sample
+    reference, reference_norm, reference_grads = _reference_update(model_dir, samples, cfg)
+    for name, grad in reference_grads.items():
+        torch.testing.assert_close(one_grads[name], grad, atol=1e-7, rtol=1e-4, msg=name)
+        torch.testing.assert_close(many_grads[name], grad, atol=1e-7, rtol=1e-4, msg=name)
+    assert one_norms[0] == pytest.approx(reference_norm, rel=1e-5)
+    assert many_norms[0] == pytest.approx(reference_norm, rel=1e-5)
+    # Adam's first step is lr * g / (|g| + eps): float noise in near-zero gradients moves a weight
+    # by up to lr, so the parameters agree to a few percent of the step, not to float precision.
+    for name, value in reference.items():
+        torch.testing.assert_close(one_params[name], value, atol=0.05 * cfg.grpo.lr, rtol=0, msg=name)
+        torch.testing.assert_close(many_params[name], value, atol=0.05 * cfg.grpo.lr, rtol=0, msg=name)
+    # old_logp was recomputed on the update's own micro-batches: the first mini-batch starts on-policy.
+    assert one_stats["actor/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    assert one_stats["actor/clip_frac_high"] == 0 and one_stats["actor/clip_frac_low"] == 0
+
+
+def test_kl_variant_measures_the_distance_to_the_reference_model():
+    from rollout_fixtures import random_policy
+
+    model_dir = random_policy()
+    samples = _random_samples(vocab=300, seed=1)
+    # Two mini-batches: the first starts at the reference (KL 0), the second after one update.
+    _, stats, norms, _, _, _ = _update_with(model_dir, samples, 10_000,
+                                         {"variant": "grpo_t", "mini_batch_prompts": 1, "lr": 1e-2})
+    assert len(norms) == 2
+    assert stats["actor/kl_ref"] > 0

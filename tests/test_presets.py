@@ -1,0 +1,91 @@
+"""The paper presets resolve to the values of RECIPE.md (sections 3-7)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agentrl.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _merge(base: dict, overlay: dict) -> dict:
+    out = dict(base)
+    for key, value in overlay.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def resolved(*presets: str):
+    """What Snakemake resolves for `--configfile <presets...>` on top of config.yaml."""
+    raw = yaml.safe_load((ROOT / "config.yaml").read_text())
+    for preset in presets:
+        raw = _merge(raw, yaml.safe_load((ROOT / "presets" / preset).read_text()))
+    return load_config(raw, origin=" + ".join(presets))
+
+
+@pytest.fixture(scope="module")
+def paper():
+    return resolved("paper-qwen3-4b.yaml")
+
+
+def test_data_and_model(paper):
+    assert paper.data.source == "upstream"
+    assert paper.data.upstream.sft.id == "Gen-Verse/Open-AgentRL-SFT-3K"
+    assert paper.data.upstream.rl.id == "Gen-Verse/Open-AgentRL-30K"
+    assert set(paper.data.benchmarks) == {"aime2024", "aime2025", "gpqa_diamond", "livecodebench_v6"}
+    assert paper.model.base == "Qwen/Qwen3-4B-Instruct-2507"
+
+
+def test_tool_reward_and_rollout(paper):
+    assert (paper.sandbox.timeout_s, paper.sandbox.memory_mb) == (30, 2048)
+    assert paper.tool.max_output_chars == 256
+    assert paper.reward.math_mode == "strict" and paper.reward.strict_tail_chars == 100
+    overlong = paper.reward.overlong
+    assert (overlong.max_response_length, overlong.buffer_length, overlong.penalty_factor) == (20480, 4096, 1.0)
+    assert paper.reward.tool_call_shaping.enable is False  # as released
+    r = paper.rollout
+    assert (r.max_turns, r.max_prompt_tokens, r.max_response_tokens) == (16, 2560, 20480)
+    assert (r.temperature, r.top_p) == (1.0, 1.0)
+
+
+def test_sft_hyperparameters(paper):
+    s = paper.sft
+    assert (s.lr, s.lr_schedule, s.warmup_ratio) == (1e-5, "cosine", 0.1)
+    assert tuple(s.betas) == (0.9, 0.95) and s.weight_decay == 0.01 and s.grad_clip == 1.0
+    assert (s.global_batch_size, s.micro_batch_size, s.epochs, s.max_length) == (32, 4, 5, 32768)
+    assert s.truncation == "right"
+
+
+def test_grpo_tcr_hyperparameters(paper):
+    g = paper.grpo
+    assert g.variant == "grpo_tcr" and g.dynamic_sampling.enable is False
+    assert (g.batch_prompts, g.n, g.mini_batch_prompts, g.ppo_epochs, g.epochs) == (64, 16, 16, 1, 3)
+    assert (g.lr, g.lr_schedule, g.weight_decay, g.grad_clip) == (1e-6, "constant", 0.01, 1.0)
+    assert (g.test_freq, g.save_freq) == (10, 30)
+    v = g.validation
+    assert (v.n, v.temperature, v.top_p) == (32, 1.0, 0.6)
+
+
+def test_grpo_tcr_variant_resolves_to_the_script_values(paper):
+    from agentrl.grpo.variants import resolve_algorithm
+
+    algo = resolve_algorithm(paper.grpo)
+    assert (algo.clip_low, algo.clip_high, algo.clip_c) == (0.2, 0.28, 10.0)
+    assert algo.loss_agg_mode == "token-mean" and algo.kl_coef == 0.0 and algo.entropy_coef == 0.0
+
+
+def test_filter_and_eval(paper):
+    f = paper.filter
+    assert (f.k, f.low, f.high, f.easy_min, f.hard_max) == (8, 0.0, 1.0, 0.75, 0.25)
+    e = paper.eval
+    assert (e.n, e.temperature, e.top_p) == (32, 1.0, 0.6)
+
+
+def test_weak_model_preset_matches_the_strong_models_histogram():
+    weak = resolved("paper-qwen3-4b.yaml", "paper-qwen2.5-7b.yaml")
+    assert weak.model.base == "Qwen/Qwen2.5-7B-Instruct"
+    assert weak.filter.target_pass_rates is not None
