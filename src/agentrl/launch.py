@@ -198,3 +198,25 @@ def build_launch_command(
             "--nnodes", str(nnodes), "--node_rank", env["SLURM_NODEID"],
             "--master_addr", first_host(nodelist), "--master_port", str(master_port(env)),
             "--nproc_per_node", str(nproc_per_node), "-m", *module_args]
+
+
+def relaunch_if_needed(stage: str, argv: Sequence[str], nproc_arg: str, env: Mapping[str, str] | None = None) -> None:
+    """Re-execute ``python -m agentrl <stage> argv`` under torchrun/srun when one process is not enough.
+
+    Does nothing inside a launched process (RANK / WORLD_SIZE set) or when one process is wanted;
+    otherwise replaces the current process. Raises ValueError for an impossible request.
+    """
+    import logging
+    import os
+    import sys
+
+    env = os.environ if env is None else env
+    if is_launched(env):
+        return
+    nproc = resolve_nproc_per_node(nproc_arg, env)
+    command = build_launch_command(["agentrl", stage, *strip_nproc(argv)], env, nproc, python=sys.executable)
+    if world_size(env, nproc) > 1 or command[0] == "srun":
+        logging.getLogger(f"agentrl.{stage}").info("launching: %s", " ".join(command))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execvp(command[0], command)

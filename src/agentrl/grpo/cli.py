@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import sys
 from pathlib import Path
 
 from agentrl.config import ConfigError, add_config_arguments, config_from_args
-from agentrl.launch import build_launch_command, is_launched, resolve_nproc_per_node, world_size
+from agentrl.launch import relaunch_if_needed
 
 log = logging.getLogger("agentrl.grpo")
 
@@ -45,24 +43,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def without_option(argv: list[str], option: str) -> list[str]:
-    """``argv`` without ``option VALUE`` / ``option=VALUE``.
-
-    The relaunched processes do not need ``--nproc`` (the launcher sets RANK and WORLD_SIZE),
-    and torchrun's own parser would refuse it as an ambiguous abbreviation of its
-    ``--nproc-per-node`` / ``--nproc_per_node``.
-    """
-    out, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg == option:
-            skip = True
-        elif not arg.startswith(option + "="):
-            out.append(arg)
-    return out
-
-
 def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -80,18 +60,10 @@ def main(argv: list[str]) -> int:
         if not path.exists():
             parser.error(f"{what} {path} does not exist")
 
-    if not is_launched(os.environ):
-        try:
-            nproc = resolve_nproc_per_node(args.nproc, os.environ)
-            command = build_launch_command(["agentrl", "grpo", *without_option(argv, "--nproc")], os.environ, nproc,
-                                           python=sys.executable)
-        except ValueError as exc:
-            parser.error(str(exc))
-        if world_size(os.environ, nproc) > 1 or command[0] == "srun":
-            log.info("launching: %s", " ".join(command))
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os.execvp(command[0], command)
+    try:
+        relaunch_if_needed("grpo", argv, args.nproc)
+    except ValueError as exc:
+        parser.error(str(exc))
 
     import deepspeed
 

@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import sys
 from pathlib import Path
 
 from agentrl.config import add_config_arguments, config_from_args
-from agentrl.launch import build_launch_command, is_launched, resolve_nproc_per_node, strip_nproc, world_size
+from agentrl.launch import relaunch_if_needed
 
 log = logging.getLogger("agentrl.sft")
 
@@ -49,18 +47,10 @@ def main(argv: list[str]) -> int:
         if not path.exists():
             parser.error(f"{what} {path} does not exist")
 
-    if not is_launched(os.environ):
-        try:
-            nproc = resolve_nproc_per_node(args.nproc, os.environ)
-            command = build_launch_command(["agentrl", "sft", *strip_nproc(argv)], os.environ, nproc,
-                                           python=sys.executable)
-        except ValueError as exc:
-            parser.error(str(exc))
-        if world_size(os.environ, nproc) > 1 or command[0] == "srun":
-            log.info("launching: %s", " ".join(command))
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os.execvp(command[0], command)
+    try:
+        relaunch_if_needed("sft", argv, args.nproc)
+    except ValueError as exc:
+        parser.error(str(exc))
 
     from agentrl.training.deepspeed_engine import find_deepspeed_config
     from agentrl.sft.trainer import SftPaths, train_sft

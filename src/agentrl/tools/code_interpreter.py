@@ -27,20 +27,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agentrl.config import ToolConfig
+from agentrl.data.prompts import CODE_INTERPRETER_TOOL
 from agentrl.tools.sandbox import ExecutionResult, Sandbox
 
-TOOL_SCHEMA = {
-    "type": "function",
-    "function": {
-        "name": "code_interpreter",
-        "description": "A tool for executing code.",
-        "parameters": {
-            "type": "object",
-            "properties": {"code": {"type": "string", "description": "The code to execute."}},
-            "required": ["code"],
-        },
-    },
-}
+TOOL_SCHEMA = CODE_INTERPRETER_TOOL  # one definition of the tool, shared with the prompts
 
 # verl's SandboxFusionTool answers this whenever the run did not finish (timeout, sandbox error).
 NOT_FINISHED_TEXT = "no stdout here"
