@@ -160,14 +160,16 @@ def test_prompt_sampler_state_round_trip_continues_the_same_order():
 # --------------------------------------------------------------------------- metrics
 def test_rollout_metrics_on_hand_made_trajectories():
     summaries = [
-        TrajectorySummary(100, 60, 3, 2, 1, "stop", 1.0, True, 0.0, 1.0),
-        TrajectorySummary(128, 128, 1, 0, 0, "length", -1.5, False, -0.5, -1.0),
+        TrajectorySummary(100, 60, 3, 2, 1, "stop", 1.0, True, 0.0, 1.0, "embedded-arith"),
+        TrajectorySummary(128, 128, 1, 0, 0, "length", -1.5, False, -0.5, -1.0, "embedded-arith"),
+        TrajectorySummary(90, 80, 1, 0, 0, "stop", -1.0, False, 0.0, 0.0, "embedded-code"),
     ]
     m = rollout_metrics(summaries, max_response_tokens=128)
-    assert m["rollout/reward_mean"] == -0.25 and m["rollout/acc_mean"] == 0.5
-    assert m["rollout/response_clip_share"] == 0.5 and m["rollout/response_length_max"] == 128
-    assert m["rollout/tool_calls_mean"] == 1.0 and m["rollout/tool_success_rate"] == 0.5
-    assert m["rollout/overlong_penalty_mean"] == -0.25 and m["rollout/turns_mean"] == 2.0
+    assert m["rollout/reward_mean"] == pytest.approx(-0.5) and m["rollout/acc_mean"] == pytest.approx(1 / 3)
+    assert m["rollout/acc/embedded-arith"] == 0.5 and m["rollout/acc/embedded-code"] == 0.0
+    assert m["rollout/response_clip_share"] == pytest.approx(1 / 3) and m["rollout/response_length_max"] == 128
+    assert m["rollout/tool_calls_mean"] == pytest.approx(2 / 3) and m["rollout/tool_success_rate"] == 0.5
+    assert m["rollout/overlong_penalty_mean"] == pytest.approx(-0.5 / 3) and m["rollout/turns_mean"] == pytest.approx(5 / 3)
 
 
 def test_token_weighted_stats_merge_over_ranks():

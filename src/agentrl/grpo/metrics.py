@@ -39,6 +39,7 @@ class TrajectorySummary(NamedTuple):
     acc: bool
     overlong_penalty: float
     advantage: float
+    data_source: str
 
 
 def rollout_metrics(summaries: Sequence[TrajectorySummary], *, max_response_tokens: int) -> dict[str, float]:
@@ -68,6 +69,9 @@ def rollout_metrics(summaries: Sequence[TrajectorySummary], *, max_response_toke
         "rollout/tool_success_rate": (1.0 - errors / calls) if calls else 0.0,
         "rollout/finish_stop_share": _mean([float(s.finish_reason == "stop") for s in summaries]),
         "rollout/trajectories": float(len(summaries)),
+        # Accuracy per data source (the embedded families, or upstream's math / code sources).
+        **{f"rollout/acc/{source}": _mean([float(s.acc) for s in summaries if s.data_source == source])
+           for source in sorted({s.data_source for s in summaries})},
     }
 
 

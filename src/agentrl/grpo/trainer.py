@@ -318,7 +318,7 @@ class GrpoStep:
 
         summaries = [
             TrajectorySummary(len(t.response_ids), sum(t.loss_mask), t.num_turns, len(t.tool_calls),
-                              sum(t.tool_errors), t.finish_reason, s, a, o, adv)
+                              sum(t.tool_errors), t.finish_reason, s, a, o, adv, g.problem.data_source)
             for g, advs in zip(groups, advantages)
             for t, s, a, o, adv in zip(g.trajectories, g.scores, g.accs, g.overlong_penalties, advs)
         ]
