@@ -1,6 +1,8 @@
 # SFT on real multi-turn tool-use trajectories (RECIPE.md section 5), on DeepSpeed. The
 # checkpoint folder is a param, not an output: Snakemake removes a job's outputs before it
-# (re)runs, and a killed or requeued job must find its checkpoints to resume.
+# (re)runs, and a killed or requeued job must find its checkpoints to resume. For the same reason
+# the stage writes its metrics beside the checkpoints (a resumed run keeps the lines up to its
+# checkpoint) and the finished job copies them to the output.
 
 
 rule sft:
@@ -21,10 +23,11 @@ rule sft:
         model_dir=lambda wildcards, input: str(Path(input.model).parent),
         out_dir=parent_dir("model"),
         checkpoints=result("sft/checkpoints"),
+        running_metrics=result("sft/checkpoints/metrics.jsonl"),
     threads: 2
     resources:
         gpu=0,  # GPUs per node (0: one CPU process); the profiles set it for GPU runs
     shell:
         "python -m agentrl sft --config-json {params.cfg:q} --model {params.model_dir} --data {input.data} "
-        "--out {params.out_dir} --metrics {output.metrics} --checkpoint-dir {params.checkpoints} "
-        "--nproc {resources.gpu} > {log} 2>&1"
+        "--out {params.out_dir} --metrics {params.running_metrics} --checkpoint-dir {params.checkpoints} "
+        "--nproc {resources.gpu} > {log} 2>&1 && cp {params.running_metrics} {output.metrics}"

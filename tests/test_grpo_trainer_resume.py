@@ -1,10 +1,13 @@
-"""The GRPO stage end to end on a tiny model: outputs, metrics, checkpoints, and a run killed
-mid-training that resumes without repeating or skipping a step."""
+"""The GRPO stage end to end on a tiny model: outputs, metrics, checkpoints, a run killed
+mid-training that resumes without repeating or skipping a step, and a checkpoint of another run
+setup (config, inputs, process count) that is discarded rather than resumed."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -96,6 +99,90 @@ def test_grpo_stage_writes_model_metrics_and_checkpoints_and_a_rerun_resumes(inp
     assert _records(paths.metrics) == records
 
 
+def _overlay(section: str, **values) -> dict:
+    return {**TINY_RUN, section: {**TINY_RUN.get(section, {}), **values}}
+
+
+def test_the_run_fingerprint_changes_with_what_shapes_training_and_not_with_where_it_runs(inputs, tmp_path):
+    from agentrl.grpo.checkpoint import fingerprint_differences
+    from agentrl.grpo.runner import run_fingerprint
+
+    model, root = inputs
+    model = Path(shutil.copytree(model, tmp_path / "model"))  # its mtimes change below
+    shutil.copy(root / "rl_train.parquet", tmp_path / "rl_train.parquet")
+    shutil.copy(root / "arith.parquet", tmp_path / "arith.parquet")
+    paths = _paths(model, tmp_path, tmp_path / "run")
+    base = run_fingerprint(load_config(TINY_RUN), paths, world_size=1)
+    assert run_fingerprint(load_config(TINY_RUN), paths, world_size=1) == base
+    assert json.loads(json.dumps(base)) == base  # as a checkpoint's trainer_state.json gives it back
+
+    def changed(overlay: dict, world_size: int = 1) -> list[str]:
+        return fingerprint_differences(base, run_fingerprint(load_config(overlay), paths, world_size))
+
+    assert changed(_overlay("grpo", lr=2e-3)) == ["grpo.lr"]
+    assert changed({**TINY_RUN, "seed": 7}) == ["seed"]
+    assert changed(TINY_RUN, world_size=2) == ["world_size"]
+    assert changed(_overlay("rollout", temperature=0.7)) == ["rollout.temperature"]
+    assert changed(_overlay("reward", math_mode="math_verify")) == ["reward.math_mode"]
+    assert changed(_overlay("tool", max_output_chars=100)) == ["tool.max_output_chars"]
+    assert changed(_overlay("sandbox", timeout_s=1.5)) == ["sandbox.timeout_s"]
+    assert changed(_overlay("grpo", validation={"n": 2})) == ["grpo.validation.n"]
+    # Where and how fast it runs, and how checkpoints are kept, leave the run as it is.
+    assert changed(_overlay("grpo", save_freq=3, keep_checkpoints=1, tensorboard=True)) == []
+    assert changed(_overlay("sandbox", workers=1)) == []
+    assert changed(_overlay("rollout", vllm={"gpu_memory_utilization": 0.5, "max_num_seqs": 8})) == []
+    # Retrained upstream: a rewritten model file (same size) or other RL data.
+    weights = model / "model.safetensors"
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 1))
+    write_records(_arith(8, "rl"), tmp_path / "rl_train.parquet")
+    assert changed(TINY_RUN) == ["model_files.model.safetensors", "train_sha256"]
+
+
+def test_fingerprint_differences_name_the_keys_that_differ():
+    from agentrl.grpo.checkpoint import fingerprint_differences
+
+    saved = {"grpo": {"lr": 1e-3, "n": 2, "betas": [0.9, 0.99]}, "seed": 1, "model_files": {"a": [1, 2]}}
+    assert fingerprint_differences(saved, saved) == []
+    assert fingerprint_differences(saved, {**saved, "grpo": {"lr": 1e-3, "n": 2, "betas": [0.9, 0.999]}}) == [
+        "grpo.betas"]
+    assert fingerprint_differences(saved, {**saved, "seed": 2, "model_files": {"a": [1, 2], "b": [3, 4]}}) == [
+        "model_files.b", "seed"]
+
+
+def test_a_checkpoint_of_the_same_setup_is_resumed_and_one_of_another_setup_is_discarded(inputs, tmp_path, caplog):
+    """The rerun that Snakemake starts after ``grpo.lr`` changed trains from step 0 again."""
+    from agentrl.grpo.runner import train
+
+    model, root = inputs
+    run = {"max_steps": 2, "test_freq": 0, "val_before_train": False}
+    first, second = load_config(_overlay("grpo", **run)), load_config(_overlay("grpo", **run, lr=2e-3))
+    paths = _paths(model, root, tmp_path)
+    assert train(first, paths) == 2
+    first_records = _records(paths.metrics)
+    first_weights = _weights(paths.out)
+
+    caplog.set_level(logging.INFO, logger="agentrl.grpo")
+    assert train(first, paths) == 0, "the same setup resumes its final checkpoint"
+    assert "resumed from" in caplog.text and "not resumed" not in caplog.text
+    assert _records(paths.metrics) == first_records
+
+    caplog.clear()
+    assert train(second, paths) == 2, "another lr trains every step again"
+    assert "resumed from" not in caplog.text
+    warning = next(r for r in caplog.records if r.levelno == logging.WARNING and "not resumed" in r.getMessage())
+    assert "step 2" in warning.getMessage() and "grpo.lr" in warning.getMessage()
+    records = _records(paths.metrics)
+    assert [r["step"] for r in records] == [1, 2], "the old run's metric lines are gone"
+    assert [r["actor/lr"] for r in records] == pytest.approx([2e-3, 2e-3])
+    assert [r["actor/lr"] for r in first_records] == pytest.approx([1e-3, 1e-3])
+    # The same prompts and rollouts on step 1 (same seed and initial model), another update.
+    assert records[0]["rollout/reward_mean"] == first_records[0]["rollout/reward_mean"]
+    assert any(not torch.equal(first_weights[k], w) for k, w in _weights(paths.out).items())
+    state = json.loads((paths.checkpoints / "step_2" / "trainer_state.json").read_text())
+    assert state["fingerprint"]["grpo"]["lr"] == 2e-3
+    assert [r["step"] for r in state["metrics"]] == [1, 2]
+
+
 def _command(model: Path, root: Path, run: Path) -> list[str]:
     return [sys.executable, "-m", "agentrl", "grpo", "--config-json", json.dumps(TINY_RUN),
             "--model", str(model), "--train", str(root / "rl_train.parquet"), "--eval", str(root / "arith.parquet"),
@@ -137,3 +224,45 @@ def test_a_killed_run_resumes_from_its_last_checkpoint_without_repeating_or_skip
     wa, wb = _weights(straight / "rl"), _weights(killed / "rl")
     for name in wa:
         torch.testing.assert_close(wb[name], wa[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.slow
+def test_two_processes_share_the_batch_and_agree_on_micro_batches(inputs, tmp_path):
+    """Data parallelism on gloo: each rank rolls out half of the prompts; uneven micro-batch
+    counts are padded with empty ones, so the collective gradient reduction never hangs."""
+    model, root = inputs
+    run = {**TINY_RUN, "grpo": {**TINY_RUN["grpo"], "mini_batch_prompts": 2, "max_steps": 2, "micro_batch_tokens": 40}}
+    command = _command(model, root, tmp_path)
+    command[command.index("--config-json") + 1] = json.dumps(run)
+    command[command.index("--nproc") + 1] = "2"
+    subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, timeout=900)
+    records = _records(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert all(r["rollout/trajectories"] == 4 and r["actor/optimizer_steps"] == 1 for r in records[1:])
+    assert (tmp_path / "checkpoints" / "step_2" / "rng_rank1.pt").exists()
+    before, after = _weights(model), _weights(tmp_path / "rl")
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.slow
+def test_two_processes_discard_the_checkpoint_of_a_one_process_run(inputs, tmp_path):
+    """Rank r's rollouts are seeded by r: a checkpoint written by one process is not resumed by two.
+    Rank 0 decides and tells rank 1, so both start from step 0 and only rank 0 deletes and warns."""
+    model, root = inputs
+    run = {**TINY_RUN, "grpo": {**TINY_RUN["grpo"], "mini_batch_prompts": 2, "max_steps": 1, "test_freq": 0,
+                                "val_before_train": False}}
+    command = _command(model, root, tmp_path)
+    command[command.index("--config-json") + 1] = json.dumps(run)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run(command, check=True, env=env, capture_output=True, timeout=600)
+    assert not (tmp_path / "checkpoints" / "step_1" / "rng_rank1.pt").exists()
+
+    command[command.index("--nproc") + 1] = "2"
+    done = subprocess.run(command, check=True, env=env, capture_output=True, text=True, timeout=900)
+    assert "resumed from" not in done.stderr
+    warnings = [line for line in done.stderr.splitlines() if "is not resumed" in line]
+    assert len(warnings) == 1 and "world_size" in warnings[0], done.stderr[-3000:]
+    assert [r["step"] for r in _records(tmp_path / "metrics.jsonl")] == [1]
+    assert (tmp_path / "checkpoints" / "step_1" / "rng_rank1.pt").exists()
+    state = json.loads((tmp_path / "checkpoints" / "step_1" / "trainer_state.json").read_text())
+    assert state["fingerprint"]["world_size"] == 2

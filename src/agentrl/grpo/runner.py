@@ -5,6 +5,8 @@ a Hugging Face folder (safetensors, tokenizer, chat template), ``metrics.jsonl``
 step, ``step`` 0 = validation before training) and the checkpoints folder. A run that finds a
 checkpoint resumes from the newest one (:mod:`agentrl.grpo.checkpoint`): the step after it is
 the next one run, with the same prompts and rollout seeds the uninterrupted run would have used.
+Only a checkpoint of the same run setup is resumed (``run_fingerprint``); one of another setup
+(a changed ``grpo.lr``, a retrained SFT model, new RL data) is deleted and training starts over.
 
 Seeds: the prompt order comes from ``(seed, "grpo-data")``, rollouts of step k from
 ``(seed, step k, round, rank)``, validation from ``(seed, set)``; none depend on how many steps
@@ -14,10 +16,14 @@ this process has run, which is what makes a resumed run continue rather than res
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -46,6 +52,60 @@ class GrpoPaths:
     metrics: Path  # metrics.jsonl
     checkpoints: Path
     deepspeed_config: Path  # a configs/deepspeed/zero<stage>.json with "auto" placeholders
+
+
+# Config keys left out of the run fingerprint: they change where a step runs, how fast, or how
+# checkpoints are kept, not what it computes, so a run resumed with another value ends as the
+# uninterrupted one would (up to vLLM's batch-dependent numerics, which no setting makes exact).
+# Every other key of the sections below is in, the validation settings too: the checkpoint carries
+# the metric records, and a resumed run must not mix validations made two ways in one file.
+NOT_IN_FINGERPRINT = {
+    "grpo": ("save_freq", "keep_checkpoints", "tensorboard"),
+    "sandbox": ("workers", "sandbox_fusion_url"),  # parallelism and the service's address
+    "rollout.vllm": ("gpu_memory_utilization", "max_num_seqs", "enforce_eager"),  # memory and speed
+}
+# The config sections a GRPO step reads (the same as the rule's params in rules/rl.smk): the
+# sampling (rollout), the tool's output (tool), what code execution returns (sandbox: time and
+# memory limits, backend), the scores (reward) and the algorithm and optimizer (grpo).
+FINGERPRINT_SECTIONS = ("grpo", "rollout", "reward", "tool", "sandbox")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def run_fingerprint(cfg: Config, paths: GrpoPaths, world_size: int) -> dict[str, Any]:
+    """What a checkpoint must share with this run to be resumed (JSON values, compared by ``==``).
+
+    The config sections that shape training (less ``NOT_IN_FINGERPRINT``), the seed, the process
+    count (rank r's rollouts are seeded by r), and the inputs: the RL and validation parquets and
+    the DeepSpeed config by content, the initial model's files by size and mtime (as SFT does:
+    hashing a 4B model's weights on every start costs more than it protects; a retrained SFT model
+    is a new folder with new mtimes).
+    """
+    sections = {name: dataclasses.asdict(getattr(cfg, name)) for name in FINGERPRINT_SECTIONS}
+    for dotted, keys in NOT_IN_FINGERPRINT.items():
+        section = sections
+        for part in dotted.split("."):
+            section = section[part]
+        for key in keys:
+            section.pop(key)
+    model_files = {p.name: [p.stat().st_size, p.stat().st_mtime_ns]
+                   for p in sorted(Path(paths.model).iterdir()) if p.is_file()}
+    fingerprint = {
+        **sections,
+        "seed": cfg.seed,
+        "world_size": world_size,
+        "model_files": model_files,
+        "train_sha256": _sha256(Path(paths.train)),
+        "eval_sha256": {Path(p).stem: _sha256(Path(p)) for p in paths.eval_sets},
+        "deepspeed_config_sha256": _sha256(Path(paths.deepspeed_config)),
+    }
+    return json.loads(json.dumps(fingerprint))  # tuples as lists: equal to what a checkpoint reads back
 
 
 def total_steps(cfg: Config, num_problems: int) -> int:
@@ -157,11 +217,12 @@ def train(cfg: Config, paths: GrpoPaths) -> int:
                  for p in paths.eval_sets]
     steps = total_steps(cfg, len(problems))
     sampler = PromptSampler(problems, derived_seed(cfg.seed, "grpo-data"))
+    fingerprint = run_fingerprint(cfg, paths, ctx.world_size)
     with make_sandbox(cfg.sandbox) as sandbox:
         parts, tokenizer = build_components(cfg, paths, ctx, sandbox, steps)
         policy = parts.engine.module.model
         start, records = 0, []
-        state = resume(parts.engine, paths.checkpoints, ctx)
+        state = resume(parts.engine, paths.checkpoints, ctx, fingerprint)
         if state is not None:
             sampler.load_state_dict(state["sampler"])
             start, records = int(state["step"]), list(state["metrics"])
@@ -169,6 +230,8 @@ def train(cfg: Config, paths: GrpoPaths) -> int:
         writer = None
         if ctx.is_main:
             tensorboard = paths.metrics.parent / "tensorboard" if cfg.grpo.tensorboard else None
+            if tensorboard is not None and start == 0:  # a run from step 0 replaces the curves, as the file
+                shutil.rmtree(tensorboard, ignore_errors=True)
             writer = MetricsWriter(paths.metrics, steps, tensorboard)
             writer.reset(records)
         log.info("GRPO %s: %d problems, %d steps of %d prompts x %d, %d process(es)", cfg.grpo.variant,
@@ -196,7 +259,8 @@ def train(cfg: Config, paths: GrpoPaths) -> int:
                 save_checkpoint(
                     parts.engine, paths.checkpoints, step,
                     trainer_state={"sampler": sampler.state_dict(), "total_steps": steps, "variant": cfg.grpo.variant},
-                    metrics=records, export_model=lambda folder: export_policy(policy, tokenizer, folder),
+                    fingerprint=fingerprint, metrics=records,
+                    export_model=lambda folder: export_policy(policy, tokenizer, folder),
                     ctx=ctx, keep=cfg.grpo.keep_checkpoints,
                 )
         dse.save_hf_model(parts.engine, policy, tokenizer, paths.out, ctx)

@@ -1,0 +1,158 @@
+"""benchmarks/gpu_check.py: its FLOPs / MFU arithmetic, the figures it reads from the stages' metrics,
+and the script itself on a CPU with a tiny model (slow tier; every path but CUDA)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
+gpu_check = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gpu_check)
+
+
+def test_mfu_is_six_n_t_over_time_and_peak():
+    # 0.5e9 parameters x 1e4 tokens: 6 x 5e12 = 3e13 FLOPs; in 0.1 s that is 3e14 FLOP/s of 989e12.
+    assert gpu_check.training_flops(500_000_000, 10_000) == pytest.approx(3e13)
+    assert gpu_check.model_flops_utilisation(500_000_000, 10_000, 0.1, 989e12) == pytest.approx(3e14 / 989e12)
+    assert gpu_check.model_flops_utilisation(1, 1, 1.0, 6.0) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="positive"):
+        gpu_check.model_flops_utilisation(1, 1, 0.0, 6.0)
+
+
+def test_peak_flops_default_is_h100_h200_bf16_and_the_env_overrides_it():
+    value, source = gpu_check.peak_flops_from_env({})
+    assert value == 989e12 and "H100/H200" in source
+    assert gpu_check.peak_flops_from_env({"GPU_CHECK_PEAK_FLOPS": "312e12"}) == (312e12, "GPU_CHECK_PEAK_FLOPS=312e12")
+    with pytest.raises(ValueError, match="GPU_CHECK_PEAK_FLOPS"):
+        gpu_check.peak_flops_from_env({"GPU_CHECK_PEAK_FLOPS": "fast"})
+    with pytest.raises(ValueError, match="> 0"):
+        gpu_check.peak_flops_from_env({"GPU_CHECK_PEAK_FLOPS": "0"})
+
+
+def test_sft_figures_leave_out_the_warmup_steps_and_weigh_steps_by_time():
+    records = [
+        {"step": 1, "tokens_per_s": 100.0, "step_time_s": 10.0, "loss": 7.0, "pad_fraction": 0.5},  # warm-up
+        {"step": 2, "tokens_per_s": 1000.0, "step_time_s": 1.0, "loss": 6.0, "pad_fraction": 0.2},
+        {"step": 3, "tokens_per_s": 3000.0, "step_time_s": 3.0, "loss": 5.0, "pad_fraction": 0.4},
+    ]
+    figures = gpu_check.sft_throughput(records, parameters=1_000_000, peak_flops=1e12, warmup_steps=1)
+    # steady: 1000 + 9000 tokens in 4 s = 2500 tokens/s; 6 x 1e6 x 2500 / 1e12 = 1.5 %
+    assert figures["tokens"] == pytest.approx(10_000) and figures["seconds"] == pytest.approx(4.0)
+    assert figures["tokens_per_s"] == pytest.approx(2500.0)
+    assert figures["mfu"] == pytest.approx(0.015)
+    assert figures["pad_fraction"] == pytest.approx(0.3)
+    assert (figures["steps"], figures["steady_steps"], figures["loss_first"], figures["loss_last"]) == (3, 2, 7.0, 5.0)
+    with pytest.raises(ValueError, match="warm-up"):
+        gpu_check.sft_throughput(records, 1, 1e12, warmup_steps=3)
+
+
+def _grpo_record(step: int, input_tokens: float, update_s: float) -> dict:
+    return {"step": step, "timing/step_s": 20.0, "timing/update_s": update_s, "actor/input_tokens": input_tokens,
+            "timing/generate_s": 8.0, "rollout/generated_tokens_mean": 50.0, "rollout/trajectories": 16.0,
+            "rollout/response_length_mean": 60.0, "rollout/reward_mean": -1.0}
+
+
+def test_grpo_figures_come_from_the_update_time_and_the_last_step():
+    records = [{"step": 0, "val/arith/avg@4": 0.0},  # validation before training: no update
+               _grpo_record(1, 4000.0, 4.0), _grpo_record(2, 6000.0, 2.0)]
+    figures = gpu_check.grpo_throughput(records, parameters=1_000_000, peak_flops=1e12)
+    assert [s["step"] for s in figures["steps"]] == [1, 2]
+    assert figures["steps"][0]["train_tokens_per_s"] == pytest.approx(1000.0)
+    assert figures["train_tokens_per_s"] == pytest.approx(3000.0)
+    assert figures["mfu"] == pytest.approx(6 * 1e6 * 6000 / 2.0 / 1e12)
+    assert figures["rollout_tokens_per_s"] == pytest.approx(50 * 16 / 8.0)
+    with pytest.raises(ValueError, match="no training step"):
+        gpu_check.grpo_throughput(records[:1], 1, 1e12)
+
+
+def test_parameter_count_from_safetensors_headers_matches_the_model(tmp_path):
+    from agentrl.config import load_config
+    from agentrl.model.build import build_tiny_qwen3, count_parameters, train_tokenizer
+
+    cfg = load_config({"model": {"embedded": gpu_check.SIZES["tiny"]["model"]}}).model.embedded
+    model = build_tiny_qwen3(train_tokenizer(["0123456789 abc"], 300), cfg, seed=0)
+    assert model.config.tie_word_embeddings  # the shared matrix must count once
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    assert gpu_check.safetensors_parameter_count(tmp_path) == count_parameters(model)
+    with pytest.raises(FileNotFoundError, match="safetensors"):
+        gpu_check.safetensors_parameter_count(tmp_path / "missing")
+
+
+def test_sft_config_runs_at_least_the_asked_steps():
+    size = gpu_check.SIZES["0.5b"]
+    cfg = gpu_check.sft_config(size, steps=40, examples=768, dtype="bfloat16")
+    steps_per_epoch = 768 // cfg["global_batch_size"]
+    assert cfg["epochs"] * steps_per_epoch >= 40 > (cfg["epochs"] - 1) * steps_per_epoch
+    assert cfg["deepspeed"] == {"zero_stage": 2, "dtype": "bfloat16", "gradient_checkpointing": False}
+    with pytest.raises(ValueError, match="no step"):
+        gpu_check.sft_config(size, steps=1, examples=3, dtype="bfloat16")
+
+
+def test_the_stage_configs_pass_the_config_schema():
+    from agentrl.config import load_config
+    from agentrl.grpo.runner import check_config
+
+    for size in gpu_check.SIZES.values():
+        load_config({"sft": gpu_check.sft_config(size, size["sft_steps"], 768, "bfloat16"),
+                     "model": {"embedded": size["model"]}})
+        check_config(load_config(gpu_check.grpo_config(size, 2, "bfloat16")))
+
+
+def test_a_failing_stage_stops_the_check_with_its_log_tail(tmp_path):
+    log = tmp_path / "sft.log"
+    with pytest.raises(gpu_check.StageFailed, match=r"sft failed \(exit 2\)[\s\S]*does not exist"):
+        gpu_check.run_stage("sft", ["--model", str(tmp_path / "missing"), "--data", str(tmp_path / "missing.parquet"),
+                                    "--out", str(tmp_path / "out"), "--metrics", str(tmp_path / "m.jsonl"),
+                                    "--checkpoint-dir", str(tmp_path / "ckpt")], {}, log, time.monotonic() + 120)
+
+
+def test_a_stage_past_the_time_limit_is_killed(tmp_path):
+    started = time.monotonic()
+    with pytest.raises(gpu_check.StageFailed, match="time limit"):
+        gpu_check.run_stage("prepare-data", ["--sft", str(tmp_path / "s.parquet"), "--rl-pool", str(tmp_path / "r.parquet"),
+                                             "--eval-dir", str(tmp_path / "eval")],
+                            {"data": {"embedded": {"sft_per_family": 5000}}}, tmp_path / "p.log", started + 1.0)
+    assert time.monotonic() - started < 30
+    assert not (tmp_path / "s.parquet").exists()
+
+
+def _script_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_CHECK_")}
+    return {**env, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", **extra}
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the refusal on a machine without GPU")
+def test_without_a_gpu_the_check_refuses_to_run(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), str(tmp_path / "s.json")],
+                          capture_output=True, text=True, env=_script_env(), timeout=120)
+    assert done.returncode != 0
+    assert "no CUDA GPU" in done.stderr
+    assert not (tmp_path / "s.json").exists()
+
+
+@pytest.mark.slow
+def test_the_script_runs_every_stage_on_a_cpu_with_a_tiny_model(tmp_path):
+    summary_path = tmp_path / "out" / "gpu_check.json"
+    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), str(summary_path), "--size", "tiny"],
+                          capture_output=True, text=True, timeout=300,
+                          env=_script_env(GPU_CHECK_ALLOW_CPU="1", GPU_CHECK_PEAK_FLOPS="1e11"))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads(summary_path.read_text())
+    assert summary["peak_flops"] == 1e11 and summary["model"]["parameters"] > 0
+    sft, grpo = summary["sft"], summary["grpo"]
+    assert sft["steps"] >= 4 and sft["tokens_per_s"] > 0 and sft["loss_last"] < sft["loss_first"]
+    expected = gpu_check.model_flops_utilisation(summary["model"]["parameters"], sft["tokens"], sft["seconds"], 1e11)
+    assert sft["mfu"] == pytest.approx(expected)
+    assert len(grpo["steps"]) == 2 and grpo["train_tokens_per_s"] > 0
+    logs = summary_path.parent / "gpu_check_logs"
+    assert "ZeRO-2, torch.bfloat16" in (logs / "sft.log").read_text()
+    assert len((logs / "sft_metrics.jsonl").read_text().splitlines()) == sft["steps"]

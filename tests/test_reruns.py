@@ -1,0 +1,229 @@
+"""Partial reruns and preemption of the embedded default workflow, through Snakemake.
+
+What the README promises: ``--until`` plans only what its target needs; ``--forcerun evaluate``
+re-plans evaluation and what consumes it, nothing upstream; a changed config value re-runs only the
+stages it feeds (each rule's ``params:`` holds just the config it reads); a training job killed
+the way SLURM preempts one (SIGKILL to the whole process group) resumes from its checkpoint when
+Snakemake runs it again, because the checkpoint folder is a param, not an output Snakemake removes.
+
+Plans are read from dry runs (``-n``): each job block of the dry-run listing gives a rule and its
+wildcards. The workflow runs on the smallest config that still runs every rule (as
+tests/test_workflow_e2e.py does, smaller still). Slow tier but the listing parser: about a minute per
+real run on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = {
+    "data": {"embedded": {"families": ["arith", "program"], "sft_per_family": 4, "rl_pool_per_family": 2,
+                          "eval_per_family": 2}},
+    "model": {"embedded": {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1, "head_dim": 16,
+                           "intermediate_size": 64}},
+    "sandbox": {"workers": 1},
+    "rollout": {"max_response_tokens": 32, "max_turns": 1},
+    "reward": {"overlong": {"max_response_length": 32, "buffer_length": 8}},
+    "sft": {"epochs": 1},
+    # The untrained model solves nothing: keep unsolved problems so GRPO has data.
+    "filter": {"k": 1, "low": -1.0},
+    "grpo": {"max_steps": 1, "batch_prompts": 2, "n": 2, "mini_batch_prompts": 2, "test_freq": 0,
+             "val_before_train": False, "save_freq": 1},
+    "eval": {"n": 1},
+}
+MODELS = {"base", "sft", "rl"}
+UPSTREAM_OF_EVAL = {"prepare_data", "base_model", "sft", "score_rl_pool", "select_rl_data", "grpo"}
+JOB_HEADER = re.compile(r"^(?:local)?rule (\w+):$")
+
+
+def merged(base: dict, overlay: dict) -> dict:
+    out = dict(base)
+    for key, value in overlay.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def write_config(workdir: Path, overlay: dict) -> Path:
+    """config.yaml of ``workdir``: the embedded default with ``TINY`` and ``overlay`` on top."""
+    config = merged(merged(yaml.safe_load((ROOT / "config.yaml").read_text()), TINY), overlay)
+    path = workdir / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def snakemake_command(workdir: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "snakemake", "--cores", "2", "-s", str(ROOT / "workflow" / "Snakefile"),
+            "--directory", str(workdir), *args]
+
+
+def snakemake_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+
+
+def snakemake(workdir: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    done = subprocess.run(snakemake_command(workdir, *args), capture_output=True, text=True, timeout=timeout,
+                          cwd=workdir, env=snakemake_env())
+    assert done.returncode == 0, f"snakemake {' '.join(args)} failed:\n{done.stdout[-4000:]}\n{done.stderr[-6000:]}"
+    return done
+
+
+def jobs_in_listing(listing: str) -> list[tuple[str, dict[str, str]]]:
+    """(rule, wildcards) of every job block of a Snakemake run or dry-run listing, the ``all`` target aside."""
+    jobs: list[tuple[str, dict[str, str]]] = []
+    for line in listing.splitlines():
+        header = JOB_HEADER.match(line)
+        if header:
+            jobs.append((header[1], {}))
+        elif jobs and line.strip().startswith("wildcards:"):
+            pairs = line.strip().removeprefix("wildcards:").split(",")
+            jobs[-1][1].update(pair.strip().split("=", 1) for pair in pairs)
+    return [(rule, wildcards) for rule, wildcards in jobs if rule != "all"]
+
+
+def planned(workdir: Path, *args: str) -> list[tuple[str, dict[str, str]]]:
+    done = snakemake(workdir, "-n", *args, timeout=180)
+    return jobs_in_listing(done.stdout + done.stderr)
+
+
+def rules_of(jobs) -> set[str]:
+    return {rule for rule, _ in jobs}
+
+
+def models_of(jobs, rule: str) -> set[str]:
+    return {wildcards["model"] for r, wildcards in jobs if r == rule}
+
+
+def test_the_listing_parser_reads_rules_and_wildcards():
+    listing = ("Job stats:\njob count\n\n[Mon]\nrule evaluate:\n    input: a\n    wildcards: model=sft, benchmark=arith\n"
+               "[Mon]\nlocalrule report:\n    reason: forced\n[Mon]\nlocalrule all:\n    input: x\n")
+    assert jobs_in_listing(listing) == [("evaluate", {"model": "sft", "benchmark": "arith"}), ("report", {})]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target, expected", [
+    ("base_model", {"prepare_data", "base_model"}),
+    ("select_rl_data", {"prepare_data", "base_model", "sft", "score_rl_pool", "select_rl_data"}),
+])
+def test_until_plans_only_the_jobs_upstream_of_its_target(tmp_path, target, expected):
+    write_config(tmp_path, {})
+    everything = planned(tmp_path)
+    assert rules_of(everything) >= UPSTREAM_OF_EVAL | {"evaluate", "report"}, "a fresh folder plans the whole DAG"
+    jobs = planned(tmp_path, "--until", target)
+    assert rules_of(jobs) == expected
+    assert len(jobs) == len(expected), "one job per rule upstream of the target"
+
+
+@pytest.fixture(scope="module")
+def completed(tmp_path_factory):
+    """A folder where the whole tiny workflow has run: nothing is left to do."""
+    workdir = tmp_path_factory.mktemp("reruns")
+    write_config(workdir, {})
+    snakemake(workdir, timeout=900)
+    assert planned(workdir) == [], "a finished run plans nothing"
+    return workdir
+
+
+@pytest.mark.slow
+def test_forcerun_evaluate_replans_evaluation_and_its_consumers_only(completed):
+    jobs = planned(completed, "--forcerun", "evaluate")
+    assert rules_of(jobs) == {"evaluate", "export_livecodebench", "report"}
+    evaluations = [w for rule, w in jobs if rule == "evaluate"]
+    assert {(w["model"], w["benchmark"]) for w in evaluations} == {(m, b) for m in MODELS for b in ("arith", "program")}
+    assert models_of(jobs, "export_livecodebench") == MODELS  # LiveCodeBench files are made from the samples
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overlay, reruns, evaluated_models", [
+    # selection thresholds: the cheap selection, not the scoring rollouts of score_rl_pool
+    ({"filter": {"high": 0.99}}, {"select_rl_data", "grpo"}, {"rl"}),
+    # how the pool is scored: scoring and what follows, not SFT
+    ({"filter": {"k": 2}}, {"score_rl_pool", "select_rl_data", "grpo"}, {"rl"}),
+    # SFT: the SFT model and everything built on it, not the data or the base model
+    ({"sft": {"lr": 1.0e-3}}, {"sft", "score_rl_pool", "select_rl_data", "grpo"}, {"sft", "rl"}),
+    ({"grpo": {"lr": 1.0e-4}}, {"grpo"}, {"rl"}),
+], ids=["filter.high", "filter.k", "sft.lr", "grpo.lr"])
+def test_a_changed_parameter_reruns_only_what_it_feeds(completed, tmp_path, overlay, reruns, evaluated_models):
+    override = tmp_path / "override.yaml"
+    override.write_text(yaml.safe_dump(overlay))
+    jobs = planned(completed, "--configfile", str(completed / "config.yaml"), str(override))
+    assert rules_of(jobs) == reruns | {"evaluate", "export_livecodebench", "report"}
+    assert models_of(jobs, "evaluate") == evaluated_models, "only the models the change feeds are re-evaluated"
+    assert models_of(jobs, "export_livecodebench") == evaluated_models
+
+
+@pytest.mark.slow
+def test_a_changed_grpo_parameter_trains_grpo_again(completed, tmp_path):
+    workdir = tmp_path / "run"
+    shutil.copytree(completed, workdir, symlinks=True)  # the shared finished run stays as it is
+    override = tmp_path / "override.yaml"
+    override.write_text(yaml.safe_dump({"grpo": {"lr": 1.0e-4}}))
+    snakemake(workdir, "--configfile", str(workdir / "config.yaml"), str(override), "--until", "grpo")
+    log = (workdir / "results" / "logs" / "grpo.log").read_text()
+    assert "resumed from" not in log, "the new configuration resumed the old run's final checkpoint"
+
+
+# --------------------------------------------------------------------------- preemption
+def wait_for(predicate, timeout: float, what: str, process: subprocess.Popen) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if process.poll() is not None:
+            raise AssertionError(f"snakemake ended (exit {process.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {timeout} s")
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_a_killed_training_job_resumes_from_its_checkpoint(tmp_path):
+    # 4 conversations x 2 families, 2 per step: 4 steps an epoch, 12 steps; a checkpoint every 2.
+    write_config(tmp_path, {"sft": {"epochs": 3, "save_every_steps": 2, "keep_checkpoints": 1}})
+    total = 12
+    results = tmp_path / "results"
+    checkpoints = results / "sft" / "checkpoints"
+    log_path = results / "logs" / "sft.log"
+
+    # Its own session: the process group holds snakemake and the jobs it runs, as a SLURM job's cgroup does.
+    first = subprocess.Popen(snakemake_command(tmp_path, "--until", "sft"), cwd=tmp_path, env=snakemake_env(),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_for(lambda: (checkpoints / "latest").exists(), 300, "first SFT checkpoint", first)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # preemption: no chance to clean up
+        first.wait()
+    assert not (results / "models" / "sft" / "config.json").exists(), "SFT finished before the kill: no preemption"
+    saved_step = int((checkpoints / "latest").read_text().removeprefix("step_"))
+    assert 2 <= saved_step < total
+    log_before = log_path.read_text()
+    assert "resumed" not in log_before
+
+    # The killed run still holds Snakemake's lock; the requeued job's snakemake finds it released.
+    snakemake(tmp_path, "--unlock")
+    # The SFT checkpoint is not an output: Snakemake plans the incomplete job without removing it.
+    rerun_plan = planned(tmp_path, "--until", "sft", "--rerun-incomplete")
+    assert rules_of(rerun_plan) == {"sft"}, "the finished upstream jobs are not re-run"
+    assert (checkpoints / "latest").exists()
+
+    done = snakemake(tmp_path, "--until", "sft", "--rerun-incomplete")
+    assert rules_of(jobs_in_listing(done.stdout + done.stderr)) == {"sft"}
+    log_after = log_path.read_text()
+    resumed = re.search(r"resumed from \S+ after step (\d+)", log_after)
+    assert resumed, f"the rerun did not resume:\n{log_after[-3000:]}"
+    assert int(resumed[1]) == saved_step, "it resumed from the newest checkpoint"
+    assert f"SFT done: {total} steps ({total - saved_step} this run)" in log_after
+    assert (results / "models" / "sft" / "config.json").exists()
+    # Every step once: those before the checkpoint kept from the killed run, none repeated.
+    steps = [json.loads(line)["step"] for line in (results / "sft" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, total + 1)), steps
+    assert planned(tmp_path, "--until", "sft") == [], "after the rerun, SFT is complete"
