@@ -30,4 +30,4 @@ rule sft:
     shell:
         "python -m agentrl sft --config-json {params.cfg:q} --model {params.model_dir} --data {input.data} "
         "--out {params.out_dir} --metrics {params.running_metrics} --checkpoint-dir {params.checkpoints} "
-        "--nproc {resources.gpu} > {log} 2>&1 && cp {params.running_metrics} {output.metrics}"
+        "--nproc {resources.gpu} --threads {threads} > {log} 2>&1 && cp {params.running_metrics} {output.metrics}"

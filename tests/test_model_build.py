@@ -1,4 +1,4 @@
-"""The embedded base model: a Qwen3 folder with a tokenizer that reads digits one by one and
+"""The embedded base model: a Qwen3 folder with a tokenizer that reads numbers in two-digit chunks and
 renders tool calls the way Qwen3's template does."""
 
 from __future__ import annotations
@@ -58,11 +58,13 @@ def test_chat_template_renders_hermes_tool_calls_and_responses(model_dir):
     assert prompt.endswith("<|im_start|>user\nCompute 4821 * 37 - 9156.<|im_end|>\n<|im_start|>assistant\n")
 
 
-def test_digits_are_single_tokens_and_text_round_trips(model_dir):
+def test_numbers_are_two_digit_tokens_from_the_left_and_text_round_trips(model_dir):
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    ids = tokenizer("x = 169221 + 7", add_special_tokens=False).input_ids
+    ids = tokenizer("x = 169221 + 7 -05", add_special_tokens=False).input_ids
     pieces = [tokenizer.decode([i]) for i in ids]
-    assert [p for p in pieces if p.strip().isdigit()] == list("1692217")
+    assert [p for p in pieces if p.strip().isdigit()] == ["16", "92", "21", "7", "05"]
+    # every chunk 00-99 is one token, whatever the corpus held (this corpus has few numbers)
+    assert all(len(tokenizer(f"{i:02d}", add_special_tokens=False).input_ids) == 1 for i in range(100))
     text = tokenizer.apply_chat_template(CONVERSATION, tools=[CODE_INTERPRETER_TOOL], tokenize=False)
     assert tokenizer.decode(tokenizer(text, add_special_tokens=False).input_ids) == text
 

@@ -35,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="DeepSpeed JSON (default: configs/deepspeed/zero<sft.deepspeed.zero_stage>.json)")
     parser.add_argument("--nproc", default="auto",
                         help="processes per node: a number (0 = one CPU process) or auto (GPUs granted, else 1)")
+    parser.add_argument("--threads", type=int, help="CPU threads for torch per process (the rule's threads)")
     return parser
 
 
@@ -52,7 +53,10 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         parser.error(str(exc))
 
+    from agentrl.evaluation.sampling import set_torch_threads
     from agentrl.training.deepspeed_engine import find_deepspeed_config
+
+    set_torch_threads(args.threads)
     from agentrl.sft.trainer import SftPaths, train_sft
 
     deepspeed_config = args.deepspeed_config or find_deepspeed_config(cfg.sft.deepspeed.zero_stage)
