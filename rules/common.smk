@@ -44,3 +44,51 @@ def parent_dir(output_key):
         return str(Path(first).parent)
 
     return folder
+
+
+# --------------------------------------------------------------------------- ablations
+# Input functions of rules/ablations.smk (the paper's ablations; config `ablations`).
+ABLATIONS = config["ablations"]
+ABLATION_QUESTIONS = ("data", "algorithm", "reasoning")
+# Arms the questions compare; one shared by several questions (the baseline) runs once.
+ABLATION_ARMS = list(dict.fromkeys(arm for q in ABLATION_QUESTIONS for arm in ABLATIONS["questions"][q]))
+_undefined_arms = sorted(set(ABLATION_ARMS) - set(ABLATIONS["arms"]))
+if _undefined_arms:
+    raise ValueError(
+        f"config: ablations.questions names undefined arm(s) {_undefined_arms}; "
+        f"defined under ablations.arms: {sorted(ABLATIONS['arms'])}"
+    )
+
+
+def ablation_result(path):
+    return result(f"ablations/{path}")
+
+
+def ablation_grpo_cfg(wildcards):
+    """The grpo stage's config for one arm and seed: the main sections, the ablation budget, the arm's variant."""
+    grpo = {**config["grpo"], **ABLATIONS["grpo"], "variant": ABLATIONS["arms"][wildcards.arm]["variant"], "algorithm": {}}
+    sections = {key: config[key] for key in ("rollout", "reward", "sandbox", "tool")}
+    return json.dumps({"seed": int(wildcards.seed), **sections, "grpo": grpo}, sort_keys=True, separators=(",", ":"))
+
+
+def ablation_eval_cfg(wildcards):
+    sections = {key: config[key] for key in ("rollout", "reward", "sandbox", "tool")}
+    sampling = {"n": ABLATIONS["eval"]["n"], "temperature": config["eval"]["temperature"], "top_p": config["eval"]["top_p"]}
+    return json.dumps({"seed": int(wildcards.seed), **sections, "eval": sampling}, sort_keys=True, separators=(",", ":"))
+
+
+def ablation_sft_model(wildcards):
+    arm = ABLATIONS["arms"][wildcards.arm]
+    if arm["sft_data"] == "real":
+        return result("models/sft/config.json")
+    if config["data"]["source"] != "embedded":
+        raise ValueError(
+            f"ablations.arms.{wildcards.arm}: sft_data 'stitched' is written by the embedded generator; "
+            f"data.source is {config['data']['source']!r}"
+        )
+    return ablation_result("shared/stitched_sft/model/config.json")
+
+
+def ablation_rl_data(wildcards):
+    kind = ABLATIONS["arms"][wildcards.arm]["rl_data"]
+    return result("filter/rl_train.parquet") if kind == "filtered" else result("data/rl_pool.parquet")

@@ -41,6 +41,7 @@ class EmbeddedDataConfig:
     eval_per_family: int
     failed_attempt_share: float
     prompt_style: Literal["compact", "paper"]
+    sft_trajectories: Literal["real", "stitched"]
 
 
 @dataclass(frozen=True)
@@ -273,6 +274,49 @@ class GrpoConfig:
 
 
 @dataclass(frozen=True)
+class AblationArmConfig:
+    sft_data: Literal["real", "stitched"]
+    rl_data: Literal["filtered", "pool"]
+    variant: str
+
+
+@dataclass(frozen=True)
+class AblationQuestionsConfig:
+    data: tuple[str, ...]
+    algorithm: tuple[str, ...]
+    reasoning: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class AblationGrpoConfig:
+    max_steps: int
+    batch_prompts: int
+    n: int
+    mini_batch_prompts: int
+    test_freq: int
+    val_before_train: bool
+
+
+@dataclass(frozen=True)
+class AblationEvalConfig:
+    n: int
+    max_problems: int | None
+
+
+@dataclass(frozen=True)
+class AblationsConfig:
+    seeds: tuple[int, ...]
+    arms: dict[str, AblationArmConfig]
+    questions: AblationQuestionsConfig
+    grpo: AblationGrpoConfig
+    eval: AblationEvalConfig
+    accuracy_threshold: float
+    smoothing_window: int
+    deliberative_max_calls: int
+    deliberative_min_tokens_per_call: int
+
+
+@dataclass(frozen=True)
 class Config:
     seed: int
     results_dir: str
@@ -286,6 +330,7 @@ class Config:
     filter: FilterConfig
     eval: EvalConfig
     grpo: GrpoConfig
+    ablations: AblationsConfig
 
 
 # --------------------------------------------------------------------------- loading

@@ -15,11 +15,13 @@ log = logging.getLogger("agentrl.prepare_data")
 
 
 def _embedded(cfg: Config):
-    from agentrl.data import embedded
+    from agentrl.data import embedded, stitched
     from agentrl.tools.code_interpreter import CodeInterpreter
     from agentrl.tools.sandbox import make_sandbox
 
     e = cfg.data.embedded
+    # data.embedded.sft_trajectories -> who writes the SFT conversations (the data ablation).
+    trajectory_writers = {"real": embedded.ScriptedSolver, "stitched": stitched.StitchedSolver}
     with make_sandbox(cfg.sandbox) as sandbox:
         interpreter = CodeInterpreter(sandbox, cfg.tool)
 
@@ -35,6 +37,7 @@ def _embedded(cfg: Config):
             rl_pool_per_family=e.rl_pool_per_family, eval_per_family=e.eval_per_family,
             failed_attempt_share=e.failed_attempt_share, prompt_style=e.prompt_style,
             execute=lambda code: interpreter.execute(code).text, run_program=run_program,
+            trajectory_writer=trajectory_writers[e.sft_trajectories],
         )
 
 

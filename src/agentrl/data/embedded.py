@@ -1,10 +1,12 @@
 """The embedded task: three small families that mirror the paper's benchmark kinds.
 
-- ``arith`` (like AIME): multi-step integer arithmetic on numbers long enough that a
-  1-5 M-parameter model cannot compute the result itself; the answer is an integer in
-  ``\\boxed{}``. Difficulty = number of operands and digits (levels 1-5).
+- ``arith`` (like AIME): integer arithmetic with products that a 1-5 M-parameter model cannot
+  compute itself; the answer is an integer in ``\\boxed{}``. Difficulty = number of operands
+  and digits (levels 1-5). Numbers stay short (at most 3 digits, answers at most 7) because
+  every digit must be copied exactly twice (problem -> code, tool output -> answer): a tiny
+  model copies a few digits reliably, and a 30-digit copy almost never.
 - ``choice`` (like GPQA): four lettered options, one of them the value of such an
-  expression, the others near misses; the answer is the letter.
+  expression, the others wrong in the leading digit; the answer is the letter.
 - ``program`` (like LiveCodeBench): a small stdin/stdout task from a set of templates of
   growing length; the answer is a fenced python program graded on hidden test cases.
 
@@ -36,28 +38,37 @@ NUM_CODE_CASES = 4
 # --------------------------------------------------------------------------- arithmetic
 def _arith_expression(rng: random.Random, level: int) -> str:
     """An integer expression whose size grows with ``level`` (1-5)."""
-    operands = {1: 2, 2: 2, 3: 3, 4: 4, 5: 5}[level]
-    digits = {1: (2, 2), 2: (3, 4), 3: (2, 3), 4: (2, 4), 5: (3, 4)}[level]
+    operands = {1: 2, 2: 2, 3: 2, 4: 3, 5: 3}[level]
+    digits = {1: (1, 2), 2: (2, 2), 3: (2, 3), 4: (1, 2), 5: (2, 2)}[level]
     numbers = []
     for _ in range(operands):
         width = rng.randint(*digits)
         numbers.append(str(rng.randint(10 ** (width - 1), 10**width - 1)))
     ops = [rng.choice(["+", "-", "*"]) for _ in range(operands - 1)]
+    # No spaces: every token of the expression is then distinct from its neighbours, so copying it
+    # into code is a chain of unambiguous "what came after this token" lookups.
     expression = numbers[0]
     for op, number in zip(ops, numbers[1:]):
-        expression = f"{expression} {op} {number}"
+        expression = f"{expression}{op}{number}"
     if level == 5:  # one parenthesised pair changes the order of operations
-        parts = expression.split(" ")
-        expression = "(" + " ".join(parts[:3]) + ") " + " ".join(parts[3:])
+        expression = f"({numbers[0]}{ops[0]}{numbers[1]}){ops[1]}{numbers[2]}"
     return expression
 
 
 def _distractors(rng: random.Random, value: int) -> list[int]:
-    """Three near misses: one digit changed, so the options cannot be told apart by size."""
+    """Three wrong options of the same sign and number of digits as ``value`` whose leading digit differs.
+
+    Guessing stays at chance without the tool (the model cannot compute the value), and with the
+    tool output in context, telling the options apart needs its leading digit, not all of them.
+    """
     out: set[int] = set()
+    magnitude = abs(value)
+    width = len(str(magnitude))
+    place = 10 ** (width - 1)
+    leading = magnitude // place
+    choices = [d for d in range(1 if width > 1 else 0, 10) if d != leading]
     while len(out) < 3:
-        place = 10 ** rng.randint(0, max(0, len(str(abs(value))) - 1))
-        candidate = value + rng.choice([-1, 1]) * rng.randint(1, 9) * place
+        candidate = (rng.choice(choices) * place + magnitude % place) * (-1 if value < 0 else 1)
         if candidate != value:
             out.add(candidate)
     return sorted(out)
@@ -281,18 +292,21 @@ def generate(
     prompt_style: str,
     execute: Callable[[str], str],
     run_program: Callable[[list[tuple[str, str]]], list[str]],
+    trajectory_writer: Callable = ScriptedSolver,
 ) -> EmbeddedDataset:
     """Draw every split of every family, then write the SFT trajectories through the real tool.
 
     ``execute(code) -> text`` is the code-interpreter tool; ``run_program([(code, stdin)]) ->
     [stdout]`` runs reference solutions to make the hidden test cases of ``program`` problems.
     Eval problems are drawn first so that no later split can take their text.
+    ``trajectory_writer(execute, rng, failed_attempt_share)`` writes the SFT conversations:
+    ScriptedSolver (real trajectories) or agentrl.data.stitched.StitchedSolver.
     """
     rng = random.Random(seed)
     sft: list[SftExample] = []
     rl_pool: list[Problem] = []
     eval_sets: dict[str, list[Problem]] = {}
-    solver = ScriptedSolver(execute, random.Random(seed + 1), failed_attempt_share)
+    solver = trajectory_writer(execute, random.Random(seed + 1), failed_attempt_share)
     for family in families:
         taken: set[str] = set()
         splits = {

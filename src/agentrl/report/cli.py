@@ -6,6 +6,9 @@ the workflow's config runs those stages, the SFT and RL training logs and the fi
 (it asks for the RL log only when the config evaluates the RL model); a path that is given
 must exist and parse. The pass-rate histogram is the filter stage's own output and enters
 ``snakemake --report`` from there.
+
+``python -m agentrl report ablations ...`` writes the ablation tables and plots instead
+(:mod:`agentrl.report.ablations`).
 """
 
 from __future__ import annotations
@@ -55,6 +58,10 @@ def build_report(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["ablations"]:
+        from agentrl.report import ablations
+
+        return ablations.main(argv[1:])
     parser = argparse.ArgumentParser(prog="agentrl report", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--metrics", type=Path, nargs="+", required=True,

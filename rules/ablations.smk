@@ -1,0 +1,187 @@
+# The paper's three ablations (data, algorithm, reasoning mode) at embedded scale:
+# `snakemake --cores all ablations`. An arm is configuration only (config `ablations.arms`): it
+# re-runs the same stage CLIs as the main workflow - grpo and evaluate, and for stitched data
+# prepare-data and sft - with its overrides, into results/ablations/<arm>/seed<k>/.
+#
+# Shared, not re-run: the real data (results/data), the base model, the real SFT model and the
+# model-aware RL set (results/filter/rl_train.parquet) are the main workflow's own outputs. The
+# stitched arm adds one data set and one SFT model (for all its seeds), trained from the same base
+# model with the same sft section (results/ablations/shared/), and RL on the same filtered set as
+# the baseline: the RL data is held fixed so that the SFT data is the only difference. The unfiltered arm trains on the pool.
+# Every arm and seed gets the same RL budget (ablations.grpo over grpo) and evaluation budget
+# (ablations.eval over eval); the seed k is the global seed of its grpo and evaluate jobs, the same
+# k in every arm. The variant arms run each variant as named: grpo.algorithm overrides of the
+# main config do not apply to them.
+import re
+
+ABLATION_RUNS = expand("{arm}/seed{seed}", arm=ABLATION_ARMS, seed=ABLATIONS["seeds"])
+ABLATION_MAX_PROBLEMS = ABLATIONS["eval"]["max_problems"]
+ABLATION_WILDCARDS = {
+    "arm": "|".join(map(re.escape, ABLATION_ARMS)),
+    "seed": r"\d+",
+    "benchmark": "|".join(map(re.escape, benchmarks())),
+}
+
+
+rule ablation_stitched_data:
+    output:
+        sft=ablation_result("shared/stitched_data/sft.parquet"),
+        rl_pool=ablation_result("shared/stitched_data/rl_pool.parquet"),
+        eval=expand(ablation_result("shared/stitched_data/eval/{benchmark}.parquet"), benchmark=benchmarks()),
+    log:
+        f"{LOGS}/ablations/shared/stitched_data.log",
+    benchmark:
+        result("timings/ablations/shared/stitched_data.tsv")
+    conda:
+        "../envs/data.yaml"
+    params:
+        # The main data config with stitched SFT trajectories: the same problems, pool and eval sets.
+        cfg=json.dumps(
+            {
+                "seed": config["seed"],
+                "data": {**config["data"], "embedded": {**config["data"]["embedded"], "sft_trajectories": "stitched"}},
+                "sandbox": config["sandbox"],
+                "tool": config["tool"],
+            },
+            sort_keys=True,
+            separators=(",", ":"),
+        ),
+        eval_dir=parent_dir("eval"),
+    threads: 2
+    shell:
+        "python -m agentrl prepare-data --config-json {params.cfg:q} "
+        "--sft {output.sft} --rl-pool {output.rl_pool} --eval-dir {params.eval_dir} > {log} 2>&1"
+
+
+rule ablation_stitched_sft:
+    input:
+        model=result("models/base/config.json"),
+        data=ablation_result("shared/stitched_data/sft.parquet"),
+    output:
+        model=ablation_result("shared/stitched_sft/model/config.json"),
+        metrics=ablation_result("shared/stitched_sft/metrics.jsonl"),
+    log:
+        f"{LOGS}/ablations/shared/stitched_sft.log",
+    benchmark:
+        result("timings/ablations/shared/stitched_sft.tsv")
+    conda:
+        "../envs/train.yaml"
+    params:
+        cfg=config_json("seed", "sft"),  # the main SFT recipe; only the data differs
+        model_dir=lambda wildcards, input: str(Path(input.model).parent),
+        out_dir=parent_dir("model"),
+        checkpoints=ablation_result("shared/stitched_sft/checkpoints"),
+        # as in rules/sft.smk: metrics beside the checkpoints (a resumed run keeps its lines), copied when done
+        running_metrics=ablation_result("shared/stitched_sft/checkpoints/metrics.jsonl"),
+    threads: 2
+    resources:
+        gpu=0,  # GPUs per node (0: one CPU process); the profiles set it for GPU runs
+    shell:
+        "python -m agentrl sft --config-json {params.cfg:q} --model {params.model_dir} --data {input.data} "
+        "--out {params.out_dir} --metrics {params.running_metrics} --checkpoint-dir {params.checkpoints} "
+        "--nproc {resources.gpu} > {log} 2>&1 && cp {params.running_metrics} {output.metrics}"
+
+
+rule ablation_grpo:
+    input:
+        model=ablation_sft_model,
+        train=ablation_rl_data,
+        eval=expand(result("data/eval/{benchmark}.parquet"), benchmark=benchmarks()),
+    output:
+        model=ablation_result("{arm}/seed{seed}/rl/model/config.json"),
+        metrics=ablation_result("{arm}/seed{seed}/rl/metrics.jsonl"),
+    log:
+        f"{LOGS}/ablations/{{arm}}/seed{{seed}}/grpo.log",
+    benchmark:
+        result("timings/ablations/{arm}/seed{seed}/grpo.tsv")
+    conda:
+        "../envs/vllm.yaml" if config["rollout"]["engine"] == "vllm" else "../envs/train.yaml"
+    wildcard_constraints:
+        **ABLATION_WILDCARDS,
+    params:
+        cfg=ablation_grpo_cfg,
+        model_dir=lambda wildcards, input: str(Path(input.model).parent),
+        out_dir=parent_dir("model"),
+        # a param, not an output: a re-run job must find its checkpoints to resume (rules/rl.smk)
+        checkpoints=lambda wildcards: ablation_result(f"{wildcards.arm}/seed{wildcards.seed}/rl/checkpoints"),
+    threads: 2
+    resources:
+        gpu=0,
+    shell:
+        "python -m agentrl grpo --config-json {params.cfg:q} --model {params.model_dir} "
+        "--train {input.train} --eval {input.eval} --out {params.out_dir} --metrics {output.metrics} "
+        "--checkpoint-dir {params.checkpoints} --nproc {resources.gpu} --threads {threads} > {log} 2>&1"
+
+
+rule ablation_evaluate:
+    input:
+        model=ablation_result("{arm}/seed{seed}/rl/model/config.json"),
+        problems=result("data/eval/{benchmark}.parquet"),
+    output:
+        samples=ablation_result("{arm}/seed{seed}/eval/{benchmark}/samples.jsonl"),
+        metrics=ablation_result("{arm}/seed{seed}/eval/{benchmark}/metrics.json"),
+    log:
+        f"{LOGS}/ablations/{{arm}}/seed{{seed}}/evaluate/{{benchmark}}.log",
+    benchmark:
+        result("timings/ablations/{arm}/seed{seed}/evaluate/{benchmark}.tsv")
+    conda:
+        "../envs/vllm.yaml" if config["rollout"]["engine"] == "vllm" else "../envs/train.yaml"
+    wildcard_constraints:
+        **ABLATION_WILDCARDS,
+    params:
+        cfg=ablation_eval_cfg,
+        model_dir=lambda wildcards, input: str(Path(input.model).parent),
+        max_problems="" if ABLATION_MAX_PROBLEMS is None else f"--max-problems {ABLATION_MAX_PROBLEMS}",
+    threads: 1
+    shell:
+        "python -m agentrl evaluate run --config-json {params.cfg:q} --model {params.model_dir} --threads {threads} "
+        "--problems {input.problems} --benchmark {wildcards.benchmark} {params.max_problems} "
+        "--samples {output.samples} --metrics {output.metrics} > {log} 2>&1"
+
+
+rule ablation_report:
+    input:
+        training=expand(ablation_result("{run}/rl/metrics.jsonl"), run=ABLATION_RUNS),
+        eval_metrics=expand(ablation_result("{run}/eval/{benchmark}/metrics.json"), run=ABLATION_RUNS, benchmark=benchmarks()),
+        samples=expand(ablation_result("{run}/eval/{benchmark}/samples.jsonl"), run=ABLATION_RUNS, benchmark=benchmarks()),
+    output:
+        tables=[
+            report(
+                ablation_result(f"{question}.{ext}"),
+                caption="../workflow/report/ablations_tables.rst",
+                category="Ablations",
+                subcategory=question,
+                labels={"question": question, "file": ext},
+            )
+            for question in ABLATION_QUESTIONS
+            for ext in ("md", "csv")
+        ],
+        plots=[
+            report(
+                ablation_result(f"{question}.png"),
+                caption="../workflow/report/ablations_plots.rst",
+                category="Ablations",
+                subcategory=question,
+                labels={"question": question, "file": "png"},
+            )
+            for question in ABLATION_QUESTIONS
+        ],
+    log:
+        f"{LOGS}/ablations/report.log",
+    benchmark:
+        result("timings/ablations/report.tsv")
+    conda:
+        "../envs/report.yaml"
+    params:
+        cfg=config_json("ablations"),
+        out_dir=lambda wildcards, output: str(Path(output.tables[0]).parent),
+    threads: 1
+    shell:
+        "python -m agentrl report ablations --config-json {params.cfg:q} --training {input.training} "
+        "--eval-metrics {input.eval_metrics} --samples {input.samples} --out-dir {params.out_dir} > {log} 2>&1"
+
+
+rule ablations:
+    localrule: True
+    input:
+        rules.ablation_report.output,

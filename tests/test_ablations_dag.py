@@ -1,0 +1,110 @@
+"""`snakemake -n ablations` on the embedded default: the arms share the upstream stages they can.
+
+A dry run in an empty folder plans every job: one real data set, one base model, one real SFT
+model and one model-aware RL set serve every arm; the stitched arm adds one data set and one SFT
+model for all its seeds; each arm and seed is one grpo job and one evaluate job per benchmark.
+Slow: each Snakemake call pays its start-up and DAG building (several seconds here).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = yaml.safe_load((ROOT / "config.yaml").read_text())
+ABLATIONS = CONFIG["ablations"]
+ARMS = list(dict.fromkeys(a for q in ("data", "algorithm", "reasoning") for a in ABLATIONS["questions"][q]))
+SEEDS = ABLATIONS["seeds"]
+FAMILIES = CONFIG["data"]["embedded"]["families"]
+
+
+def _dry_run(workdir: Path, *args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "snakemake", *args, "-n", "--cores", "2", "-s", str(ROOT / "workflow" / "Snakefile"),
+               "--directory", str(workdir), "--configfile", str(ROOT / "config.yaml")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=workdir, env=env)
+
+
+def _job_counts(output: str) -> dict[str, int]:
+    table = output.split("Job stats:", 1)[1]
+    counts = {}
+    for line in table.splitlines()[3:]:
+        match = re.match(r"^(\w+)\s+(\d+)$", line.strip())
+        if not match or match.group(1) == "total":
+            break
+        counts[match.group(1)] = int(match.group(2))
+    return counts
+
+
+def _jobs(output: str, rule: str) -> list[dict[str, str]]:
+    """The ``input:``/``output:`` lines of each planned job of ``rule``."""
+    jobs = []
+    for block in output.split(f"rule {rule}:\n")[1:]:
+        fields = {}
+        for line in block.splitlines():
+            match = re.match(r"^\s+(input|output): (.*)$", line)
+            if match:
+                fields[match.group(1)] = match.group(2)
+            if line.startswith("[") or line.startswith("rule ") or line.startswith("Job stats"):
+                break
+        jobs.append(fields)
+    return jobs
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory) -> str:
+    done = _dry_run(tmp_path_factory.mktemp("ablations_dag"), "ablations")
+    assert done.returncode == 0, f"snakemake -n ablations failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout + done.stderr
+
+
+def test_arms_share_one_data_set_base_model_sft_model_and_rl_set(plan):
+    counts = _job_counts(plan)
+    for shared in ("prepare_data", "base_model", "sft", "score_rl_pool", "select_rl_data",
+                   "ablation_stitched_data", "ablation_stitched_sft", "ablation_report", "ablations"):
+        assert counts.get(shared) == 1, f"{shared}: {counts.get(shared)} jobs planned, expected exactly one"
+    assert counts["ablation_grpo"] == len(ARMS) * len(SEEDS)  # the baseline, shared by the three questions, once
+    assert counts["ablation_evaluate"] == len(ARMS) * len(SEEDS) * len(FAMILIES)
+    assert len(SEEDS) >= 3
+    # the main workflow's own RL and evaluation are not part of the ablations target
+    assert "grpo" not in counts and "evaluate" not in counts
+
+
+def test_each_arm_trains_from_its_sft_model_on_its_rl_data(plan):
+    jobs = _jobs(plan, "ablation_grpo")
+    assert len(jobs) == len(ARMS) * len(SEEDS)
+    for job in jobs:
+        arm = re.search(r"ablations/([^/]+)/seed\d+/rl/", job["output"]).group(1)
+        spec = ABLATIONS["arms"][arm]
+        sft = "results/ablations/shared/stitched_sft/model/config.json" if spec["sft_data"] == "stitched" else "results/models/sft/config.json"
+        data = "results/filter/rl_train.parquet" if spec["rl_data"] == "filtered" else "results/data/rl_pool.parquet"
+        assert job["input"].split(", ")[:2] == [sft, data], (arm, job["input"])
+    stitched_sft = _jobs(plan, "ablation_stitched_sft")[0]
+    assert stitched_sft["input"].split(", ") == ["results/models/base/config.json",
+                                                 "results/ablations/shared/stitched_data/sft.parquet"]
+
+
+def test_the_default_target_plans_no_ablation_job(tmp_path):
+    done = _dry_run(tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not any(rule.startswith("ablation") for rule in _job_counts(done.stdout + done.stderr))
+
+
+def test_a_question_naming_an_undefined_arm_stops_the_workflow_at_load(tmp_path):
+    override = tmp_path / "override.yaml"
+    override.write_text(yaml.safe_dump({"ablations": {"questions": {"data": ["baseline", "no_such_arm"]}}}))
+    command = [sys.executable, "-m", "snakemake", "ablations", "-n", "--cores", "1", "-s", str(ROOT / "workflow" / "Snakefile"),
+               "--directory", str(tmp_path), "--configfile", str(ROOT / "config.yaml"), str(override)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert done.returncode != 0
+    assert "ablations.questions names undefined arm(s) ['no_such_arm']" in done.stdout + done.stderr
