@@ -43,6 +43,7 @@ rule score_rl_pool:
     params:
         cfg=FILTER_SCORE_CFG,
         model_dir=lambda wildcards, input: str(Path(input.model).parent),
+    priority: 10  # the training chain is the critical path: before evaluations that could wait
     threads: 2
     shell:
         "python -m agentrl filter score --config-json {params.cfg:q} --model {params.model_dir} --threads {threads} "
@@ -70,6 +71,7 @@ rule select_rl_data:
         "../envs/report.yaml"
     params:
         cfg=FILTER_SELECT_CFG,
+    priority: 10  # the training chain is the critical path: before evaluations that could wait
     threads: 1
     shell:
         "python -m agentrl filter select --config-json {params.cfg:q} --pass-rates {input.pass_rates} "

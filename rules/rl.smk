@@ -24,6 +24,7 @@ rule grpo:
         model_dir=lambda wildcards, input: str(Path(input.model).parent),
         out_dir=parent_dir("model"),
         checkpoints=result("rl/checkpoints"),
+    priority: 10  # the training chain is the critical path: before evaluations that could wait
     threads: 2
     resources:
         gpu=0,  # GPUs per node (0: one CPU process); the profiles set it for GPU runs

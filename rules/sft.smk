@@ -24,6 +24,7 @@ rule sft:
         out_dir=parent_dir("model"),
         checkpoints=result("sft/checkpoints"),
         running_metrics=result("sft/checkpoints/metrics.jsonl"),
+    priority: 10  # the training chain is the critical path: before evaluations that could wait
     threads: 2
     resources:
         gpu=0,  # GPUs per node (0: one CPU process); the profiles set it for GPU runs

@@ -188,7 +188,8 @@ def wait_for(predicate, timeout: float, what: str, process: subprocess.Popen) ->
 @pytest.mark.slow
 def test_a_killed_training_job_resumes_from_its_checkpoint(tmp_path):
     # 4 conversations x 2 families, 2 per step: 4 steps an epoch, 12 steps; a checkpoint every 2.
-    write_config(tmp_path, {"sft": {"epochs": 3, "save_every_steps": 2, "keep_checkpoints": 1}})
+    write_config(tmp_path, {"sft": {"epochs": 3, "global_batch_size": 2, "micro_batch_size": 2,
+                                    "save_every_steps": 2, "keep_checkpoints": 1}})
     total = 12
     results = tmp_path / "results"
     checkpoints = results / "sft" / "checkpoints"
