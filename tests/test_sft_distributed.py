@@ -25,7 +25,7 @@ from agentrl.model.build import save_embedded_model
 
 pytestmark = pytest.mark.slow
 
-TINY = EmbeddedModelConfig(vocab_size=320, hidden_size=48, num_layers=2, num_heads=2, num_kv_heads=1,
+TINY = EmbeddedModelConfig(vocab_size=480, hidden_size=48, num_layers=2, num_heads=2, num_kv_heads=1,
                            head_dim=24, intermediate_size=96, max_position_embeddings=512)
 
 
