@@ -144,6 +144,10 @@ def test_training_logs_are_grouped_by_metric_name(tmp_path):
     panels = training_panels(list(rows[0]), step_key)
     assert panels == {"Clip fractions": ["actor/pg_clipfrac"], "Reward": ["critic/score/mean"],
                       "Entropy": ["actor/entropy"], "Response length": ["response_length/mean"]}
+    # durations, token counts and spreads are not drawn beside the values whose words they share
+    ours = training_panels(["step", "rollout/reward_mean", "rollout/reward_std", "timing/reward_s", "actor/pg_loss",
+                            "actor/loss_tokens", "timing/train_tokens_per_s"], "step")
+    assert ours == {"Reward": ["rollout/reward_mean"], "Loss": ["actor/pg_loss"]}
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     with pytest.raises(ValueError, match="no rows"):

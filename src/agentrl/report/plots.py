@@ -148,11 +148,17 @@ def read_training_log(path: str | Path) -> tuple[str, list[dict[str, float]]]:
     return step_key, rows
 
 
+# Durations, token counts and spreads share words with the panels ("timing/reward_s",
+# "actor/loss_tokens", "rollout/reward_std") but not their units: drawn beside the values they
+# would flatten them.
+NOT_PLOTTED = re.compile(r"^timing/|_s$|_tokens$|tokens_per_s|_std$")
+
+
 def training_panels(keys: Sequence[str], step_key: str) -> dict[str, list[str]]:
     """Panel title -> metric keys drawn in it (keys matching no panel are not drawn)."""
     panels: dict[str, list[str]] = {}
     for key in keys:
-        if key == step_key or key in STEP_KEYS or key in ("epoch", "time", "timestamp"):
+        if key == step_key or key in STEP_KEYS or key in ("epoch", "time", "timestamp") or NOT_PLOTTED.search(key):
             continue
         for title, _, pattern in TRAINING_PANELS:
             if re.search(pattern, key.lower()):
