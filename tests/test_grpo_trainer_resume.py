@@ -104,7 +104,7 @@ def _overlay(section: str, **values) -> dict:
 
 
 def test_the_run_fingerprint_changes_with_what_shapes_training_and_not_with_where_it_runs(inputs, tmp_path):
-    from agentrl.grpo.checkpoint import fingerprint_differences
+    from agentrl.training.deepspeed_engine import fingerprint_differences
     from agentrl.grpo.runner import run_fingerprint
 
     model, root = inputs
@@ -139,7 +139,7 @@ def test_the_run_fingerprint_changes_with_what_shapes_training_and_not_with_wher
 
 
 def test_fingerprint_differences_name_the_keys_that_differ():
-    from agentrl.grpo.checkpoint import fingerprint_differences
+    from agentrl.training.deepspeed_engine import fingerprint_differences
 
     saved = {"grpo": {"lr": 1e-3, "n": 2, "betas": [0.9, 0.99]}, "seed": 1, "model_files": {"a": [1, 2]}}
     assert fingerprint_differences(saved, saved) == []

@@ -29,13 +29,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentrl.grpo.distributed import all_gather, barrier
 from agentrl.training import deepspeed_engine as dse
 
 log = logging.getLogger("agentrl.grpo")
 
 # Differences named in the discard warning; the rest are counted.
-MAX_NAMED_DIFFERENCES = 8
 
 
 def checkpoint_path(root: str | Path, step: int) -> Path:
@@ -62,59 +60,8 @@ def save_checkpoint(
     return dse.save_checkpoint(engine, Path(root), step, state, ctx, keep)
 
 
-def fingerprint_differences(saved: Any, current: Any, prefix: str = "") -> list[str]:
-    """The dotted keys at which two fingerprints differ (``[]``: the same run setup).
-
-    Nested mappings are compared key by key, so a changed ``grpo.lr`` reads as ``grpo.lr`` rather
-    than ``grpo``; any other value is compared whole.
-    """
-    if isinstance(saved, Mapping) and isinstance(current, Mapping):
-        differences: list[str] = []
-        for key in sorted(set(saved) | set(current), key=str):
-            name = f"{prefix}.{key}" if prefix else str(key)
-            if key not in saved or key not in current:
-                differences.append(name)
-            else:
-                differences += fingerprint_differences(saved[key], current[key], name)
-        return differences
-    return [] if saved == current else [prefix or "(fingerprint)"]
-
-
-def _discard_reason(state: Mapping[str, Any], fingerprint: Mapping[str, Any]) -> str | None:
-    """Why the checkpoint with trainer state ``state`` cannot be resumed by this run; None if it can."""
-    saved = state.get("fingerprint")
-    if saved is None:
-        return "it has no run fingerprint (written before checkpoints stored one)"
-    differences = fingerprint_differences(saved, fingerprint)
-    if not differences:
-        return None
-    named = ", ".join(differences[:MAX_NAMED_DIFFERENCES])
-    more = len(differences) - MAX_NAMED_DIFFERENCES
-    return f"its run setup differs in {named}" + (f" and {more} more" if more > 0 else "")
-
-
 def resume(engine, root: str | Path, ctx: dse.DistributedContext,
            fingerprint: Mapping[str, Any]) -> dict[str, Any] | None:
-    """Restore the newest checkpoint into ``engine`` (and this rank's RNG) when its fingerprint is
-    ``fingerprint``; its trainer state, or None when the run starts from step 0.
-
-    A checkpoint of another run setup is deleted, every checkpoint in ``root`` with it: they all
-    come from the run that wrote ``latest``, and a later save would otherwise prune among them.
-    Rank 0 decides and tells the others, so the ranks cannot disagree (a model folder copied to
-    each node has other mtimes there) and no rank reads a checkpoint that rank 0 is deleting.
-    """
-    decision: tuple[str, str] = ("fresh", "")
-    if ctx.is_main:
-        state = dse.read_latest_trainer_state(root)
-        if state is not None:
-            reason = _discard_reason(state, fingerprint)
-            decision = ("resume", "") if reason is None else ("discard", f"step {state['step']}: {reason}")
-    action, reason = all_gather(ctx, decision)[0]
-    if action == "resume":
-        return dse.load_checkpoint(engine, root, ctx)
-    if action == "discard" and ctx.is_main:
-        log.warning("the checkpoint in %s is not resumed (%s); deleting its checkpoints and the metrics "
-                    "they recorded, starting from step 0", root, reason)
-        dse.discard_checkpoints(root)
-    barrier(ctx)
-    return None
+    """The newest checkpoint's trainer state when it comes from this run setup, else None (step 0);
+    see :func:`agentrl.training.deepspeed_engine.resume_if_same_run`, shared with SFT."""
+    return dse.resume_if_same_run(engine, root, ctx, fingerprint, log)

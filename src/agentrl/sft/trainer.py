@@ -266,15 +266,8 @@ def train_sft(cfg: SftConfig, seed: int, paths: SftPaths) -> dict[str, Any]:
 
 def _resume_or_reset(engine, checkpoint_dir: Path, fingerprint: dict[str, Any], ctx: dse.DistributedContext) -> int:
     """The step to start from: the last checkpoint's when it belongs to this run setup, else 0."""
-    state = dse.read_latest_trainer_state(checkpoint_dir)
-    if state is not None and state.get("fingerprint") == fingerprint:
-        state = dse.load_checkpoint(engine, checkpoint_dir, ctx)
-        log.info("resumed from %s after step %d", checkpoint_dir, state["step"])
-        return int(state["step"])
-    if state is not None:
-        log.warning("checkpoints in %s come from another run setup (config, data, model or process "
-                    "count); discarding them and starting from step 0", checkpoint_dir)
-        if ctx.is_main:
-            dse.discard_checkpoints(checkpoint_dir)
-    torch.distributed.barrier()
-    return 0
+    state = dse.resume_if_same_run(engine, checkpoint_dir, ctx, fingerprint, log)
+    if state is None:
+        return 0
+    log.info("resumed from %s after step %d", checkpoint_dir, state["step"])
+    return int(state["step"])

@@ -30,6 +30,7 @@ import os
 import random
 import shutil
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -268,6 +269,71 @@ def discard_checkpoints(checkpoint_dir: str | Path) -> None:
     for tag_dir in checkpoint_dir.glob("step_*"):
         shutil.rmtree(tag_dir, ignore_errors=True)
 
+
+
+MAX_NAMED_DIFFERENCES = 8
+
+
+def fingerprint_differences(saved: Any, current: Any, prefix: str = "") -> list[str]:
+    """The dotted keys at which two run fingerprints differ (``[]``: the same run setup).
+
+    Nested mappings are compared key by key, so a changed ``grpo.lr`` reads as ``grpo.lr`` rather
+    than ``grpo``; any other value is compared whole.
+    """
+    if isinstance(saved, Mapping) and isinstance(current, Mapping):
+        differences: list[str] = []
+        for key in sorted(set(saved) | set(current), key=str):
+            name = f"{prefix}.{key}" if prefix else str(key)
+            if key not in saved or key not in current:
+                differences.append(name)
+            else:
+                differences += fingerprint_differences(saved[key], current[key], name)
+        return differences
+    return [] if saved == current else [prefix or "(fingerprint)"]
+
+
+def _discard_reason(state: Mapping[str, Any], fingerprint: Mapping[str, Any]) -> str | None:
+    """Why the checkpoint with trainer state ``state`` cannot be resumed by this run; None if it can."""
+    saved = state.get("fingerprint")
+    if saved is None:
+        return "it has no run fingerprint (written before checkpoints stored one)"
+    differences = fingerprint_differences(saved, fingerprint)
+    if not differences:
+        return None
+    named = ", ".join(differences[:MAX_NAMED_DIFFERENCES])
+    more = len(differences) - MAX_NAMED_DIFFERENCES
+    return f"its run setup differs in {named}" + (f" and {more} more" if more > 0 else "")
+
+
+def resume_if_same_run(engine, checkpoint_dir: str | Path, ctx: DistributedContext, fingerprint: Mapping[str, Any],
+                       logger: logging.Logger = log) -> dict[str, Any] | None:
+    """Restore the newest checkpoint into ``engine`` (and this rank's RNG) when its trainer state
+    carries ``fingerprint``; its trainer state, or None when the run starts from step 0.
+
+    The checkpoint folder is not a Snakemake output, so it survives the re-run that a changed
+    config or input triggers: resuming the old run's checkpoint there would continue (or finish)
+    the wrong run. A checkpoint of another run setup is deleted, every checkpoint in the folder
+    with it: they all come from the run that wrote ``latest``, and a later save would otherwise
+    prune among them. Rank 0 decides and tells the others, so the ranks cannot disagree (a model
+    folder copied to each node has other mtimes there) and no rank reads a checkpoint that rank 0
+    is deleting.
+    """
+    decision = [("fresh", "")]
+    if ctx.is_main:
+        state = read_latest_trainer_state(checkpoint_dir)
+        if state is not None:
+            reason = _discard_reason(state, fingerprint)
+            decision = [("resume", "") if reason is None else ("discard", f"step {state['step']}: {reason}")]
+    torch.distributed.broadcast_object_list(decision, src=0)
+    action, reason = decision[0]
+    if action == "resume":
+        return load_checkpoint(engine, checkpoint_dir, ctx)
+    if action == "discard" and ctx.is_main:
+        logger.warning("the checkpoint in %s is not resumed (%s); deleting its checkpoints and the metrics "
+                       "they recorded, starting from step 0", checkpoint_dir, reason)
+        discard_checkpoints(checkpoint_dir)
+    torch.distributed.barrier()
+    return None
 
 # --------------------------------------------------------------------------- final model
 def save_hf_model(engine, model: torch.nn.Module, tokenizer, out_dir: str | Path, ctx: DistributedContext) -> None:
