@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from agentrl.config import load_config
 from agentrl.data.prompts import CODE_INTERPRETER_TOOL
 from agentrl.model.build import count_parameters, resolve_pretrained, save_embedded_model
+from agentrl.model.folder import WEIGHTS_DIGEST_KEY, stamp_weights_digest, weights_digest
 
 CONVERSATION = [
     {"role": "user", "content": "Compute 4821 * 37 - 9156."},
@@ -92,10 +93,39 @@ def test_same_seed_same_weights(tmp_path, model_dir):
 
 def test_local_folder_is_linked_and_bad_names_are_refused(tmp_path, model_dir):
     out = resolve_pretrained(str(model_dir), tmp_path / "models" / "base")
-    assert (out / "config.json").exists() and out.is_symlink()
+    assert out.is_dir() and not out.is_symlink()
+    assert (out / "model.safetensors").is_symlink()
+    assert (out / "model.safetensors").resolve() == (model_dir / "model.safetensors").resolve()
+    assert not (out / "config.json").is_symlink()
+    assert json.loads((out / "config.json").read_text())[WEIGHTS_DIGEST_KEY] == weights_digest(model_dir)
+    assert AutoModelForCausalLM.from_pretrained(out) is not None
+    resolve_pretrained(str(model_dir), out)  # a re-run replaces the folder it made
     with pytest.raises(FileNotFoundError, match="neither an existing folder nor a hub id"):
         resolve_pretrained("./no/such/model/here", tmp_path / "x")
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(FileNotFoundError, match="no config.json"):
         resolve_pretrained(str(empty), tmp_path / "y")
+
+
+def test_new_weights_change_config_json_and_same_weights_do_not(tmp_path, model_dir):
+    """Snakemake skips consumers of an input whose checksum is unchanged: config.json must follow the weights."""
+    stamped = json.loads((model_dir / "config.json").read_text())
+    assert stamped[WEIGHTS_DIGEST_KEY] == weights_digest(model_dir)
+    first = (model_dir / "config.json").read_bytes()
+    assert stamp_weights_digest(model_dir) == stamped[WEIGHTS_DIGEST_KEY]
+    assert (model_dir / "config.json").read_bytes() == first  # same weights: same bytes, nothing re-runs
+
+    copy = tmp_path / "retrained"
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    with torch.no_grad():
+        next(model.parameters()).add_(1e-3)
+    model.save_pretrained(copy)
+    stamp_weights_digest(copy)
+    assert (copy / "config.json").read_bytes() != first
+
+
+def test_weights_digest_refuses_a_folder_without_weights(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match="no weight files"):
+        stamp_weights_digest(tmp_path)

@@ -174,6 +174,24 @@ def test_a_changed_grpo_parameter_trains_grpo_again(completed, tmp_path):
     assert "resumed from" not in log, "the new configuration resumed the old run's final checkpoint"
 
 
+@pytest.mark.slow
+def test_a_model_retrained_by_a_partial_run_is_evaluated_again(completed, tmp_path):
+    """``--until sft`` stops before evaluation; the next plain run must still evaluate the new SFT model.
+
+    Snakemake (>= 9.18) skips the consumers of an input whose checksum is unchanged, and rules track
+    a model by its config.json: the file must change with the weights (agentrl.model.folder).
+    """
+    workdir = tmp_path / "run"
+    shutil.copytree(completed, workdir, symlinks=True)
+    override = tmp_path / "override.yaml"
+    override.write_text(yaml.safe_dump({"sft": {"lr": 1.0e-3}}))
+    configfiles = ("--configfile", str(workdir / "config.yaml"), str(override))
+    snakemake(workdir, *configfiles, "--until", "sft")
+    jobs = planned(workdir, *configfiles)
+    assert models_of(jobs, "evaluate") == {"sft", "rl"}
+    assert {"score_rl_pool", "grpo"} <= rules_of(jobs)
+
+
 # --------------------------------------------------------------------------- preemption
 def wait_for(predicate, timeout: float, what: str, process: subprocess.Popen) -> None:
     deadline = time.monotonic() + timeout

@@ -1,0 +1,51 @@
+"""Model folders as Snakemake tracks them: ``config.json`` carries a digest of the weights.
+
+Every rule that reads a model names its ``config.json`` as the input (a folder cannot be an input
+whose changes Snakemake sees). Since Snakemake 9.18 an input whose content checksum is unchanged
+does not re-run its consumers, even when it is newer than their outputs, and a retrained model's
+``config.json`` is byte-identical to the old one: after ``sft`` re-ran, ``evaluate`` for the SFT
+model was silently skipped. So each stage that writes model weights stamps ``config.json`` with
+the SHA-256 of its weight files (key :data:`WEIGHTS_DIGEST_KEY`). New weights give a new
+``config.json`` and every consumer re-runs; an unchanged model keeps its checksum. Transformers
+and vLLM load the key as an inert config attribute.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+WEIGHTS_DIGEST_KEY = "agentrl_weights_sha256"
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
+
+
+def weights_digest(folder: str | Path) -> str:
+    """SHA-256 over the weight files of ``folder``: each file's name, then its bytes, in name order."""
+    folder = Path(folder)
+    files = sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(WEIGHT_SUFFIXES))
+    if not files:
+        raise FileNotFoundError(f"{folder}: no weight files ({', '.join('*' + s for s in WEIGHT_SUFFIXES)})")
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.name.encode() + b"\0")
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 24), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def stamp_weights_digest(folder: str | Path) -> str:
+    """Write :func:`weights_digest` into ``folder/config.json`` (atomically) and return it."""
+    folder = Path(folder)
+    config_path = folder / "config.json"
+    try:
+        config = json.loads(config_path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{folder}: no config.json; is it a Hugging Face model folder?") from None
+    config[WEIGHTS_DIGEST_KEY] = weights_digest(folder)
+    tmp = config_path.with_name(config_path.name + ".tmp")
+    tmp.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, config_path)
+    return config[WEIGHTS_DIGEST_KEY]
