@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 
 import pytest
@@ -96,7 +97,7 @@ def test_final_answers_come_from_the_tool_output(dataset):
         if example.id.startswith("arith"):
             assert final.endswith(f"\\boxed{{{last_tool}}}")
         if example.id.startswith("choice"):
-            assert f"The value is {last_tool}," in final
+            assert f"The value is {last_tool} (" in final
         if example.id.startswith("program"):
             assert "```python\n" in final
 
@@ -108,3 +109,16 @@ def test_tool_call_arguments_are_json_objects_with_code(dataset):
                 assert call["function"]["name"] == "code_interpreter"
                 assert isinstance(call["function"]["arguments"]["code"], str)
                 json.dumps(call)
+
+
+def test_choice_options_end_in_distinct_number_tokens_and_name_their_letter_after_the_value(dataset):
+    """The letter follows its value (``-26 (A)``) and no two options share their last two-digit chunk."""
+    for problem in dataset.eval_sets["choice"] + [p for p in dataset.rl_pool if p.data_source == "embedded-choice"]:
+        content = problem.prompt[0]["content"]
+        expression = content.split("Which option equals ")[1].split("?")[0]
+        lines = content.split("?\n")[1].split("\nUse the code tool")[0]
+        letters = embedded.option_letters(lines)
+        assert sorted(letters.values()) == ["A", "B", "C", "D"], content
+        assert letters[str(eval(expression))] == problem.ground_truth
+        last_chunks = {re.findall(r"\d{1,2}", value)[-1] for value in letters}
+        assert len(last_chunks) == 4, f"{problem.id}: options {list(letters)} share a last number token"

@@ -6,7 +6,9 @@
   every digit must be copied exactly twice (problem -> code, tool output -> answer): a tiny
   model copies a few digits reliably, and a 30-digit copy almost never.
 - ``choice`` (like GPQA): four lettered options, one of them the value of such an
-  expression, the others wrong in the leading digit; the answer is the letter.
+  expression, the others off by 1-9; the answer is the letter. Each option line gives the value
+  first and its letter after it (``-26 (A)``), and the solver answers ``The value is -26 (A).``:
+  finding the letter is then the same "what followed this number" lookup the model copies with.
 - ``program`` (like LiveCodeBench): a small stdin/stdout task from a set of templates of
   growing length; the answer is a fenced python program graded on hidden test cases.
 
@@ -56,22 +58,26 @@ def _arith_expression(rng: random.Random, level: int) -> str:
 
 
 def _distractors(rng: random.Random, value: int) -> list[int]:
-    """Three wrong options of the same sign and number of digits as ``value`` whose leading digit differs.
+    """Three wrong options, ``value`` plus offsets in -9..-1 or 1..9 whose last digits all differ.
 
-    Guessing stays at chance without the tool (the model cannot compute the value), and with the
-    tool output in context, telling the options apart needs its leading digit, not all of them.
+    Guessing stays at chance without the tool (the model cannot compute the value to the unit).
+    The four options end in four different digits, so each ends in a different number token
+    (numbers are read in two-digit chunks): with the tool output in context, the option that
+    follows the value is found by its last token, the same lookup that copying uses. (Distractors that
+    differed in the leading digit kept a 1.5 M-parameter model at chance: it had to find the
+    option *before* a matching number, a two-hop lookup it never learned.)
     """
-    out: set[int] = set()
-    magnitude = abs(value)
-    width = len(str(magnitude))
-    place = 10 ** (width - 1)
-    leading = magnitude // place
-    choices = [d for d in range(1 if width > 1 else 0, 10) if d != leading]
-    while len(out) < 3:
-        candidate = (rng.choice(choices) * place + magnitude % place) * (-1 if value < 0 else 1)
-        if candidate != value:
-            out.add(candidate)
-    return sorted(out)
+    residues = rng.sample(range(1, 10), 3)  # distinct nonzero changes of the last digit
+    return sorted(value + (r if rng.random() < 0.5 else r - 10) for r in residues)
+
+
+def option_letters(options: str) -> dict[str, str]:
+    """``"-26 (A)\\n-27 (B)"`` -> ``{"-26": "A", "-27": "B"}``: each option's value and its letter."""
+    out = {}
+    for line in options.splitlines():
+        value, _, letter = line.rpartition(" (")
+        out[value] = letter.rstrip(")")
+    return out
 
 
 # --------------------------------------------------------------------------- programs
@@ -150,7 +156,7 @@ def _draft(family: str, rng: random.Random) -> _Draft:
         value = eval(expression)
         options = _distractors(rng, value) + [value]
         rng.shuffle(options)
-        lines = "\n".join(f"{LETTERS[i]}) {v}" for i, v in enumerate(options))
+        lines = "\n".join(f"{v} ({LETTERS[i]})" for i, v in enumerate(options))
         answer = LETTERS[options.index(value)]
         return _Draft(family, f"{expression}|{lines}", {"expression": expression, "options": lines}, answer, level)
     if family == "program":
@@ -244,11 +250,10 @@ class ScriptedSolver:
             messages.append({"role": "assistant", "content": f"The result is {value}.\n\\boxed{{{value}}}"})
         elif draft.family == "choice":
             value = self._compute(messages, draft.fields["expression"])
-            options = dict(line.split(") ", 1) for line in draft.fields["options"].splitlines())
-            letter = next((k for k, v in options.items() if v == value), None)
+            letter = option_letters(draft.fields["options"]).get(value)
             if letter is None:
                 raise RuntimeError(f"{problem.id}: the tool printed {value!r}, which is none of the options")
-            messages.append({"role": "assistant", "content": f"The value is {value}, option {letter}.\n\\boxed{{{letter}}}"})
+            messages.append({"role": "assistant", "content": f"The value is {value} ({letter}).\n\\boxed{{{letter}}}"})
         else:
             self._program(messages, problem)
         return messages

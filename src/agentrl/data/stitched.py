@@ -45,7 +45,7 @@ import ast
 import random
 from collections.abc import Callable
 
-from agentrl.data.embedded import PROGRAM_TEMPLATES, _call, _Draft, _last_line, _with_stdin
+from agentrl.data.embedded import PROGRAM_TEMPLATES, _call, _Draft, _last_line, _with_stdin, option_letters
 from agentrl.data.records import Message, Problem
 
 # Operators a hand evaluation writes out (the embedded generator uses +, - and *).
@@ -133,12 +133,11 @@ class StitchedSolver:
                 pre_written = f"{worked} The result is {value}. Let me check it with the tool."
                 conclusion = f"The result is {value}.\n\\boxed{{{value}}}"
             else:
-                options = dict(line.split(") ", 1) for line in draft.fields["options"].splitlines())
-                letter = next((k for k, v in options.items() if v == str(value)), None)
+                letter = option_letters(draft.fields["options"]).get(str(value))
                 if letter is None or letter != draft.answer:
                     raise RuntimeError(f"{problem.id}: the hand value {value} is not option {draft.answer}")
                 pre_written = f"{worked} That is option {letter}. Let me check it with the tool."
-                conclusion = f"The value is {value}, option {letter}.\n\\boxed{{{letter}}}"
+                conclusion = f"The value is {value} ({letter}).\n\\boxed{{{letter}}}"
             self._spliced(messages, pre_written, code, conclusion)
         elif draft.family == "program":
             template = next(t for t in PROGRAM_TEMPLATES if t.name == problem.extra["template"])
