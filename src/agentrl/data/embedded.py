@@ -7,8 +7,9 @@
   model copies a few digits reliably, and a 30-digit copy almost never.
 - ``choice`` (like GPQA): four lettered options, one of them the value of such an
   expression, the others off by 1-9; the answer is the letter. Each option line gives the value
-  first and its letter after it (``-26 (A)``), and the solver answers ``The value is -26 (A).``:
-  finding the letter is then the same "what followed this number" lookup the model copies with.
+  first and its letter after it (``-26 (A)``), and the solver answers ``The value is -26 (A).``,
+  so that finding the letter is a "what followed this number" lookup. Measured: the embedded SFT
+  model still picks the letter at chance, as with letter-first options; choice is the hard family.
 - ``program`` (like LiveCodeBench): a small stdin/stdout task from a set of templates of
   growing length; the answer is a fenced python program graded on hidden test cases.
 
@@ -63,9 +64,9 @@ def _distractors(rng: random.Random, value: int) -> list[int]:
     Guessing stays at chance without the tool (the model cannot compute the value to the unit).
     The four options end in four different digits, so each ends in a different number token
     (numbers are read in two-digit chunks): with the tool output in context, the option that
-    follows the value is found by its last token, the same lookup that copying uses. (Distractors that
-    differed in the leading digit kept a 1.5 M-parameter model at chance: it had to find the
-    option *before* a matching number, a two-hop lookup it never learned.)
+    follows the value can be found by its last token. (The 1.5 M-parameter SFT model stays at
+    chance on the letter all the same, as it did with letter-first options whose distractors
+    differed in the leading digit.)
     """
     residues = rng.sample(range(1, 10), 3)  # distinct nonzero changes of the last digit
     return sorted(value + (r if rng.random() < 0.5 else r - 10) for r in residues)
