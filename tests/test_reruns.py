@@ -152,7 +152,7 @@ def test_forcerun_evaluate_replans_evaluation_and_its_consumers_only(completed):
     ({"filter": {"k": 2}}, {"score_rl_pool", "select_rl_data", "grpo"}, {"rl"}),
     # SFT: the SFT model and everything built on it, not the data or the base model
     ({"sft": {"lr": 1.0e-3}}, {"sft", "score_rl_pool", "select_rl_data", "grpo"}, {"sft", "rl"}),
-    ({"grpo": {"lr": 1.0e-4}}, {"grpo"}, {"rl"}),
+    ({"grpo": {"lr": 5.0e-5}}, {"grpo"}, {"rl"}),
 ], ids=["filter.high", "filter.k", "sft.lr", "grpo.lr"])
 def test_a_changed_parameter_reruns_only_what_it_feeds(completed, tmp_path, overlay, reruns, evaluated_models):
     override = tmp_path / "override.yaml"
@@ -168,7 +168,7 @@ def test_a_changed_grpo_parameter_trains_grpo_again(completed, tmp_path):
     workdir = tmp_path / "run"
     shutil.copytree(completed, workdir, symlinks=True)  # the shared finished run stays as it is
     override = tmp_path / "override.yaml"
-    override.write_text(yaml.safe_dump({"grpo": {"lr": 1.0e-4}}))
+    override.write_text(yaml.safe_dump({"grpo": {"lr": 5.0e-5}}))
     snakemake(workdir, "--configfile", str(workdir / "config.yaml"), str(override), "--until", "grpo")
     log = (workdir / "results" / "logs" / "grpo.log").read_text()
     assert "resumed from" not in log, "the new configuration resumed the old run's final checkpoint"
