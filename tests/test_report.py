@@ -103,10 +103,14 @@ def test_report_renders_tables_and_plots(run_dir):
     assert sorted(paper["avg@n"]) == sorted(v["aime2024"] for v in PAPER_TABLE2.values()) == [17.9, 72.6]
 
     md = out["md"].read_text()
-    assert "| model | aime2024 | arith |" in md
+    assert "| model | aime2024 | arith | mean |" in md
     rl_aime = ours[(ours["model"] == "rl") & (ours["benchmark"] == "aime2024")].iloc[0]
+    rl_arith = ours[(ours["model"] == "rl") & (ours["benchmark"] == "arith")].iloc[0]
+    rl_mean = (rl_aime["avg@n"] + rl_arith["avg@n"]) / 2
     assert f"| rl | {rl_aime['avg@n']:.1f} [{rl_aime['avg@n_ci_low']:.1f}, {rl_aime['avg@n_ci_high']:.1f}] |" in md
-    assert "| *DemyAgent-4B (paper; our rl)* | 72.6 | - |" in md
+    rl_line = next(line for line in md.splitlines() if line.startswith("| rl |"))
+    assert rl_line.endswith(f"] | {rl_mean:.1f} |")
+    assert "| *DemyAgent-4B (paper; our rl)* | 72.6 | - | - |" in md  # no mean over a missing benchmark
     assert "| scored | 9 | 3 | 3 | 3 |" in md and "| selected | 7 | 2 | 3 | 2 |" in md
     for name in ("accuracy_by_stage.png", "reasoning_modes.png", "training_sft.png", "training_rl.png"):
         assert f"]({name})" in md

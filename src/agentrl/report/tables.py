@@ -110,8 +110,10 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 def headline_markdown(frame: pd.DataFrame) -> str:
-    """Models (ours, then the paper's) x benchmarks, avg@n in percent with our 95 % interval."""
+    """Models (ours, then the paper's) x benchmarks, avg@n in percent with our 95 % interval, and
+    with several benchmarks their unweighted mean (``-`` for a model missing one)."""
     benchmarks = list(dict.fromkeys(frame["benchmark"]))
+    with_mean = len(benchmarks) > 1
     rows = []
     for (source, model), group in frame.groupby(["source", "model"], sort=False):
         by_bench = {r["benchmark"]: r for r in group.to_dict("records")}
@@ -124,8 +126,11 @@ def headline_markdown(frame: pd.DataFrame) -> str:
                 cells.append(f"{r['avg@n']:.1f} [{r['avg@n_ci_low']:.1f}, {r['avg@n_ci_high']:.1f}]")
             else:
                 cells.append(f"{r['avg@n']:.1f}")
+        if with_mean:
+            complete = all(b in by_bench for b in benchmarks)
+            cells.append(f"{sum(by_bench[b]['avg@n'] for b in benchmarks) / len(benchmarks):.1f}" if complete else "-")
         rows.append([model if source == "ours" else f"*{model}*", *cells])
-    return markdown_table(["model", *benchmarks], rows)
+    return markdown_table(["model", *benchmarks, *(["mean"] if with_mean else [])], rows)
 
 
 DETAIL_COLUMNS = (
