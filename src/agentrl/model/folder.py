@@ -18,7 +18,9 @@ import os
 from pathlib import Path
 
 WEIGHTS_DIGEST_KEY = "agentrl_weights_sha256"
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
+# Hugging Face weight files only: a GRPO checkpoint folder also holds DeepSpeed states (*.pt),
+# which are not the model and can be many times its size.
+WEIGHT_SUFFIXES = (".safetensors", ".bin")
 
 
 def weights_digest(folder: str | Path) -> str:
