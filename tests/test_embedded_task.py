@@ -97,7 +97,9 @@ def test_final_answers_come_from_the_tool_output(dataset):
         if example.id.startswith("arith"):
             assert final.endswith(f"\\boxed{{{last_tool}}}")
         if example.id.startswith("choice"):
-            assert f"The value is {last_tool} (" in final
+            # The tool printed the list of matching letters; the answer boxes that one letter.
+            assert re.fullmatch(r"\['[ABCD]'\]", last_tool), example.id
+            assert final.endswith(f"\\boxed{{{last_tool[2]}}}")
         if example.id.startswith("program"):
             assert "```python\n" in final
 
@@ -111,14 +113,25 @@ def test_tool_call_arguments_are_json_objects_with_code(dataset):
                 json.dumps(call)
 
 
-def test_choice_options_end_in_distinct_number_tokens_and_name_their_letter_after_the_value(dataset):
-    """The letter follows its value (``-26 (A)``) and no two options share their last two-digit chunk."""
+def test_choice_options_are_distinct_near_misses_and_valid_inside_dict(dataset):
+    """``A=-26, B=-21, ...``: four different values within 9 of the answer, and the line is the
+    keyword arguments of ``dict(...)`` (the solver's code copies it verbatim)."""
     for problem in dataset.eval_sets["choice"] + [p for p in dataset.rl_pool if p.data_source == "embedded-choice"]:
         content = problem.prompt[0]["content"]
         expression = content.split("Which option equals ")[1].split("?")[0]
-        lines = content.split("?\n")[1].split("\nUse the code tool")[0]
-        letters = embedded.option_letters(lines)
-        assert sorted(letters.values()) == ["A", "B", "C", "D"], content
-        assert letters[str(eval(expression))] == problem.ground_truth
-        last_chunks = {re.findall(r"\d{1,2}", value)[-1] for value in letters}
-        assert len(last_chunks) == 4, f"{problem.id}: options {list(letters)} share a last number token"
+        line = content.split("?\n")[1].split("\nUse the code tool")[0]
+        options = eval(f"dict({line})")
+        assert list(options) == ["A", "B", "C", "D"], content
+        value = eval(expression)
+        assert [k for k in options if options[k] == value] == [problem.ground_truth]
+        assert len(set(options.values())) == 4 and all(abs(v - value) <= 9 for v in options.values())
+        assert embedded.option_letters(line) == {str(v): k for k, v in options.items()}
+
+
+def test_option_letters_names_the_malformed_option():
+    with pytest.raises(ValueError, match="'E=3'"):
+        embedded.option_letters("A=1, E=3")
+    with pytest.raises(ValueError, match="'B: 2'"):
+        embedded.option_letters("A=1, B: 2")
+
+

@@ -52,16 +52,30 @@ def _tool_outputs(example):
     return [m["content"] for m in example.messages if m["role"] == "tool"]
 
 
+def _choice_letter(prompt):
+    line = prompt.split("?\n")[1].split("\nUse the code tool")[0]
+    options = eval(f"dict({line})")
+    value = eval(prompt.split("Which option equals ")[1].split("?")[0])
+    return next(k for k in options if options[k] == value)
+
+
 def _answer_marker(example):
-    """What gives the answer away, read off the compact prompt: the expression's value (arith,
-    choice) or the example's expected output (program)."""
+    """What gives the answer away in the text, read off the compact prompt: the expression's value
+    (arith), "option <letter>" (choice) or the example's expected output (program)."""
     prompt = example.messages[0]["content"]
     family = example.id.split("-")[0]
     if family == "arith":
         return str(eval(prompt.split("Compute ")[1].split(". Use")[0]))
     if family == "choice":
-        return str(eval(prompt.split("Which option equals ")[1].split("?")[0]))
+        return f"option {_choice_letter(prompt)}"
     return prompt.split("Example output:\n")[1].split("\nTest it")[0]
+
+
+def _printed_answer(example):
+    """What a successful call prints: the marker, or for choice the list of matching letters."""
+    if example.id.startswith("choice"):
+        return str([_choice_letter(example.messages[0]["content"])])
+    return _answer_marker(example)
 
 
 def _last_line(text):
@@ -127,14 +141,14 @@ def test_real_trajectories_never_state_the_answer_before_the_tool_printed_it(pai
         last_tool = max(i for i, m in enumerate(example.messages) if m["role"] == "tool")
         before = [m["content"] for m in example.messages[1:last_tool] if m["role"] == "assistant"]
         assert not any(marker in text for text in before), example.id
-        assert _last_line(example.messages[last_tool]["content"]) == marker, example.id
+        assert _last_line(example.messages[last_tool]["content"]) == _printed_answer(example), example.id
 
 
 def test_after_a_failed_call_the_text_goes_on_as_pre_written(pair):
     real, stitched = pair
     contradicted = []
     for r, s in zip(real.sft, stitched.sft):
-        if _last_line(_tool_outputs(s)[0]) != _answer_marker(s):
+        if _last_line(_tool_outputs(s)[0]) != _printed_answer(s):
             contradicted.append(s.id)
             # The output did not show the answer, yet the text goes on to the pre-written
             # conclusion (the real data's final turn, reached there only after a recovery).

@@ -6,10 +6,14 @@
   every digit must be copied exactly twice (problem -> code, tool output -> answer): a tiny
   model copies a few digits reliably, and a 30-digit copy almost never.
 - ``choice`` (like GPQA): four lettered options, one of them the value of such an
-  expression, the others off by 1-9; the answer is the letter. Each option line gives the value
-  first and its letter after it (``-26 (A)``), and the solver answers ``The value is -26 (A).``,
-  so that finding the letter is a "what followed this number" lookup. Measured: the embedded SFT
-  model still picks the letter at chance, as with letter-first options; choice is the hard family.
+  expression, the others off by 1-9; the answer is the letter. The options are written
+  ``A=-26, B=-21, C=-29, D=-24``, and the solver picks the letter *with the tool*: it copies the
+  options and the expression into ``options = dict(A=-26, ...)`` and
+  ``print([k for k in options if options[k] == <expression>])``, then boxes the letter the tool
+  printed. Every step is then a copy the tiny model can learn (problem -> code, tool output ->
+  answer), as in ``arith``. Measured: with the letter looked up in the prompt by the model itself
+  (``The value is -26 (A).``, options ``-26 (A)``, or letter-first ones) the 1.5 M-parameter SFT
+  model picked the letter at chance, after 14 epochs, however well it computed the value.
 - ``program`` (like LiveCodeBench): a small stdin/stdout task from a set of templates of
   growing length; the answer is a fenced python program graded on hidden test cases.
 
@@ -61,24 +65,34 @@ def _arith_expression(rng: random.Random, level: int) -> str:
 def _distractors(rng: random.Random, value: int) -> list[int]:
     """Three wrong options, ``value`` plus offsets in -9..-1 or 1..9 whose last digits all differ.
 
-    Guessing stays at chance without the tool (the model cannot compute the value to the unit).
-    The four options end in four different digits, so each ends in a different number token
-    (numbers are read in two-digit chunks): with the tool output in context, the option that
-    follows the value can be found by its last token. (The 1.5 M-parameter SFT model stays at
-    chance on the letter all the same, as it did with letter-first options whose distractors
-    differed in the leading digit.)
+    Guessing stays at chance without the tool: the model cannot compute the value to the unit.
     """
     residues = rng.sample(range(1, 10), 3)  # distinct nonzero changes of the last digit
     return sorted(value + (r if rng.random() < 0.5 else r - 10) for r in residues)
 
 
+def options_text(values: list[int]) -> str:
+    """``[-26, -21]`` -> ``"A=-26, B=-21"``: the options as the prompt shows them.
+
+    The same text is valid inside ``dict(...)``, so the solver's code copies it verbatim.
+    """
+    return ", ".join(f"{LETTERS[i]}={v}" for i, v in enumerate(values))
+
+
 def option_letters(options: str) -> dict[str, str]:
-    """``"-26 (A)\\n-27 (B)"`` -> ``{"-26": "A", "-27": "B"}``: each option's value and its letter."""
+    """``"A=-26, B=-27"`` -> ``{"-26": "A", "-27": "B"}``: each option's value and its letter."""
     out = {}
-    for line in options.splitlines():
-        value, _, letter = line.rpartition(" (")
-        out[value] = letter.rstrip(")")
+    for item in options.split(", "):
+        letter, sep, value = item.partition("=")
+        if not sep or letter not in LETTERS or not value.lstrip("-").isdigit():
+            raise ValueError(f"option {item!r} of {options!r} is not LETTER=INTEGER")
+        out[value] = letter
     return out
+
+
+def choice_code(options: str, expression: str) -> tuple[str, str]:
+    """The options line, and the expression that lists the letters whose option equals the value."""
+    return f"options = dict({options})", f"[k for k in options if options[k] == {expression}]"
 
 
 # --------------------------------------------------------------------------- programs
@@ -157,7 +171,7 @@ def _draft(family: str, rng: random.Random) -> _Draft:
         value = eval(expression)
         options = _distractors(rng, value) + [value]
         rng.shuffle(options)
-        lines = "\n".join(f"{v} ({LETTERS[i]})" for i, v in enumerate(options))
+        lines = options_text(options)
         answer = LETTERS[options.index(value)]
         return _Draft(family, f"{expression}|{lines}", {"expression": expression, "options": lines}, answer, level)
     if family == "program":
@@ -206,6 +220,11 @@ def _problem(draft: _Draft, split: str, index: int, style: str, case_outputs: li
 
 
 # --------------------------------------------------------------------------- the solver
+def choice_conclusion(letter: str) -> str:
+    """The last turn of a choice trajectory (real and stitched alike)."""
+    return f"Option {letter} matches.\n\\boxed{{{letter}}}"
+
+
 def _call(code: str, content: str) -> Message:
     return {"role": "assistant", "content": content,
             "tool_calls": [{"type": "function", "function": {"name": "code_interpreter", "arguments": {"code": code}}}]}
@@ -229,12 +248,14 @@ class ScriptedSolver:
         messages += [_call(code, content), {"role": "tool", "content": output}]
         return output
 
-    def _compute(self, messages: list[Message], expression: str) -> str:
-        """Compute ``expression`` with the tool, maybe after a failed attempt; return the printed value."""
+    def _compute(self, messages: list[Message], expression: str, setup: str = "") -> str:
+        """Print ``expression`` with the tool after the ``setup`` lines, maybe after a failed attempt;
+        return the last line the tool printed."""
+        prefix = f"{setup}\n" if setup else ""
         intro = "Let me compute it with the tool."
         if self.rng.random() < self.failed_attempt_share:
             broken = f"prnt({expression})" if self.rng.random() < 0.5 else f"result = {expression}"
-            output = self._tool_turn(messages, broken, intro)
+            output = self._tool_turn(messages, prefix + broken, intro)
             # The reply reads the real output: what the tool showed decides what the solver says.
             if not output.strip():
                 intro = "The code printed nothing. Let me print the result."
@@ -242,7 +263,7 @@ class ScriptedSolver:
                 intro = "The code failed. Let me fix it."
             else:
                 intro = f"It printed {_last_line(output)}. Let me check it once more."
-        return _last_line(self._tool_turn(messages, f"print({expression})", intro))
+        return _last_line(self._tool_turn(messages, f"{prefix}print({expression})", intro))
 
     def solve(self, problem: Problem, draft: _Draft) -> list[Message]:
         messages: list[Message] = [dict(problem.prompt[0])]
@@ -250,11 +271,11 @@ class ScriptedSolver:
             value = self._compute(messages, draft.fields["expression"])
             messages.append({"role": "assistant", "content": f"The result is {value}.\n\\boxed{{{value}}}"})
         elif draft.family == "choice":
-            value = self._compute(messages, draft.fields["expression"])
-            letter = option_letters(draft.fields["options"]).get(value)
-            if letter is None:
-                raise RuntimeError(f"{problem.id}: the tool printed {value!r}, which is none of the options")
-            messages.append({"role": "assistant", "content": f"The value is {value} ({letter}).\n\\boxed{{{letter}}}"})
+            setup, matches = choice_code(draft.fields["options"], draft.fields["expression"])
+            printed = self._compute(messages, matches, setup)
+            if printed != f"[{draft.answer!r}]":
+                raise RuntimeError(f"{problem.id}: the tool printed {printed!r}, not the letter [{draft.answer!r}]")
+            messages.append({"role": "assistant", "content": choice_conclusion(draft.answer)})
         else:
             self._program(messages, problem)
         return messages

@@ -20,7 +20,8 @@ problems (same seed, same drafts, same prompts), in three steps:
    relate, not in the answers the SFT data teaches.
 2. **Pick the insertion point**: after the worked text, before the conclusion.
 3. **Splice in one tool call and its output.** The code is what the real generator runs for
-   this problem at that point (``print(expression)``, or the program on the example input),
+   this problem at that point (``print(expression)``; for choice, the options dict and the
+   letters matching the expression; or the program on the example input),
    including its failed first attempts: the same random draws as the real generator (share
    ``failed_attempt_share``) replace the call by the real generator's broken attempt (a
    ``NameError``, an assignment that prints nothing, or the template's buggy program). The
@@ -45,7 +46,8 @@ import ast
 import random
 from collections.abc import Callable
 
-from agentrl.data.embedded import PROGRAM_TEMPLATES, _call, _Draft, _last_line, _with_stdin, option_letters
+from agentrl.data.embedded import (PROGRAM_TEMPLATES, _call, _Draft, _last_line, _with_stdin, choice_code,
+                                   choice_conclusion, option_letters)
 from agentrl.data.records import Message, Problem
 
 # Operators a hand evaluation writes out (the embedded generator uses +, - and *).
@@ -115,19 +117,20 @@ class StitchedSolver:
         messages += [_call(code, pre_written), {"role": "tool", "content": output},
                      {"role": "assistant", "content": conclusion}]
 
-    def _expression_code(self, expression: str) -> str:
-        """The code the real generator runs first: print(expression), or its broken attempt."""
+    def _expression_code(self, expression: str, setup: str = "") -> str:
+        """The code the real generator runs first: print(expression) after ``setup``, or its broken attempt."""
+        prefix = f"{setup}\n" if setup else ""
         if self.rng.random() < self.failed_attempt_share:
-            return f"prnt({expression})" if self.rng.random() < 0.5 else f"result = {expression}"
-        return f"print({expression})"
+            return prefix + (f"prnt({expression})" if self.rng.random() < 0.5 else f"result = {expression}")
+        return f"{prefix}print({expression})"
 
     def solve(self, problem: Problem, draft: _Draft) -> list[Message]:
         messages: list[Message] = [dict(problem.prompt[0])]
         if draft.family in ("arith", "choice"):
             expression = draft.fields["expression"]
             worked, value = _worked_text(expression)
-            code = self._expression_code(expression)
             if draft.family == "arith":
+                code = self._expression_code(expression)
                 if str(value) != draft.answer:
                     raise RuntimeError(f"{problem.id}: hand evaluation of {expression!r} gave {value}, not {draft.answer}")
                 pre_written = f"{worked} The result is {value}. Let me check it with the tool."
@@ -136,8 +139,10 @@ class StitchedSolver:
                 letter = option_letters(draft.fields["options"]).get(str(value))
                 if letter is None or letter != draft.answer:
                     raise RuntimeError(f"{problem.id}: the hand value {value} is not option {draft.answer}")
+                setup, matches = choice_code(draft.fields["options"], expression)
+                code = self._expression_code(matches, setup)
                 pre_written = f"{worked} That is option {letter}. Let me check it with the tool."
-                conclusion = f"The value is {value} ({letter}).\n\\boxed{{{letter}}}"
+                conclusion = choice_conclusion(letter)
             self._spliced(messages, pre_written, code, conclusion)
         elif draft.family == "program":
             template = next(t for t in PROGRAM_TEMPLATES if t.name == problem.extra["template"])
