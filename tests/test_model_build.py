@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from agentrl.config import load_config
 from agentrl.data.prompts import CODE_INTERPRETER_TOOL
 from agentrl.model.build import count_parameters, resolve_pretrained, save_embedded_model
-from agentrl.model.folder import WEIGHTS_DIGEST_KEY, stamp_weights_digest, weights_digest
+from agentrl.model.folder import MODEL_DIGEST_KEY, model_digest, stamp_model_digest
 
 CONVERSATION = [
     {"role": "user", "content": "Compute 4821 * 37 - 9156."},
@@ -97,7 +97,7 @@ def test_local_folder_is_linked_and_bad_names_are_refused(tmp_path, model_dir):
     assert (out / "model.safetensors").is_symlink()
     assert (out / "model.safetensors").resolve() == (model_dir / "model.safetensors").resolve()
     assert not (out / "config.json").is_symlink()
-    assert json.loads((out / "config.json").read_text())[WEIGHTS_DIGEST_KEY] == weights_digest(model_dir)
+    assert json.loads((out / "config.json").read_text())[MODEL_DIGEST_KEY] == model_digest(model_dir)
     assert AutoModelForCausalLM.from_pretrained(out) is not None
     resolve_pretrained(str(model_dir), out)  # a re-run replaces the folder it made
     with pytest.raises(FileNotFoundError, match="neither an existing folder nor a hub id"):
@@ -111,9 +111,9 @@ def test_local_folder_is_linked_and_bad_names_are_refused(tmp_path, model_dir):
 def test_new_weights_change_config_json_and_same_weights_do_not(tmp_path, model_dir):
     """Snakemake skips consumers of an input whose checksum is unchanged: config.json must follow the weights."""
     stamped = json.loads((model_dir / "config.json").read_text())
-    assert stamped[WEIGHTS_DIGEST_KEY] == weights_digest(model_dir)
+    assert stamped[MODEL_DIGEST_KEY] == model_digest(model_dir)
     first = (model_dir / "config.json").read_bytes()
-    assert stamp_weights_digest(model_dir) == stamped[WEIGHTS_DIGEST_KEY]
+    assert stamp_model_digest(model_dir) == stamped[MODEL_DIGEST_KEY]
     assert (model_dir / "config.json").read_bytes() == first  # same weights: same bytes, nothing re-runs
 
     copy = tmp_path / "retrained"
@@ -121,11 +121,27 @@ def test_new_weights_change_config_json_and_same_weights_do_not(tmp_path, model_
     with torch.no_grad():
         next(model.parameters()).add_(1e-3)
     model.save_pretrained(copy)
-    stamp_weights_digest(copy)
+    stamp_model_digest(copy)
     assert (copy / "config.json").read_bytes() != first
 
 
-def test_weights_digest_refuses_a_folder_without_weights(tmp_path):
+def test_a_new_tokenizer_changes_config_json_and_other_files_do_not(tmp_path, model_dir):
+    """The embedded base model's weights depend on the seed only; new data means a new tokenizer."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(model_dir, copy)
+    before = stamp_model_digest(copy)
+    (copy / "global_step3.pt").write_bytes(b"deepspeed state")  # checkpoint folders hold these
+    (copy / "README.md").write_text("notes")
+    assert stamp_model_digest(copy) == before
+    tokenizer = json.loads((copy / "tokenizer.json").read_text())
+    tokenizer["added_tokens"] = tokenizer["added_tokens"][:-1]
+    (copy / "tokenizer.json").write_text(json.dumps(tokenizer))
+    assert stamp_model_digest(copy) != before
+
+
+def test_model_digest_refuses_a_folder_without_weights(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(FileNotFoundError, match="no weight files"):
-        stamp_weights_digest(tmp_path)
+        stamp_model_digest(tmp_path)

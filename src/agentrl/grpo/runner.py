@@ -38,7 +38,7 @@ from agentrl.grpo.prompts import PromptSampler
 from agentrl.grpo.trainer import Components, GrpoStep
 from agentrl.grpo.validation import EvalSet, limit_problems, validate
 from agentrl.grpo.variants import AlgorithmSettings, resolve_algorithm
-from agentrl.model.folder import stamp_weights_digest
+from agentrl.model.folder import stamp_model_digest
 from agentrl.training import deepspeed_engine as dse
 
 log = logging.getLogger("agentrl.grpo")
@@ -202,7 +202,7 @@ def export_policy(model, tokenizer, folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(folder))
     tokenizer.save_pretrained(str(folder))
-    stamp_weights_digest(folder)
+    stamp_model_digest(folder)
 
 
 def train(cfg: Config, paths: GrpoPaths) -> int:

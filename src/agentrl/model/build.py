@@ -17,7 +17,7 @@ Over a 100-token alphabet the lookup is nearly unambiguous and the same model le
 
 Presets: ``model.base`` is a hub id (downloaded with ``huggingface_hub.snapshot_download`` when
 the rule runs, never at DAG-build time) or a local folder (its files linked, its config.json
-copied and stamped with the weights' digest: :mod:`agentrl.model.folder`).
+copied and stamped with the model's digest: :mod:`agentrl.model.folder`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_token
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from agentrl.config import EmbeddedModelConfig
-from agentrl.model.folder import stamp_weights_digest
+from agentrl.model.folder import stamp_model_digest
 
 CHAT_TEMPLATE = (Path(__file__).parent / "chat_template.jinja").read_text(encoding="utf-8")
 PAD_TOKEN = "<|endoftext|>"
@@ -110,7 +110,7 @@ def save_embedded_model(corpus: Iterable[str], cfg: EmbeddedModelConfig, seed: i
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    stamp_weights_digest(tmp)
+    stamp_model_digest(tmp)
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)
     return out_dir
@@ -120,7 +120,7 @@ def resolve_pretrained(base: str, out_dir: str | Path) -> Path:
     """Make ``out_dir`` hold the model named by ``base`` (a local folder or a hub id).
 
     A local folder is not copied: ``out_dir`` gets a symlink to each of its entries, except
-    ``config.json``, which is copied and stamped with the weights' digest
+    ``config.json``, which is copied and stamped with the model's digest
     (:mod:`agentrl.model.folder`), so that pointing ``model.base`` at another checkpoint of the
     same architecture re-runs what reads the base model. The user's folder is never written to.
     """
@@ -143,7 +143,7 @@ def resolve_pretrained(base: str, out_dir: str | Path) -> Path:
                 shutil.copyfile(entry, tmp / entry.name)
             else:
                 os.symlink(entry, tmp / entry.name, target_is_directory=entry.is_dir())
-        stamp_weights_digest(tmp)
+        stamp_model_digest(tmp)
         tmp.rename(out_dir)
         return out_dir
     if base.count("/") != 1 or base.startswith((".", "/")):
@@ -151,7 +151,7 @@ def resolve_pretrained(base: str, out_dir: str | Path) -> Path:
     from huggingface_hub import snapshot_download  # only needed when a hub model is asked for
 
     snapshot_download(repo_id=base, local_dir=str(out_dir))
-    stamp_weights_digest(out_dir)
+    stamp_model_digest(out_dir)
     return out_dir
 
 

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from agentrl.model.folder import stamp_weights_digest
+from agentrl.model.folder import stamp_model_digest
 
 log = logging.getLogger("agentrl.training")
 
@@ -356,7 +356,7 @@ def save_hf_model(engine, model: torch.nn.Module, tokenizer, out_dir: str | Path
             # no explicit state_dict: save_pretrained then sees tied weights and writes them once
             model.save_pretrained(tmp, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
-            stamp_weights_digest(tmp)
+            stamp_model_digest(tmp)
     if ctx.is_main:
         shutil.rmtree(out_dir, ignore_errors=True)
         tmp.rename(out_dir)
