@@ -133,5 +133,7 @@ def test_option_letters_names_the_malformed_option():
         embedded.option_letters("A=1, E=3")
     with pytest.raises(ValueError, match="'B: 2'"):
         embedded.option_letters("A=1, B: 2")
+    with pytest.raises(ValueError, match="'AB=3'"):
+        embedded.option_letters("A=1, AB=3")
 
 

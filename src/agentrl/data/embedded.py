@@ -84,7 +84,7 @@ def option_letters(options: str) -> dict[str, str]:
     out = {}
     for item in options.split(", "):
         letter, sep, value = item.partition("=")
-        if not sep or letter not in LETTERS or not value.lstrip("-").isdigit():
+        if not sep or letter not in tuple(LETTERS) or not value.lstrip("-").isdigit():
             raise ValueError(f"option {item!r} of {options!r} is not LETTER=INTEGER")
         out[value] = letter
     return out
