@@ -225,6 +225,11 @@ def choice_conclusion(letter: str) -> str:
     return f"Option {letter} matches.\n\\boxed{{{letter}}}"
 
 
+def broken_print(expression: str, rng: random.Random) -> str:
+    """A failed first attempt at printing ``expression``: a ``NameError`` or an assignment that prints nothing."""
+    return f"prnt({expression})" if rng.random() < 0.5 else f"result = {expression}"
+
+
 def _call(code: str, content: str) -> Message:
     return {"role": "assistant", "content": content,
             "tool_calls": [{"type": "function", "function": {"name": "code_interpreter", "arguments": {"code": code}}}]}
@@ -254,8 +259,7 @@ class ScriptedSolver:
         prefix = f"{setup}\n" if setup else ""
         intro = "Let me compute it with the tool."
         if self.rng.random() < self.failed_attempt_share:
-            broken = f"prnt({expression})" if self.rng.random() < 0.5 else f"result = {expression}"
-            output = self._tool_turn(messages, prefix + broken, intro)
+            output = self._tool_turn(messages, prefix + broken_print(expression, self.rng), intro)
             # The reply reads the real output: what the tool showed decides what the solver says.
             if not output.strip():
                 intro = "The code printed nothing. Let me print the result."

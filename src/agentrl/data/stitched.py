@@ -46,8 +46,8 @@ import ast
 import random
 from collections.abc import Callable
 
-from agentrl.data.embedded import (PROGRAM_TEMPLATES, _call, _Draft, _last_line, _with_stdin, choice_code,
-                                   choice_conclusion, option_letters)
+from agentrl.data.embedded import (PROGRAM_TEMPLATES, _call, _Draft, _last_line, _with_stdin, broken_print,
+                                   choice_code, choice_conclusion, option_letters)
 from agentrl.data.records import Message, Problem
 
 # Operators a hand evaluation writes out (the embedded generator uses +, - and *).
@@ -121,7 +121,7 @@ class StitchedSolver:
         """The code the real generator runs first: print(expression) after ``setup``, or its broken attempt."""
         prefix = f"{setup}\n" if setup else ""
         if self.rng.random() < self.failed_attempt_share:
-            return prefix + (f"prnt({expression})" if self.rng.random() < 0.5 else f"result = {expression}")
+            return prefix + broken_print(expression, self.rng)
         return f"{prefix}print({expression})"
 
     def solve(self, problem: Problem, draft: _Draft) -> list[Message]:
