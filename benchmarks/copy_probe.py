@@ -1,11 +1,14 @@
-"""How well a model copies each held-out problem's numbers into its code (teacher forced).
+"""How well a model copies each held-out problem's numbers into its code and its answer (teacher forced).
 
 The embedded families fail first at copying: the agent must write the problem's numbers into the
-code it sends to the tool. This renders, for each problem of an arith or choice eval set, the
-conversation the SFT data teaches (the prompt, then the tool call's code: ``print(<expression>)``
-for arith; ``options = dict(<options>)`` and the letters matching ``<expression>`` for choice)
-with the model's own chat template, and reads the model's probabilities for each copied span's
-tokens:
+code it sends to the tool, and the tool's output into its answer. This renders, for each problem
+of an arith or choice eval set, the conversation the SFT data teaches (the prompt; the tool
+call's code: ``print(<expression>)`` for arith, ``options = dict(<options>)`` and the letters
+matching ``<expression>`` for choice; the tool's true output; the final turn ``The result is
+<value>.\n\\boxed{<value>}`` or ``Option <letter> matches.\n\\boxed{<letter>}``) with the
+model's own chat template, and reads the model's probabilities for each copied span's tokens
+(``expression``, ``options``; ``stated``: the value or letter in the final sentence; ``boxed``:
+the one in the box):
 
 - per-token argmax accuracy and mean probability over the span's tokens;
 - P(whole span): the product over one span, averaged over problems - the chance that a sample at
@@ -27,7 +30,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from agentrl.data.embedded import choice_code
+from agentrl.data.embedded import choice_code, choice_conclusion
 from agentrl.data.prompts import CODE_INTERPRETER_TOOL
 from agentrl.data.records import read_problems
 
@@ -35,19 +38,26 @@ EXPRESSION = re.compile(r"(?:Compute|Which option equals) (.+?)[.?](?:\n| Use)")
 OPTIONS = re.compile(r"\?\n(A=.+)\n")
 LEAD_IN = "Let me compute it with the tool."
 # Stand-ins for the copied spans, so their token spans can be found after rendering.
-MARKERS = {"options": "\u2603", "expression": "\u2604"}
+MARKERS = {"options": "\u2603", "expression": "\u2604", "stated": "\u2605", "boxed": "\u2606"}
 
 
-def _spans(prompt: str) -> tuple[str, dict[str, str]]:
-    """The code with markers in place of the copied spans, and each span's true text."""
+def _spans(prompt: str) -> tuple[str, str, str, dict[str, str]]:
+    """The code and the final turn with markers in place of the copied spans, the tool's output,
+    and each span's true text."""
     expression = EXPRESSION.search(prompt)
     if expression is None:
         raise ValueError("no 'Compute ...' or 'Which option equals ...?'")
+    value = eval(expression.group(1))  # the embedded expressions are integer arithmetic
     options = OPTIONS.search(prompt) if prompt.startswith("Which option") else None
     if options is None:
-        return f"print({MARKERS['expression']})", {"expression": expression.group(1)}
+        final = f"The result is {MARKERS['stated']}.\n\\boxed{{{MARKERS['boxed']}}}"
+        return (f"print({MARKERS['expression']})", f"{value}\n", final,
+                {"expression": expression.group(1), "stated": str(value), "boxed": str(value)})
+    letter = next(k for k, v in eval(f"dict({options.group(1)})").items() if v == value)
     setup, matches = choice_code(MARKERS["options"], MARKERS["expression"])
-    return f"{setup}\nprint({matches})", {"options": options.group(1), "expression": expression.group(1)}
+    final = choice_conclusion(MARKERS["stated"]).replace(f"{{{MARKERS['stated']}}}", f"{{{MARKERS['boxed']}}}")
+    return (f"{setup}\nprint({matches})", f"{[letter]}\n", final,
+            {"options": options.group(1), "expression": expression.group(1), "stated": letter, "boxed": letter})
 
 
 def probe(model_dir: Path, problems_path: Path, limit: int | None) -> dict:
@@ -60,23 +70,29 @@ def probe(model_dir: Path, problems_path: Path, limit: int | None) -> dict:
     for problem in problems:
         prompt = problem.prompt[0]["content"]
         try:
-            code, spans = _spans(prompt)
+            code, tool_output, final, spans = _spans(prompt)
         except ValueError as error:
             raise SystemExit(f"{problems_path}: problem {problem.id}: {error}") from None
         messages = [{"role": "user", "content": prompt},
                     {"role": "assistant", "content": LEAD_IN, "tool_calls": [
-                        {"type": "function", "function": {"name": "code_interpreter", "arguments": {"code": code}}}]}]
+                        {"type": "function", "function": {"name": "code_interpreter", "arguments": {"code": code}}}]},
+                    {"role": "tool", "content": tool_output},
+                    {"role": "assistant", "content": final}]
         text = tokenizer.apply_chat_template(messages, tools=[CODE_INTERPRETER_TOOL], tokenize=False)
-        # Tokenize piece by piece in text order: the text between spans, then each span.
-        ids: list[int] = []
-        ranges: dict[str, tuple[int, int]] = {}
-        rest = text
+        # Put each span's true text in place of its marker, then tokenize the whole text as SFT
+        # does: a span's tokens are those whose characters overlap it (a letter after a space
+        # is one token with the space, " D", so spans cannot be tokenized on their own).
+        chars: dict[str, tuple[int, int]] = {}
         for name in sorted(spans, key=lambda n: text.index(MARKERS[n])):
-            before, rest = rest.split(MARKERS[name], 1)
-            ids += tokenizer(before, add_special_tokens=False).input_ids
-            span_ids = tokenizer(spans[name], add_special_tokens=False).input_ids
-            ranges[name] = (len(ids), len(ids) + len(span_ids))
-            ids += span_ids
+            start = text.index(MARKERS[name])
+            text = text[:start] + spans[name] + text[start + 1:]
+            chars[name] = (start, start + len(spans[name]))
+        encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids = encoding.input_ids
+        ranges: dict[str, tuple[int, int]] = {}
+        for name, (first, last) in chars.items():
+            inside = [i for i, (a, b) in enumerate(encoding.offset_mapping) if a < last and b > first]
+            ranges[name] = (inside[0], inside[-1] + 1)
         end = max(stop for _, stop in ranges.values())
         with torch.no_grad():
             logprobs = model(torch.tensor([ids[:end]])).logits[0].float().log_softmax(-1)
