@@ -28,9 +28,6 @@ problems (same seed, same drafts, same prompts), in three steps:
    code really runs in the project's code interpreter, so every output is the true output of
    its code.
 
-Problems the real data answers without the tool (``direct_answer_share``) are answered the same
-way here: :func:`agentrl.data.embedded.generate` writes those itself, for either writer.
-
 So a stitched trajectory states its answer *before* any tool output, and the text after the
 call is the pre-written conclusion whatever the output says. Where the spliced call failed, the
 output (an error, nothing, the buggy program's wrong output) contradicts the conclusion that
