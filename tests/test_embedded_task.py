@@ -137,38 +137,3 @@ def test_option_letters_names_the_malformed_option():
         embedded.option_letters("A=1, AB=3")
 
 
-
-
-def test_direct_answers_skip_the_tool_and_are_right(interpreter):
-    """A share of SFT problems is answered in one turn without the tool; the answer is the true one."""
-    tool, sandbox = interpreter
-    dataset = embedded.generate(
-        seed=5, families=("arith", "choice", "program"), sft_per_family=20, rl_pool_per_family=4,
-        eval_per_family=4, failed_attempt_share=0.25, prompt_style="compact",
-        execute=lambda code: tool.execute(code).text,
-        run_program=lambda jobs: [r.stdout for r in sandbox.run_many(jobs)], direct_answer_share=0.4,
-    )
-    direct = [e for e in dataset.sft if not any(m.get("tool_calls") for m in e.messages)]
-    assert 8 <= len(direct) <= 40, f"{len(direct)} of 60 direct at share 0.4"
-    assert {e.id.split("-")[0] for e in direct} == {"arith", "choice", "program"}
-    for example in direct:
-        assert [m["role"] for m in example.messages] == ["user", "assistant"], example.id
-        prompt, answer = example.messages[0]["content"], example.messages[1]["content"]
-        assert answer.startswith("Without"), answer
-        family = example.id.split("-")[0]
-        if family == "arith":
-            value = eval(prompt.split("Compute ")[1].split(". Use")[0])
-            assert answer.endswith(f"\\boxed{{{value}}}"), (example.id, answer)
-        elif family == "choice":
-            line = prompt.split("?\n")[1].split("\nUse the code tool")[0]
-            options = eval(f"dict({line})")
-            value = eval(prompt.split("Which option equals ")[1].split("?")[0])
-            letter = next(k for k in options if options[k] == value)
-            assert answer.endswith(f"\\boxed{{{letter}}}"), (example.id, answer)
-        else:
-            code = answer.split("```python\n")[1].split("\n```")[0]
-            stdin = prompt.split("Example input:\n")[1].split("\nExample output")[0]
-            expected = prompt.split("Example output:\n")[1].split("\nTest it")[0]
-            assert sandbox.run_many([(code, stdin + "\n")])[0].stdout.strip() == expected, example.id
-    # The other trajectories are the usual tool-using ones.
-    assert all(any(m.get("tool_calls") for m in e.messages) for e in dataset.sft if e not in direct)

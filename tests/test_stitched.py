@@ -186,19 +186,3 @@ def test_prepare_data_writes_stitched_trajectories_when_configured(tmp_path):
 def test_an_unknown_trajectory_kind_is_refused_naming_the_key():
     with pytest.raises(ConfigError, match="data.embedded.sft_trajectories"):
         load_config({"data": {"embedded": {"sft_trajectories": "synthetic"}}})
-
-
-def test_real_and_stitched_sets_answer_the_same_problems_directly(interpreter):
-    """The direct-answer share draws from a stream of its own: both SFT sets skip the tool on the
-    same problems, with the same text, and their tool-using trajectories stay paired."""
-    tool, sandbox = interpreter
-    sets = [embedded.generate(
-        seed=4, families=("arith", "choice", "program"), sft_per_family=10, rl_pool_per_family=4,
-        eval_per_family=4, failed_attempt_share=SHARE, prompt_style="compact",
-        execute=lambda code: tool.execute(code).text,
-        run_program=lambda jobs: [r.stdout for r in sandbox.run_many(jobs)],
-        trajectory_writer=writer, direct_answer_share=0.3,
-    ) for writer in (embedded.ScriptedSolver, StitchedSolver)]
-    direct = [{e.id: e.messages for e in dataset.sft if not _calls(e)} for dataset in sets]
-    assert direct[0] and direct[0] == direct[1]
-    assert [e.id for e in sets[0].sft] == [e.id for e in sets[1].sft]

@@ -40,7 +40,6 @@ class EmbeddedDataConfig:
     rl_pool_per_family: int
     eval_per_family: int
     failed_attempt_share: float
-    direct_answer_share: float
     prompt_style: Literal["compact", "paper"]
     sft_trajectories: Literal["real", "stitched"]
 

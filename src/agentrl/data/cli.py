@@ -38,7 +38,6 @@ def _embedded(cfg: Config):
             failed_attempt_share=e.failed_attempt_share, prompt_style=e.prompt_style,
             execute=lambda code: interpreter.execute(code).text, run_program=run_program,
             trajectory_writer=trajectory_writers[e.sft_trajectories],
-            direct_answer_share=e.direct_answer_share,
         )
 
 

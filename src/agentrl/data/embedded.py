@@ -24,14 +24,6 @@ is written from the real tool output it got back. A configurable share of trajec
 a failed first attempt (a crash, code that prints nothing, or a wrong program whose output does
 not match the example) followed by a recovery. Held-out eval problems never share their text
 with SFT or RL-pool problems.
-
-Another configurable share (``direct_answer_share``) answers *without* the tool, as the
-text-only solutions of a mixed SFT set do: the value (or letter, or program) stated at once,
-correct in the data. The tiny model cannot compute a product in its head, so a model that
-imitates these answers fails on them, and which strategy to take (call the tool or not) is
-left for RL to decide from the reward: the paper's subject, RL that learns tool use. The
-share is drawn from its own random stream, so the real and stitched SFT sets answer the same
-problems directly.
 """
 
 from __future__ import annotations
@@ -233,16 +225,6 @@ def choice_conclusion(letter: str) -> str:
     return f"Option {letter} matches.\n\\boxed{{{letter}}}"
 
 
-def direct_answer(problem: Problem, draft: _Draft) -> str:
-    """The single assistant turn of a trajectory that answers without the tool (real and stitched alike)."""
-    if draft.family == "arith":
-        return f"Without the tool: the result is {draft.answer}.\n\\boxed{{{draft.answer}}}"
-    if draft.family == "choice":
-        return f"Without the tool: option {draft.answer}.\n\\boxed{{{draft.answer}}}"
-    template = next(t for t in PROGRAM_TEMPLATES if t.name == problem.extra["template"])
-    return f"Without a test:\n```python\n{template.solution}\n```"
-
-
 def broken_print(expression: str, rng: random.Random) -> str:
     """A failed first attempt at printing ``expression``: a ``NameError`` or an assignment that prints nothing."""
     return f"prnt({expression})" if rng.random() < 0.5 else f"result = {expression}"
@@ -342,7 +324,6 @@ def generate(
     execute: Callable[[str], str],
     run_program: Callable[[list[tuple[str, str]]], list[str]],
     trajectory_writer: Callable = ScriptedSolver,
-    direct_answer_share: float = 0.0,
 ) -> EmbeddedDataset:
     """Draw every split of every family, then write the SFT trajectories through the real tool.
 
@@ -350,16 +331,13 @@ def generate(
     [stdout]`` runs reference solutions to make the hidden test cases of ``program`` problems.
     Eval problems are drawn first so that no later split can take their text.
     ``trajectory_writer(execute, rng, failed_attempt_share)`` writes the SFT conversations:
-    ScriptedSolver (real trajectories) or agentrl.data.stitched.StitchedSolver. A share
-    ``direct_answer_share`` of SFT problems, drawn from a stream of its own (the same problems
-    whichever writer), is answered in one turn without the tool (:func:`direct_answer`).
+    ScriptedSolver (real trajectories) or agentrl.data.stitched.StitchedSolver.
     """
     rng = random.Random(seed)
     sft: list[SftExample] = []
     rl_pool: list[Problem] = []
     eval_sets: dict[str, list[Problem]] = {}
     solver = trajectory_writer(execute, random.Random(seed + 1), failed_attempt_share)
-    direct_rng = random.Random(seed + 2)
     for family in families:
         taken: set[str] = set()
         splits = {
@@ -375,10 +353,7 @@ def generate(
         eval_sets[family] = problems["eval"]
         rl_pool += problems["rl"]
         for problem, draft in zip(problems["sft"], splits["sft"]):
-            if direct_rng.random() < direct_answer_share:
-                messages = [dict(problem.prompt[0]), {"role": "assistant", "content": direct_answer(problem, draft)}]
-            else:
-                messages = solver.solve(problem, draft)
+            messages = solver.solve(problem, draft)
             sft.append(SftExample(id=problem.id, messages=messages, tools=[CODE_INTERPRETER_TOOL]))
     return EmbeddedDataset(sft=sft, rl_pool=rl_pool, eval_sets=eval_sets)
 
