@@ -183,7 +183,7 @@ def plot_training_curves(path: str | Path, out: Path, stage: str) -> list[str]:
             xs, ys = zip(*points)
             ax.plot(xs, ys, marker="." if len(points) < 50 else None, linewidth=1.2, label=key)
         ax.set_title(f"{stage}: {title.lower()}")
-        ax.set_xlabel("optimizer step" if step_key != "row" else "logged row")
+        ax.set_xlabel("training step" if step_key != "row" else "logged row")  # GRPO: a rollout batch, not one update
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(labels[title])
         ax.grid(alpha=0.3)
