@@ -1,4 +1,4 @@
-# Benchmark evaluation (RECIPE.md section 7): every (model, benchmark) is one job, so that
+# Benchmark evaluation (docs/recipe.md section 7): every (model, benchmark) is one job, so that
 # `snakemake --forcerun evaluate` or one target path re-runs exactly what is asked.
 import re
 

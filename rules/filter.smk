@@ -1,4 +1,4 @@
-# Model-aware RL data (RECIPE.md section 6): the SFT model rates the RL pool, then the band and
+# Model-aware RL data (docs/recipe.md section 6): the SFT model rates the RL pool, then the band and
 # the optional histogram matching pick the RL training set. Two rules, so that a changed
 # threshold or target histogram re-runs only the cheap selection: each rule's params hold only
 # the filter keys it reads (scoring: how the rollouts are drawn; selection: the thresholds).

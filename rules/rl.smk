@@ -1,4 +1,4 @@
-# GRPO-TCR (RECIPE.md section 5): the SFT model trained with agentic rollouts on the filtered RL
+# GRPO-TCR (docs/recipe.md section 5): the SFT model trained with agentic rollouts on the filtered RL
 # set, validated on the eval sets. The checkpoint folder is a param, not an output: Snakemake
 # removes a job's outputs before it (re)runs, and a requeued job must find its checkpoints to
 # resume (the metrics file is restored from the newest checkpoint).

@@ -1,4 +1,4 @@
-# SFT on real multi-turn tool-use trajectories (RECIPE.md section 5), on DeepSpeed. The
+# SFT on real multi-turn tool-use trajectories (docs/recipe.md section 5), on DeepSpeed. The
 # checkpoint folder is a param, not an output: Snakemake removes a job's outputs before it
 # (re)runs, and a killed or requeued job must find its checkpoints to resume. For the same reason
 # the stage writes its metrics beside the checkpoints (a resumed run keeps the lines up to its

@@ -1,4 +1,4 @@
-"""Model-aware RL data selection (RECIPE.md section 6): band, buckets, histogram matching, outputs."""
+"""Model-aware RL data selection (docs/recipe.md section 6): band, buckets, histogram matching, outputs."""
 
 from __future__ import annotations
 

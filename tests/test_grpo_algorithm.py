@@ -1,4 +1,4 @@
-"""GRPO-TCR tensor functions against values computed by hand (RECIPE.md section 5)."""
+"""GRPO-TCR tensor functions against values computed by hand (docs/recipe.md section 5)."""
 
 from __future__ import annotations
 

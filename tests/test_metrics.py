@@ -1,4 +1,4 @@
-"""Benchmark metrics against hand-computed values (RECIPE.md section 7)."""
+"""Benchmark metrics against hand-computed values (docs/recipe.md section 7)."""
 
 from __future__ import annotations
 

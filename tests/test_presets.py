@@ -1,4 +1,4 @@
-"""The paper presets resolve to the values of RECIPE.md (sections 3-7)."""
+"""The paper presets resolve to the values of docs/recipe.md (sections 3-7)."""
 
 from __future__ import annotations
 

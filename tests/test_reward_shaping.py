@@ -1,4 +1,4 @@
-"""Shaping terms checked against their formulas (RECIPE.md section 4) at the boundaries."""
+"""Shaping terms checked against their formulas (docs/recipe.md section 4) at the boundaries."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Verifiers, routing and the reward CLI on tricky real inputs (RECIPE.md section 4).
+"""Verifiers, routing and the reward CLI on tricky real inputs (docs/recipe.md section 4).
 
 One table drives most checks: each row is a data source, a ground truth, a response, the math
 mode, and the expected score / acc / pred (``ANY`` where the prediction is not the point). Code

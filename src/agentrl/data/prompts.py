@@ -1,4 +1,4 @@
-"""The recipe's prompt templates (RECIPE.md section 2), verbatim from the upstream scripts.
+"""The recipe's prompt templates (docs/recipe.md section 2), verbatim from the upstream scripts.
 
 Typos ("sumbit") and odd spacing are upstream's and kept on purpose: the released SFT data and
 the released checkpoints were trained on exactly these strings. The embedded task's compact
@@ -49,7 +49,7 @@ LCB_STDIN = (
     "to STDOUT.\n```python\n# YOUR CODE HERE\n\""
 )
 
-# The one tool of the recipe (RECIPE.md section 3), exactly as upstream declares it.
+# The one tool of the recipe (docs/recipe.md section 3), exactly as upstream declares it.
 CODE_INTERPRETER_TOOL: dict[str, Any] = {
     "type": "function",
     "function": {

@@ -1,4 +1,4 @@
-"""Normalized records: one schema for every data source (DESIGN.md "Normalized records").
+"""Normalized records: one schema for every data source (docs/design.md "Normalized records").
 
 - :class:`Problem`: a prompt to solve and how to grade it (RL pool, eval sets).
 - :class:`SftExample`: a multi-turn conversation with tool calls, for SFT.

@@ -1,6 +1,6 @@
 """Stitched synthetic SFT trajectories: the "stitched" arm of the paper's data ablation.
 
-The paper (RECIPE.md section 7) trains one SFT model on *real* end-to-end trajectories and one
+The paper (docs/recipe.md section 7) trains one SFT model on *real* end-to-end trajectories and one
 on *stitched* synthetic ones: a solution written without the tool, into which tool calls and
 their outputs are inserted afterwards. The tool output then does not drive the reasoning: the
 text around a call was written before its output existed, and may not match it. SFT on real

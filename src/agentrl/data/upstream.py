@@ -1,4 +1,4 @@
-"""Loaders for the data released with the paper (RECIPE.md section 1), into normalized records.
+"""Loaders for the data released with the paper (docs/recipe.md section 1), into normalized records.
 
 Sources are a Hugging Face hub dataset id plus a file inside it (``Gen-Verse/Open-AgentRL-30K``,
 ``Open-AgentRL-30K.parquet``) or a local ``.parquet`` / ``.jsonl`` / ``.json`` path. Both are

@@ -1,6 +1,6 @@
 """Benchmark metrics: avg@n, pass@k, maj@k, confidence intervals, tool-use analysis.
 
-The recipe (RECIPE.md section 7) reports, per benchmark, with n = 32 samples per problem:
+The recipe (docs/recipe.md section 7) reports, per benchmark, with n = 32 samples per problem:
 
 - ``avg@n``: mean accuracy over the n samples, averaged over problems;
 - ``pass@n`` and ``maj@n`` *as upstream computes them*: verl's ``process_validation_metrics``
@@ -33,7 +33,7 @@ import numpy as np
 
 # Reasoning-mode thresholds (see reasoning_mode). The paper gives no numbers, only the shape:
 # deliberative = fewer, planned calls with longer thinking per call; reactive = short thinking,
-# many calls (RECIPE.md section 7). With 16 turns = 2k + 2, a response has at most k = 7 tool
+# many calls (docs/recipe.md section 7). With 16 turns = 2k + 2, a response has at most k = 7 tool
 # calls; "fewer" is read as at most 3 (under half of that budget). A planned call states what
 # it computes and why - a paragraph, a few hundred tokens - while a reactive call follows a
 # sentence or two ("Let me compute this."), tens of tokens; 200 tokens separates the two.

@@ -3,7 +3,7 @@
 Both the benchmark evaluation and the RL-pool scoring of the filtering stage do the same thing
 with different sampling settings: n multi-turn rollouts per problem with the rollout engine and
 agent loop that RL trains with, then the reward registry's verdict on each. Sharing the code is
-what makes a pass rate measured here mean the same thing as a reward during RL (RECIPE.md
+what makes a pass rate measured here mean the same thing as a reward during RL (docs/recipe.md
 section 6: the SFT model's pass rate under the RL rollout setup).
 
 Problems are rolled out in chunks, each with its own seed derived from the stage seed and the

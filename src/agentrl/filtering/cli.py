@@ -1,4 +1,4 @@
-"""``python -m agentrl filter score|select``: model-aware RL data filtering (RECIPE.md section 6).
+"""``python -m agentrl filter score|select``: model-aware RL data filtering (docs/recipe.md section 6).
 
 - ``score``: the SFT model makes ``filter.k`` agentic rollouts of every RL-pool problem (the RL
   rollout engine and reward registry) -> the pass-rate table and the graded samples.

@@ -1,6 +1,6 @@
 """Selecting the RL training set from the SFT model's pass rates (paper section 3.3).
 
-Recipe (RECIPE.md section 6): the SFT model makes k = 8 rollouts per problem of the RL pool;
+Recipe (docs/recipe.md section 6): the SFT model makes k = 8 rollouts per problem of the RL pool;
 the pass rate (share of correct rollouts) is the problem's difficulty *for that model*.
 Problems solved 0 % or 100 % of the time carry no GRPO signal (every rollout of the group gets
 the same reward, so every advantage is 0) and are dropped. The rest fall into buckets: easy

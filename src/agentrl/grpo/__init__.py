@@ -1,4 +1,4 @@
-"""GRPO-TCR training of the SFT model with agentic rollouts (RECIPE.md section 5).
+"""GRPO-TCR training of the SFT model with agentic rollouts (docs/recipe.md section 5).
 
 - ``algorithm``: the algorithm as pure tensor functions (advantages, clipped loss, aggregation, KL);
 - ``variants``: the paper's variants (GRPO, GRPO-T, GRPO-SCR, GRPO-TCR) as named settings;

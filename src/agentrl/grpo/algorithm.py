@@ -1,4 +1,4 @@
-"""GRPO-TCR as pure tensor functions (RECIPE.md section 5).
+"""GRPO-TCR as pure tensor functions (docs/recipe.md section 5).
 
 The recipe (upstream ``recipe/demystify`` on the authors' verl fork):
 

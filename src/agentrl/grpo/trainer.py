@@ -1,4 +1,4 @@
-"""The GRPO loop (RECIPE.md section 5): roll out, reward, advantage, recompute, update, sync.
+"""The GRPO loop (docs/recipe.md section 5): roll out, reward, advantage, recompute, update, sync.
 
 Per step, as upstream's verl ``RayPPOTrainer.fit`` with the demystify scripts:
 

@@ -1,4 +1,4 @@
-"""The paper's GRPO variants as named sets of algorithm settings (RECIPE.md section 5).
+"""The paper's GRPO variants as named sets of algorithm settings (docs/recipe.md section 5).
 
 ``grpo.variant`` picks one entry of :data:`VARIANTS`; each non-null key under ``grpo.algorithm``
 overrides one setting of it (:func:`resolve_algorithm`). The ablation presets

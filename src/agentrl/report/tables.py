@@ -3,7 +3,7 @@
 Rows come from ``results/eval/<model>/<benchmark>/metrics.json`` (the evaluate stage); the model
 and benchmark are the two folder names above the file, as the workflow lays them out. Values
 are percentages. For the paper's benchmarks the paper's Table 2 numbers (mean accuracy over 32
-samples, RECIPE.md section 7) appear as extra rows: DemyAgent-4B is what our ``rl`` stage
+samples, docs/recipe.md section 7) appear as extra rows: DemyAgent-4B is what our ``rl`` stage
 reproduces, Qwen3-4B-Instruct-2507 used agentically without RL is our ``base`` stage under the
 paper preset.
 """
@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-# Paper Table 2 (RECIPE.md section 7): model -> benchmark -> accuracy in percent.
+# Paper Table 2 (docs/recipe.md section 7): model -> benchmark -> accuracy in percent.
 PAPER_TABLE2: dict[str, dict[str, float]] = {
     "DemyAgent-4B (paper; our rl)": {"aime2024": 72.6, "aime2025": 70.0, "gpqa_diamond": 58.5, "livecodebench_v6": 26.8},
     "Qwen3-4B-Instruct-2507 agentic, no RL (paper; our base)": {

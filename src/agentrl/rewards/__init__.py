@@ -1,6 +1,6 @@
 """Rewards: verifiers by data-source family (math, multiple choice, code) and shaping terms.
 
-The recipe (RECIPE.md section 4) and every departure from upstream are documented in the
+The recipe (docs/recipe.md section 4) and every departure from upstream are documented in the
 module of each part: ``math_verifier`` (strict box / math-verify), ``choice_verifier``,
 ``code_verifier``, ``shaping`` (tool-call shaping, DAPO overlong buffer) and ``registry``
 (routing ``data_source`` to a family). ``RewardFunction`` ties them together.

@@ -1,6 +1,6 @@
 """Code answers (LiveCodeBench-v6, the RL pool's ``train-code-*`` rows, ``embedded-code``).
 
-Recipe (RECIPE.md section 4): the last fenced python block of the response is the solution;
+Recipe (docs/recipe.md section 4): the last fenced python block of the response is the solution;
 it is graded against the row's tests in the sandbox, one sandbox run per case with a per-case
 timeout (``reward.code_case_timeout_s``; upstream: 30 s). Score = fraction of cases passed,
 ``acc`` = all passed, -1 when there is no code block or the code does not parse. Three kinds

@@ -2,7 +2,7 @@
 
 ``reward.math_mode``:
 
-- ``strict`` (upstream, RECIPE.md section 4; the paper preset and the embedded default): the
+- ``strict`` (upstream, docs/recipe.md section 4; the paper preset and the embedded default): the
   last ``\\boxed{...}`` (brace-matched) in the last ``reward.strict_tail_chars`` (100)
   characters, compared with the ground truth by exact string equality; +1 if equal, else -1.
   ``1/2`` against ``\\frac{1}{2}`` scores -1. The embedded ``arith`` task has integer answers

@@ -1,4 +1,4 @@
-"""The reward of a response: route by data source, verify, shape (RECIPE.md section 4).
+"""The reward of a response: route by data source, verify, shape (docs/recipe.md section 4).
 
 ``RewardFunction.score_many`` grades a batch in two phases so that the code cases of every
 response share one ``Sandbox.run_many`` call (concurrent up to ``sandbox.workers``): each

@@ -1,4 +1,4 @@
-"""Reward shaping terms added on top of a verifier's raw score (RECIPE.md section 4).
+"""Reward shaping terms added on top of a verifier's raw score (docs/recipe.md section 4).
 
 Two terms, applied in the order upstream applies them:
 

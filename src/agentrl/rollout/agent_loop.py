@@ -1,6 +1,6 @@
 """The multi-turn agent loop: generate, call the code interpreter, append its answer, repeat.
 
-Recipe (RECIPE.md section 3, upstream verl's tool agent loop as the demystify scripts run it):
+Recipe (docs/recipe.md section 3, upstream verl's tool agent loop as the demystify scripts run it):
 the prompt is the problem's chat messages rendered by the tokenizer's chat template with the
 ``code_interpreter`` tool schema; each assistant turn is generated; if it holds a tool call, the
 first call is run and its output comes back as a ``<tool_response>`` user turn (loss mask 0),

@@ -2,7 +2,7 @@
 
 An engine turns token-id prompts into sampled continuations and takes new weights from the
 trainer; nothing else. The agent loop, the trainer and the evaluation stage only see
-:class:`Engine`, so they never branch on the backend's name (DESIGN.md, Style). The backend is
+:class:`Engine`, so they never branch on the backend's name (docs/design.md, Style). The backend is
 chosen by ``rollout.engine`` through :func:`make_engine`, and only the selected one is imported
 (vLLM is an optional dependency).
 
@@ -11,7 +11,7 @@ distribution it was actually sampled from: ``log_softmax(logits / temperature)``
 top-p filtering (vLLM's ``processed_logprobs``). With ``temperature == 0`` (greedy) that
 distribution is a point mass, so the engines report the untempered model log-probability
 ``log_softmax(logits)`` instead, which is what vLLM does for greedy requests too. GRPO recomputes
-the old log-probs with the trainer's forward pass anyway (RECIPE.md section 5); these are for
+the old log-probs with the trainer's forward pass anyway (docs/recipe.md section 5); these are for
 diagnostics (train/rollout mismatch) and for evaluation.
 """
 

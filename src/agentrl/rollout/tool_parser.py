@@ -1,6 +1,6 @@
 """Hermes tool calls: parse the model's call, and the template tokens around a tool response.
 
-Recipe (RECIPE.md section 3): the model calls ``<tool_call>\\n{"name": ..., "arguments":
+Recipe (docs/recipe.md section 3): the model calls ``<tool_call>\\n{"name": ..., "arguments":
 {...}}\\n</tool_call>``; only the first call of a turn is run; an unparsable call (bad JSON, an
 unknown tool, a missing ``code`` argument) is answered with ``"Error when executing tool: ..."``
 as the tool response instead of ending the trajectory. ``arguments`` may be an object or a JSON

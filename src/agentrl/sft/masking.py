@@ -1,6 +1,6 @@
 """Render a multi-turn tool-use conversation with the chat template and mark the tokens SFT trains on.
 
-Recipe (RECIPE.md section 5, upstream's multi-turn SFT dataset): the loss covers the assistant
+Recipe (docs/recipe.md section 5, upstream's multi-turn SFT dataset): the loss covers the assistant
 turns only - their content, the rendered tool-call text and the closing ``<|im_end|>`` - and not
 the ``<|im_start|>assistant\\n`` header, the system block (with the tool list), user turns or tool
 responses.

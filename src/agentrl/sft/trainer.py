@@ -1,4 +1,4 @@
-"""The SFT loop on DeepSpeed (RECIPE.md section 5).
+"""The SFT loop on DeepSpeed (docs/recipe.md section 5).
 
 Recipe: AdamW (betas, weight decay), cosine schedule with linear warmup over ``warmup_ratio`` of
 the steps, global-norm clipping, ``epochs`` passes, global batch of ``global_batch_size``

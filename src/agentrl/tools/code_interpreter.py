@@ -1,6 +1,6 @@
 """The ``code_interpreter`` tool: a model's tool call in, the tool-response text out.
 
-Recipe (RECIPE.md section 3; upstream: verl's ``SandboxFusionTool`` with the demystify
+Recipe (docs/recipe.md section 3; upstream: verl's ``SandboxFusionTool`` with the demystify
 recipe's code sanitizer and the agent loop's middle truncation):
 
 1. take the first fenced python block of the call's ``code`` if there is one;

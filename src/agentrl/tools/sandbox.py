@@ -1,7 +1,7 @@
 """Run untrusted Python code (the model's tool calls, code-reward tests) and get its result.
 
 Recipe: upstream sends every ``code_interpreter`` call and every code test case to a
-SandboxFusion service (``POST /run_code``, 30 s, 2048 MB per run; RECIPE.md section 3). This
+SandboxFusion service (``POST /run_code``, 30 s, 2048 MB per run; docs/recipe.md section 3). This
 module is the in-process replacement the embedded pipeline needs (no service, no network), and
 :mod:`agentrl.tools.sandbox_fusion` keeps the service as a second backend behind the same
 interface (``sandbox.backend``).
