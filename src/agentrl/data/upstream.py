@@ -68,7 +68,9 @@ class _Row:
         if value is None:  # datasets fills a key absent from a JSON row with null
             raise self.error(column, "missing (null in this row)")
         if not isinstance(value, kind):
-            raise self.error(column, f"expected {getattr(kind, '__name__', kind)}, got {type(value).__name__}: {value!r:.80}")
+            raise self.error(
+                column, f"expected {getattr(kind, '__name__', kind)}, got {type(value).__name__}: {value!r:.80}"
+            )
         return value
 
     def json(self, column: str, value: Any = None) -> Any:
@@ -142,7 +144,7 @@ def normalize_sft(rows: list[dict[str, Any]], origin: str) -> list[SftExample]:
         tools = _drop_nulls(row.json("tools"))
         if not isinstance(tools, list):
             raise row.error("tools", "expected a list of tool schemas")
-        for j, tool in enumerate(tools):
+        for tool in tools:
             if isinstance(tool, dict) and isinstance(tool.get("function", {}).get("parameters"), str):
                 tool["function"]["parameters"] = row.json("tools", tool["function"]["parameters"])
         examples.append(SftExample(id=str(row.row.get("id", f"sft-{row.index:06d}")), messages=normalized, tools=tools))
@@ -180,18 +182,22 @@ def normalize_rl(rows: list[dict[str, Any]], origin: str) -> list[Problem]:
             raise row.error("reward_model", "expected an object with a ground_truth key")
         extra = _drop_nulls(row.json("extra_info")) if row.row.get("extra_info") is not None else {}
         index = extra.get("index", row.index) if isinstance(extra, dict) else row.index
-        problems.append(Problem(
-            id=f"{data_source}-{index}",
-            data_source=data_source,
-            prompt=[{"role": "user", "content": prompts.rl_prompt(content, data_source)}],
-            ability=str(row.row.get("ability") or ""),
-            ground_truth=_ground_truth(row, data_source, reward_model["ground_truth"]),
-            extra=extra if isinstance(extra, dict) else {"extra_info": extra},
-        ))
+        problems.append(
+            Problem(
+                id=f"{data_source}-{index}",
+                data_source=data_source,
+                prompt=[{"role": "user", "content": prompts.rl_prompt(content, data_source)}],
+                ability=str(row.row.get("ability") or ""),
+                ground_truth=_ground_truth(row, data_source, reward_model["ground_truth"]),
+                extra=extra if isinstance(extra, dict) else {"extra_info": extra},
+            )
+        )
     ids = [p.id for p in problems]
     if len(set(ids)) != len(ids):  # extra_info.index is not unique across data sources everywhere
-        problems = [Problem(f"{p.id}-r{i}", p.data_source, p.prompt, p.ability, p.ground_truth, p.extra)
-                    for i, p in enumerate(problems)]
+        problems = [
+            Problem(f"{p.id}-r{i}", p.data_source, p.prompt, p.ability, p.ground_truth, p.extra)
+            for i, p in enumerate(problems)
+        ]
     return problems
 
 
@@ -246,12 +252,14 @@ def normalize_eval(benchmark: str, rows: list[dict[str, Any]], origin: str) -> l
         # evaluator matches submissions by it.
         info = row.json("extra_info") if row.row.get("extra_info") is not None else {}
         info = _drop_nulls(info) if isinstance(info, dict) else {"extra_info": info}
-        problems.append(Problem(
-            id=f"{benchmark}-{row.index:04d}",
-            data_source=str(data_source),
-            prompt=[{"role": "user", "content": content}],
-            ability=ability,
-            ground_truth=truth,
-            extra={**info, "benchmark": benchmark, "index": row.index},
-        ))
+        problems.append(
+            Problem(
+                id=f"{benchmark}-{row.index:04d}",
+                data_source=str(data_source),
+                prompt=[{"role": "user", "content": content}],
+                ability=ability,
+                ground_truth=truth,
+                extra={**info, "benchmark": benchmark, "index": row.index},
+            )
+        )
     return problems

@@ -38,7 +38,6 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -122,8 +121,13 @@ class GrpoStep:
             if all_reduce(ctx, float(len(kept) < share), "max") == 0.0:
                 break
         if dynamic and len(kept) < share:
-            log.warning("step %d: dynamic sampling kept %d of %d groups after %d rounds; training on those",
-                        step, len(kept), share, rounds)
+            log.warning(
+                "step %d: dynamic sampling kept %d of %d groups after %d rounds; training on those",
+                step,
+                len(kept),
+                share,
+                rounds,
+            )
         extra = {"rollout/rounds": float(rounds), "rollout/groups_generated": all_reduce(ctx, generated)}
         return kept[:share], {**timing, **extra}
 
@@ -142,8 +146,10 @@ class GrpoStep:
         )
         started = time.perf_counter()
         results = self.parts.reward_fn.score_many(
-            [(p, t.text, len(t.response_ids), len(t.tool_calls))
-             for p, t in zip([p for p in problems for _ in range(n)], trajectories)]
+            [
+                (p, t.text, len(t.response_ids), len(t.tool_calls))
+                for p, t in zip([p for p in problems for _ in range(n)], trajectories)
+            ]
         )
         timing["timing/reward_s"] += time.perf_counter() - started
         groups = []
@@ -151,16 +157,28 @@ class GrpoStep:
             chunk = slice(index * n, (index + 1) * n)
             trajs, graded = trajectories[chunk], results[chunk]
             assert all(t.problem_id == problem.id for t in trajs), f"trajectories of {problem.id} out of order"
-            groups.append(Group(problem, trajs, [r.score for r in graded], [bool(r.acc) for r in graded],
-                                [float(r.details.get("overlong_penalty", 0.0)) for r in graded]))
+            groups.append(
+                Group(
+                    problem,
+                    trajs,
+                    [r.score for r in graded],
+                    [bool(r.acc) for r in graded],
+                    [float(r.details.get("overlong_penalty", 0.0)) for r in graded],
+                )
+            )
         return groups
 
     def _sampling_params(self, seed: int):
         from agentrl.rollout import SamplingParams
 
         rollout = self.cfg.rollout
-        return SamplingParams(temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
-                              max_tokens=rollout.max_response_tokens, seed=seed)
+        return SamplingParams(
+            temperature=rollout.temperature,
+            top_p=rollout.top_p,
+            top_k=rollout.top_k,
+            max_tokens=rollout.max_response_tokens,
+            seed=seed,
+        )
 
     # ------------------------------------------------------------------ batch preparation
     def advantages(self, groups: Sequence[Group]) -> list[list[float]]:
@@ -189,8 +207,15 @@ class GrpoStep:
 
     def micro_batch(self, samples: Sequence[PolicySample], indices: list[int]) -> MicroBatch:
         if not indices:  # padding micro-batch of a rank with fewer: one masked token, zero loss
-            empty = PolicySample([self.parts.pad_token_id] * 2, 1, [0], [0.0], 0.0, old_logp=[0.0],
-                                 ref_logp=[0.0] if self.settings.uses_reference else None)
+            empty = PolicySample(
+                [self.parts.pad_token_id] * 2,
+                1,
+                [0],
+                [0.0],
+                0.0,
+                old_logp=[0.0],
+                ref_logp=[0.0] if self.settings.uses_reference else None,
+            )
             return collate([empty], self.parts.pad_token_id).to(self.ctx.device)
         return collate([samples[i] for i in indices], self.parts.pad_token_id).to(self.ctx.device)
 
@@ -205,11 +230,15 @@ class GrpoStep:
         """How far the actor's log-probs are from the rollout engine's for the same tokens."""
         mask = batch.loss_mask
         diff = logp.detach().float() - batch.sampling_logp
-        stats.add({
-            "rollout/logp_mismatch_abs": float(alg.masked_mean(diff.abs(), mask)),
-            # KL(sampler || actor) on the sampler's tokens, k3 estimator.
-            "rollout/logp_mismatch_kl_k3": float(alg.masked_mean(torch.expm1(-diff) + diff, mask)),
-        }, float(mask.sum()), maxima={"rollout/logp_mismatch_abs_max": float(torch.where(mask.bool(), diff.abs(), 0).max())})
+        stats.add(
+            {
+                "rollout/logp_mismatch_abs": float(alg.masked_mean(diff.abs(), mask)),
+                # KL(sampler || actor) on the sampler's tokens, k3 estimator.
+                "rollout/logp_mismatch_kl_k3": float(alg.masked_mean(torch.expm1(-diff) + diff, mask)),
+            },
+            float(mask.sum()),
+            maxima={"rollout/logp_mismatch_abs_max": float(torch.where(mask.bool(), diff.abs(), 0).max())},
+        )
 
     @torch.no_grad()
     def recompute_logprobs(self, samples: Sequence[PolicySample], plan) -> dict[str, float]:
@@ -241,7 +270,7 @@ class GrpoStep:
     # ------------------------------------------------------------------ update
     def update(self, samples: Sequence[PolicySample], plan) -> tuple[dict[str, Any], list[float], list[float]]:
         """ppo_epochs passes of mini-batch updates; returns (stat state, grad norms, lrs)."""
-        engine, settings, ctx = self.parts.engine, self.settings, self.ctx
+        engine, ctx = self.parts.engine, self.ctx
         stats = TokenWeightedStats()
         grad_norms, lrs = [], []
         for _ in range(self.grpo.ppo_epochs):
@@ -262,8 +291,11 @@ class GrpoStep:
                     if batch.old_logp is None:  # single pass: this forward gave the old log-probs
                         self._add_mismatch(stats, logp, batch)
                     mini_loss += micro_stats.pop("actor/pg_loss")
-                    stats.add(micro_stats, float(batch.loss_mask.sum()) if micro else 0.0,
-                              maxima={"actor/ratio_max": micro_stats.pop("actor/ratio_max")})
+                    stats.add(
+                        micro_stats,
+                        float(batch.loss_mask.sum()) if micro else 0.0,
+                        maxima={"actor/ratio_max": micro_stats.pop("actor/ratio_max")},
+                    )
                 # Mean over ranks of each rank's part (S_rank * W / N) is the mini-batch loss S / N.
                 stats.add({"actor/pg_loss": mini_loss}, 1.0)
                 lrs.append(float(engine.get_lr()[0]))
@@ -277,9 +309,16 @@ class GrpoStep:
         logp, entropy = self.parts.engine(batch, with_entropy=True, entropy_grad=settings.entropy_coef > 0)
         old_logp = batch.old_logp if batch.old_logp is not None else logp.detach()
         pg_loss, pg_stats = alg.policy_loss(
-            logp, old_logp, batch.advantages, batch.loss_mask,
-            clip_low=settings.clip_low, clip_high=settings.clip_high, clip_c=settings.clip_c,
-            ratio_level=settings.ratio_level, agg_mode=settings.loss_agg_mode, **counts,
+            logp,
+            old_logp,
+            batch.advantages,
+            batch.loss_mask,
+            clip_low=settings.clip_low,
+            clip_high=settings.clip_high,
+            clip_c=settings.clip_c,
+            ratio_level=settings.ratio_level,
+            agg_mode=settings.loss_agg_mode,
+            **counts,
         )
         loss = pg_loss
         stats = {f"actor/{k}": float(v) for k, v in pg_stats.items()}
@@ -298,8 +337,11 @@ class GrpoStep:
     # ------------------------------------------------------------------ the step
     def samples(self, groups: Sequence[Group], advantages: Sequence[Sequence[float]]) -> list[PolicySample]:
         """One sample per trajectory, groups contiguous (the mini-batch split relies on it)."""
-        return [PolicySample.from_trajectory(t, a) for g, adv in zip(groups, advantages)
-                for t, a in zip(g.trajectories, adv)]
+        return [
+            PolicySample.from_trajectory(t, a)
+            for g, adv in zip(groups, advantages)
+            for t, a in zip(g.trajectories, adv)
+        ]
 
     def run(self, step: int, sampler) -> dict[str, Any]:
         started = time.perf_counter()
@@ -317,34 +359,55 @@ class GrpoStep:
         t3 = time.perf_counter()
 
         summaries = [
-            TrajectorySummary(len(t.response_ids), sum(t.loss_mask), t.num_turns, len(t.tool_calls),
-                              sum(t.tool_errors), t.finish_reason, s, a, o, adv, g.problem.data_source)
+            TrajectorySummary(
+                len(t.response_ids),
+                sum(t.loss_mask),
+                t.num_turns,
+                len(t.tool_calls),
+                sum(t.tool_errors),
+                t.finish_reason,
+                s,
+                a,
+                o,
+                adv,
+                g.problem.data_source,
+            )
             for g, advs in zip(groups, advantages)
             for t, s, a, o, adv in zip(g.trajectories, g.scores, g.accs, g.overlong_penalties, advs)
         ]
-        gathered = all_gather(self.ctx, {
-            "summaries": summaries, "update": update_stats, "mismatch": mismatch,
-            "loss_tokens": sum(s.num_loss_tokens for s in samples),
-            "input_tokens": sum(len(s.input_ids) for s in samples) * self.grpo.ppo_epochs,
-        })
+        gathered = all_gather(
+            self.ctx,
+            {
+                "summaries": summaries,
+                "update": update_stats,
+                "mismatch": mismatch,
+                "loss_tokens": sum(s.num_loss_tokens for s in samples),
+                "input_tokens": sum(len(s.input_ids) for s in samples) * self.grpo.ppo_epochs,
+            },
+        )
         record: dict[str, Any] = {"step": step, "epoch": sampler.progress}
-        record.update(rollout_metrics([s for g in gathered for s in g["summaries"]],
-                                      max_response_tokens=self.cfg.rollout.max_response_tokens))
+        record.update(
+            rollout_metrics(
+                [s for g in gathered for s in g["summaries"]], max_response_tokens=self.cfg.rollout.max_response_tokens
+            )
+        )
         record.update(TokenWeightedStats.merge(g["mismatch"] for g in gathered))
         record.update(TokenWeightedStats.merge(g["update"] for g in gathered))
-        record.update({
-            "actor/grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
-            "actor/grad_norm_max": max(grad_norms, default=0.0),
-            "actor/lr": lrs[-1] if lrs else 0.0,
-            "actor/optimizer_steps": float(len(grad_norms)),
-            "actor/loss_tokens": float(sum(g["loss_tokens"] for g in gathered)),
-            "actor/input_tokens": float(sum(g["input_tokens"] for g in gathered)),
-            **rollout_timing,
-            "timing/old_logp_s": t1 - t0,
-            "timing/update_s": t2 - t1,
-            "timing/weight_sync_s": t3 - t2,
-            "timing/step_s": t3 - started,
-        })
+        record.update(
+            {
+                "actor/grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
+                "actor/grad_norm_max": max(grad_norms, default=0.0),
+                "actor/lr": lrs[-1] if lrs else 0.0,
+                "actor/optimizer_steps": float(len(grad_norms)),
+                "actor/loss_tokens": float(sum(g["loss_tokens"] for g in gathered)),
+                "actor/input_tokens": float(sum(g["input_tokens"] for g in gathered)),
+                **rollout_timing,
+                "timing/old_logp_s": t1 - t0,
+                "timing/update_s": t2 - t1,
+                "timing/weight_sync_s": t3 - t2,
+                "timing/step_s": t3 - started,
+            }
+        )
         # Prompt + response tokens through forward and backward per second of update, all ranks.
         record["timing/train_tokens_per_s"] = record["actor/input_tokens"] / max(t2 - t1, 1e-9)
         return record

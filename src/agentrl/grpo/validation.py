@@ -44,14 +44,17 @@ def validate(
     setup = cfg.grpo.validation
     n = setup.n
     metrics: dict[str, float] = {}
-    for set_index, eval_set in enumerate(eval_sets):
+    for eval_set in eval_sets:
         local = list(eval_set.problems[ctx.rank :: ctx.world_size])
         seed = derived_seed(cfg.seed, f"grpo-val-{eval_set.name}", ctx.rank)
         rows: list[tuple[str, list[float], list[int], list[int]]] = []
         if local:
             params = SamplingParams(
-                temperature=setup.temperature, top_p=setup.top_p, top_k=cfg.rollout.top_k,
-                max_tokens=cfg.rollout.max_response_tokens, seed=seed,
+                temperature=setup.temperature,
+                top_p=setup.top_p,
+                top_k=cfg.rollout.top_k,
+                max_tokens=cfg.rollout.max_response_tokens,
+                seed=seed,
             )
             trajectories = loop.run(local, n, params, seed)
             by_id = {p.id: p for p in local}
@@ -60,19 +63,23 @@ def validate(
             )
             for start in range(0, len(trajectories), n):
                 group = trajectories[start : start + n]
-                rows.append((
-                    group[0].problem_id,
-                    [float(r.acc) for r in results[start : start + n]],
-                    [len(t.response_ids) for t in group],
-                    [len(t.tool_calls) for t in group],
-                ))
+                rows.append(
+                    (
+                        group[0].problem_id,
+                        [float(r.acc) for r in results[start : start + n]],
+                        [len(t.response_ids) for t in group],
+                        [len(t.tool_calls) for t in group],
+                    )
+                )
         gathered = [row for rank_rows in all_gather(ctx, rows) for row in rank_rows]
         assert len(gathered) == len(eval_set.problems), (
             f"validation of {eval_set.name}: {len(gathered)} problems graded, {len(eval_set.problems)} expected"
         )
         correct = np.asarray([accs for _, accs, _, _ in gathered])  # (problems, n)
         metrics[f"val/{eval_set.name}/avg@{n}"] = avg_at_k(correct)
-        metrics[f"val/{eval_set.name}/response_length_mean"] = float(np.mean([x for _, _, ls, _ in gathered for x in ls]))
+        metrics[f"val/{eval_set.name}/response_length_mean"] = float(
+            np.mean([x for _, _, ls, _ in gathered for x in ls])
+        )
         metrics[f"val/{eval_set.name}/tool_calls_mean"] = float(np.mean([x for _, _, _, cs in gathered for x in cs]))
     if eval_sets:
         metrics[f"val/mean/avg@{n}"] = float(np.mean([metrics[f"val/{s.name}/avg@{n}"] for s in eval_sets]))
@@ -81,4 +88,3 @@ def validate(
 
 def limit_problems(problems: Sequence[Problem], max_problems: int | None) -> tuple[Problem, ...]:
     return tuple(problems if max_problems is None else problems[:max_problems])
-

@@ -56,12 +56,15 @@ class RewardFunction:
             assert len(results) == len(jobs), f"sandbox returned {len(results)} results for {len(jobs)} programs"
         rewards = []
         offset = 0
-        for family, entry, (problem, _text, response_length, num_tool_calls) in zip(families, pending, items):
+        for family, entry, (_problem, _text, response_length, num_tool_calls) in zip(families, pending, items):
             verdict = entry.finish(results[offset : offset + len(entry.jobs)])
             offset += len(entry.jobs)
             shaped = shape(
-                verdict.score, verdict.acc,
-                response_length=response_length, num_tool_calls=num_tool_calls, cfg=self.cfg,
+                verdict.score,
+                verdict.acc,
+                response_length=response_length,
+                num_tool_calls=num_tool_calls,
+                cfg=self.cfg,
             )
             details = {
                 "family": family,
@@ -77,4 +80,6 @@ class RewardFunction:
         try:
             return self.verifier(family).prepare(text, problem.ground_truth)
         except InvalidGroundTruthError as exc:
-            raise InvalidGroundTruthError(f"problem {problem.id!r} (data_source {problem.data_source!r}): {exc}") from None
+            raise InvalidGroundTruthError(
+                f"problem {problem.id!r} (data_source {problem.data_source!r}): {exc}"
+            ) from None
