@@ -51,13 +51,21 @@ def _spans(prompt: str) -> tuple[str, str, str, dict[str, str]]:
     options = OPTIONS.search(prompt) if prompt.startswith("Which option") else None
     if options is None:
         final = f"The result is {MARKERS['stated']}.\n\\boxed{{{MARKERS['boxed']}}}"
-        return (f"print({MARKERS['expression']})", f"{value}\n", final,
-                {"expression": expression.group(1), "stated": str(value), "boxed": str(value)})
+        return (
+            f"print({MARKERS['expression']})",
+            f"{value}\n",
+            final,
+            {"expression": expression.group(1), "stated": str(value), "boxed": str(value)},
+        )
     letter = next(k for k, v in eval(f"dict({options.group(1)})").items() if v == value)
     setup, matches = choice_code(MARKERS["options"], MARKERS["expression"])
     final = choice_conclusion(MARKERS["stated"]).replace(f"{{{MARKERS['stated']}}}", f"{{{MARKERS['boxed']}}}")
-    return (f"{setup}\nprint({matches})", f"{[letter]}\n", final,
-            {"options": options.group(1), "expression": expression.group(1), "stated": letter, "boxed": letter})
+    return (
+        f"{setup}\nprint({matches})",
+        f"{[letter]}\n",
+        final,
+        {"options": options.group(1), "expression": expression.group(1), "stated": letter, "boxed": letter},
+    )
 
 
 def probe(model_dir: Path, problems_path: Path, limit: int | None) -> dict:
@@ -73,11 +81,18 @@ def probe(model_dir: Path, problems_path: Path, limit: int | None) -> dict:
             code, tool_output, final, spans = _spans(prompt)
         except ValueError as error:
             raise SystemExit(f"{problems_path}: problem {problem.id}: {error}") from None
-        messages = [{"role": "user", "content": prompt},
-                    {"role": "assistant", "content": LEAD_IN, "tool_calls": [
-                        {"type": "function", "function": {"name": "code_interpreter", "arguments": {"code": code}}}]},
-                    {"role": "tool", "content": tool_output},
-                    {"role": "assistant", "content": final}]
+        messages = [
+            {"role": "user", "content": prompt},
+            {
+                "role": "assistant",
+                "content": LEAD_IN,
+                "tool_calls": [
+                    {"type": "function", "function": {"name": "code_interpreter", "arguments": {"code": code}}}
+                ],
+            },
+            {"role": "tool", "content": tool_output},
+            {"role": "assistant", "content": final},
+        ]
         text = tokenizer.apply_chat_template(messages, tools=[CODE_INTERPRETER_TOOL], tokenize=False)
         # Put each span's true text in place of its marker, then tokenize the whole text as SFT
         # does: a span's tokens are those whose characters overlap it (a letter after a space
@@ -85,7 +100,7 @@ def probe(model_dir: Path, problems_path: Path, limit: int | None) -> dict:
         chars: dict[str, tuple[int, int]] = {}
         for name in sorted(spans, key=lambda n: text.index(MARKERS[n])):
             start = text.index(MARKERS[name])
-            text = text[:start] + spans[name] + text[start + 1:]
+            text = text[:start] + spans[name] + text[start + 1 :]
             chars[name] = (start, start + len(spans[name]))
         encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         ids = encoding.input_ids
@@ -97,7 +112,7 @@ def probe(model_dir: Path, problems_path: Path, limit: int | None) -> dict:
         with torch.no_grad():
             logprobs = model(torch.tensor([ids[:end]])).logits[0].float().log_softmax(-1)
         for name, (start, stop) in ranges.items():
-            rows = logprobs[start - 1:stop - 1]
+            rows = logprobs[start - 1 : stop - 1]
             target = torch.tensor(ids[start:stop])
             chosen = rows.gather(1, target[:, None])[:, 0]
             token_probs.setdefault(name, []).extend(chosen.exp().tolist())
@@ -105,9 +120,11 @@ def probe(model_dir: Path, problems_path: Path, limit: int | None) -> dict:
             whole.setdefault(name, []).append(math.exp(chosen.sum().item()))
     out: dict = {"model": str(model_dir), "problems": str(problems_path), "n_problems": len(problems)}
     for name in token_probs:
-        out[name] = {"token_argmax_accuracy": sum(hits[name]) / len(hits[name]),
-                     "token_probability_mean": sum(token_probs[name]) / len(token_probs[name]),
-                     "whole_span_probability_mean": sum(whole[name]) / len(whole[name])}
+        out[name] = {
+            "token_argmax_accuracy": sum(hits[name]) / len(hits[name]),
+            "token_probability_mean": sum(token_probs[name]) / len(token_probs[name]),
+            "whole_span_probability_mean": sum(whole[name]) / len(whole[name]),
+        }
     return out
 
 

@@ -47,8 +47,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PEAK_FLOPS = 989e12  # H100 / H200 SXM, dense bf16 tensor cores (NVIDIA datasheet, no sparsity)
@@ -57,18 +58,36 @@ FAMILIES = 3  # the embedded task's families (arith, choice, program)
 # Model shapes (config keys of model.embedded) and the run sizes that go with them.
 SIZES: dict[str, dict[str, Any]] = {
     "0.5b": {  # Qwen3-0.6B's shape; the BPE stops at ~1 k tokens on the embedded corpus (Qwen3: 152 k)
-        "model": {"vocab_size": 32768, "hidden_size": 1024, "num_layers": 28, "num_heads": 16, "num_kv_heads": 8,
-                  "head_dim": 128, "intermediate_size": 3072, "max_position_embeddings": 4096},
+        "model": {
+            "vocab_size": 32768,
+            "hidden_size": 1024,
+            "num_layers": 28,
+            "num_heads": 16,
+            "num_kv_heads": 8,
+            "head_dim": 128,
+            "intermediate_size": 3072,
+            "max_position_embeddings": 4096,
+        },
         "sft": {"global_batch_size": 32, "micro_batch_size": 16, "max_length": 2048, "lr": 1e-4},
         "grpo": {"batch_prompts": 16, "n": 8, "max_response_tokens": 512, "rollout_batch": 128},
-        "sft_steps": 40, "warmup_steps": 5,
+        "sft_steps": 40,
+        "warmup_steps": 5,
     },
     "tiny": {  # every code path in about a minute on a CPU
-        "model": {"vocab_size": 512, "hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
-                  "head_dim": 16, "intermediate_size": 128, "max_position_embeddings": 4096},
+        "model": {
+            "vocab_size": 512,
+            "hidden_size": 64,
+            "num_layers": 2,
+            "num_heads": 4,
+            "num_kv_heads": 2,
+            "head_dim": 16,
+            "intermediate_size": 128,
+            "max_position_embeddings": 4096,
+        },
         "sft": {"global_batch_size": 8, "micro_batch_size": 4, "max_length": 2048, "lr": 3e-3},
         "grpo": {"batch_prompts": 2, "n": 2, "max_response_tokens": 32, "rollout_batch": 4},
-        "sft_steps": 4, "warmup_steps": 1,
+        "sft_steps": 4,
+        "warmup_steps": 1,
     },
 }
 
@@ -90,7 +109,10 @@ def peak_flops_from_env(env: Mapping[str, str]) -> tuple[float, str]:
     """(peak bf16 FLOP/s, where it comes from): ``GPU_CHECK_PEAK_FLOPS`` or the H100/H200 default."""
     raw = env.get("GPU_CHECK_PEAK_FLOPS")
     if not raw:
-        return DEFAULT_PEAK_FLOPS, "default: 989e12, H100/H200 SXM dense bf16 (set GPU_CHECK_PEAK_FLOPS for other chips)"
+        return (
+            DEFAULT_PEAK_FLOPS,
+            "default: 989e12, H100/H200 SXM dense bf16 (set GPU_CHECK_PEAK_FLOPS for other chips)",
+        )
     try:
         value = float(raw)
     except ValueError:
@@ -117,8 +139,9 @@ def safetensors_parameter_count(model_dir: Path) -> int:
     return total
 
 
-def sft_throughput(records: Sequence[Mapping[str, Any]], parameters: int, peak_flops: float,
-                   warmup_steps: int) -> dict[str, Any]:
+def sft_throughput(
+    records: Sequence[Mapping[str, Any]], parameters: int, peak_flops: float, warmup_steps: int
+) -> dict[str, Any]:
     """Tokens/s and MFU of the SFT steps after the first ``warmup_steps`` (real tokens, not padding)."""
     steady = [r for r in records if r["step"] > warmup_steps]
     if not steady:
@@ -126,10 +149,15 @@ def sft_throughput(records: Sequence[Mapping[str, Any]], parameters: int, peak_f
     tokens = sum(r["tokens_per_s"] * r["step_time_s"] for r in steady)
     seconds = sum(r["step_time_s"] for r in steady)
     return {
-        "steps": len(records), "steady_steps": len(steady), "tokens": tokens, "seconds": seconds,
-        "tokens_per_s": tokens / seconds, "mfu": model_flops_utilisation(parameters, tokens, seconds, peak_flops),
+        "steps": len(records),
+        "steady_steps": len(steady),
+        "tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_s": tokens / seconds,
+        "mfu": model_flops_utilisation(parameters, tokens, seconds, peak_flops),
         "pad_fraction": sum(r["pad_fraction"] for r in steady) / len(steady),
-        "loss_first": records[0]["loss"], "loss_last": records[-1]["loss"],
+        "loss_first": records[0]["loss"],
+        "loss_last": records[-1]["loss"],
     }
 
 
@@ -140,20 +168,30 @@ def grpo_throughput(records: Sequence[Mapping[str, Any]], parameters: int, peak_
         if "timing/update_s" not in r:  # a validation-only line (step 0)
             continue
         generated = r["rollout/generated_tokens_mean"] * r["rollout/trajectories"]
-        steps.append({
-            "step": r["step"], "step_s": r["timing/step_s"], "update_s": r["timing/update_s"],
-            "input_tokens": r["actor/input_tokens"],
-            "train_tokens_per_s": r["actor/input_tokens"] / r["timing/update_s"],
-            "mfu": model_flops_utilisation(parameters, r["actor/input_tokens"], r["timing/update_s"], peak_flops),
-            "generate_s": r["timing/generate_s"], "generated_tokens": generated,
-            "rollout_tokens_per_s": generated / r["timing/generate_s"] if r["timing/generate_s"] > 0 else None,
-            "response_length_mean": r["rollout/response_length_mean"], "reward_mean": r["rollout/reward_mean"],
-        })
+        steps.append(
+            {
+                "step": r["step"],
+                "step_s": r["timing/step_s"],
+                "update_s": r["timing/update_s"],
+                "input_tokens": r["actor/input_tokens"],
+                "train_tokens_per_s": r["actor/input_tokens"] / r["timing/update_s"],
+                "mfu": model_flops_utilisation(parameters, r["actor/input_tokens"], r["timing/update_s"], peak_flops),
+                "generate_s": r["timing/generate_s"],
+                "generated_tokens": generated,
+                "rollout_tokens_per_s": generated / r["timing/generate_s"] if r["timing/generate_s"] > 0 else None,
+                "response_length_mean": r["rollout/response_length_mean"],
+                "reward_mean": r["rollout/reward_mean"],
+            }
+        )
     if not steps:
         raise ValueError("the GRPO metrics hold no training step")
     last = steps[-1]
-    return {"steps": steps, "train_tokens_per_s": last["train_tokens_per_s"], "mfu": last["mfu"],
-            "rollout_tokens_per_s": last["rollout_tokens_per_s"]}
+    return {
+        "steps": steps,
+        "train_tokens_per_s": last["train_tokens_per_s"],
+        "mfu": last["mfu"],
+        "rollout_tokens_per_s": last["rollout_tokens_per_s"],
+    }
 
 
 # --------------------------------------------------------------------------- stage configs
@@ -162,21 +200,45 @@ def sft_config(size: Mapping[str, Any], steps: int, examples: int, dtype: str) -
     per_epoch = examples // size["sft"]["global_batch_size"]
     if per_epoch < 1:
         raise ValueError(f"{examples} SFT examples make no step of {size['sft']['global_batch_size']}")
-    return {**size["sft"], "epochs": -(-steps // per_epoch), "warmup_ratio": 0.1,
-            "save_every_steps": 0, "deepspeed": {"zero_stage": 2, "dtype": dtype, "gradient_checkpointing": False}}
+    return {
+        **size["sft"],
+        "epochs": -(-steps // per_epoch),
+        "warmup_ratio": 0.1,
+        "save_every_steps": 0,
+        "deepspeed": {"zero_stage": 2, "dtype": dtype, "gradient_checkpointing": False},
+    }
 
 
 def grpo_config(size: Mapping[str, Any], steps: int, dtype: str) -> dict[str, Any]:
     """``rollout``, ``reward`` and ``grpo`` sections: hf engine, one optimizer step per GRPO step."""
     g = size["grpo"]
     return {
-        "rollout": {"engine": "hf", "dtype": dtype, "max_turns": 2, "max_prompt_tokens": 2048,
-                    "max_response_tokens": g["max_response_tokens"], "batch_size": g["rollout_batch"]},
-        "reward": {"overlong": {"max_response_length": g["max_response_tokens"],
-                                "buffer_length": g["max_response_tokens"] // 4}},
-        "grpo": {"variant": "grpo_tcr", "max_steps": steps, "batch_prompts": g["batch_prompts"], "n": g["n"],
-                 "mini_batch_prompts": g["batch_prompts"], "lr": 1e-6, "test_freq": 0, "val_before_train": False,
-                 "save_freq": 0, "deepspeed": {"zero_stage": 2, "dtype": dtype, "gradient_checkpointing": False}},
+        "rollout": {
+            "engine": "hf",
+            "dtype": dtype,
+            "max_turns": 2,
+            "max_prompt_tokens": 2048,
+            "max_response_tokens": g["max_response_tokens"],
+            "batch_size": g["rollout_batch"],
+        },
+        "reward": {
+            "overlong": {
+                "max_response_length": g["max_response_tokens"],
+                "buffer_length": g["max_response_tokens"] // 4,
+            }
+        },
+        "grpo": {
+            "variant": "grpo_tcr",
+            "max_steps": steps,
+            "batch_prompts": g["batch_prompts"],
+            "n": g["n"],
+            "mini_batch_prompts": g["batch_prompts"],
+            "lr": 1e-6,
+            "test_freq": 0,
+            "val_before_train": False,
+            "save_freq": 0,
+            "deepspeed": {"zero_stage": 2, "dtype": dtype, "gradient_checkpointing": False},
+        },
     }
 
 
@@ -188,8 +250,11 @@ class StageFailed(RuntimeError):
 def run_stage(name: str, args: list[str], config: dict[str, Any], log_path: Path, deadline: float) -> float:
     """``python -m agentrl <name> --config-json ... args`` with its output in ``log_path``; wall seconds."""
     command = [sys.executable, "-m", "agentrl", name, "--config-json", json.dumps(config), *args]
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           "TOKENIZERS_PARALLELISM": "false"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     print(f"gpu_check: {name} ...", flush=True)
     started = time.perf_counter()
     with open(log_path, "w") as log:
@@ -223,12 +288,20 @@ def device_info() -> dict[str, Any]:
     import torch
     import transformers
 
-    info = {"cuda": torch.cuda.is_available(), "torch": torch.__version__, "deepspeed": deepspeed.__version__,
-            "transformers": transformers.__version__, "cpus": os.cpu_count()}
+    info = {
+        "cuda": torch.cuda.is_available(),
+        "torch": torch.__version__,
+        "deepspeed": deepspeed.__version__,
+        "transformers": transformers.__version__,
+        "cpus": os.cpu_count(),
+    }
     if info["cuda"]:
-        info.update(name=torch.cuda.get_device_name(0), cuda_version=torch.version.cuda,
-                    memory_gib=round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1),
-                    bf16_supported=torch.cuda.is_bf16_supported())
+        info.update(
+            name=torch.cuda.get_device_name(0),
+            cuda_version=torch.version.cuda,
+            memory_gib=round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1),
+            bf16_supported=torch.cuda.is_bf16_supported(),
+        )
     return info
 
 
@@ -239,47 +312,121 @@ def default_summary_path() -> Path:
     return Path(out) / "gpu_check.json"
 
 
-def run_stages(size: Mapping[str, Any], sft_steps: int, grpo_steps: int, workdir: Path, logs: Path,
-               deadline: float, walls: dict[str, float]) -> dict[str, Any]:
+def run_stages(
+    size: Mapping[str, Any],
+    sft_steps: int,
+    grpo_steps: int,
+    workdir: Path,
+    logs: Path,
+    deadline: float,
+    walls: dict[str, float],
+) -> dict[str, Any]:
     """Data, base model, SFT, GRPO; their configs, the parameter count and both metrics files' records."""
     data, models = workdir / "data", workdir / "models"
     per_family = -(-sft_steps * size["sft"]["global_batch_size"] // FAMILIES)  # one epoch covers the steps
     per_family = min(per_family, 256)  # more epochs rather than minutes of data generation
     rl_per_family = -(-size["grpo"]["batch_prompts"] * grpo_steps // FAMILIES)
-    walls["prepare_data"] = run_stage("prepare-data", [
-        "--sft", str(data / "sft.parquet"), "--rl-pool", str(data / "rl_pool.parquet"), "--eval-dir", str(data / "eval")],
-        {"data": {"embedded": {"sft_per_family": per_family, "rl_pool_per_family": rl_per_family,
-                               "eval_per_family": 1, "prompt_style": "paper"}}},
-        logs / "prepare_data.log", deadline)
-    walls["base_model"] = run_stage("base-model", [
-        "--sft", str(data / "sft.parquet"), "--rl-pool", str(data / "rl_pool.parquet"), "--out", str(models / "base")],
-        {"model": {"embedded": size["model"]}}, logs / "base_model.log", deadline)
+    walls["prepare_data"] = run_stage(
+        "prepare-data",
+        [
+            "--sft",
+            str(data / "sft.parquet"),
+            "--rl-pool",
+            str(data / "rl_pool.parquet"),
+            "--eval-dir",
+            str(data / "eval"),
+        ],
+        {
+            "data": {
+                "embedded": {
+                    "sft_per_family": per_family,
+                    "rl_pool_per_family": rl_per_family,
+                    "eval_per_family": 1,
+                    "prompt_style": "paper",
+                }
+            }
+        },
+        logs / "prepare_data.log",
+        deadline,
+    )
+    walls["base_model"] = run_stage(
+        "base-model",
+        ["--sft", str(data / "sft.parquet"), "--rl-pool", str(data / "rl_pool.parquet"), "--out", str(models / "base")],
+        {"model": {"embedded": size["model"]}},
+        logs / "base_model.log",
+        deadline,
+    )
     sft_cfg = sft_config(size, sft_steps, per_family * FAMILIES, "bfloat16")
-    walls["sft"] = run_stage("sft", [
-        "--model", str(models / "base"), "--data", str(data / "sft.parquet"), "--out", str(models / "sft"),
-        "--metrics", str(logs / "sft_metrics.jsonl"), "--checkpoint-dir", str(workdir / "sft_checkpoints"),
-        "--nproc", "1"], {"sft": sft_cfg}, logs / "sft.log", deadline)
+    walls["sft"] = run_stage(
+        "sft",
+        [
+            "--model",
+            str(models / "base"),
+            "--data",
+            str(data / "sft.parquet"),
+            "--out",
+            str(models / "sft"),
+            "--metrics",
+            str(logs / "sft_metrics.jsonl"),
+            "--checkpoint-dir",
+            str(workdir / "sft_checkpoints"),
+            "--nproc",
+            "1",
+        ],
+        {"sft": sft_cfg},
+        logs / "sft.log",
+        deadline,
+    )
     if "ZeRO-2, torch.bfloat16" not in (logs / "sft.log").read_text(errors="replace"):
         raise StageFailed(f"the SFT log does not say 'ZeRO-2, torch.bfloat16'; see {logs / 'sft.log'}")
     grpo_cfg = grpo_config(size, grpo_steps, "bfloat16")
-    walls["grpo"] = run_stage("grpo", [
-        "--model", str(models / "sft"), "--train", str(data / "rl_pool.parquet"), "--out", str(models / "rl"),
-        "--metrics", str(logs / "grpo_metrics.jsonl"), "--checkpoint-dir", str(workdir / "grpo_checkpoints"),
-        "--nproc", "1", "--threads", str(rollout_threads())], grpo_cfg, logs / "grpo.log", deadline)
-    return {"parameters": safetensors_parameter_count(models / "base"), "sft_config": sft_cfg,
-            "grpo_config": grpo_cfg, "sft_records": read_jsonl(logs / "sft_metrics.jsonl"),
-            "grpo_records": read_jsonl(logs / "grpo_metrics.jsonl")}
+    walls["grpo"] = run_stage(
+        "grpo",
+        [
+            "--model",
+            str(models / "sft"),
+            "--train",
+            str(data / "rl_pool.parquet"),
+            "--out",
+            str(models / "rl"),
+            "--metrics",
+            str(logs / "grpo_metrics.jsonl"),
+            "--checkpoint-dir",
+            str(workdir / "grpo_checkpoints"),
+            "--nproc",
+            "1",
+            "--threads",
+            str(rollout_threads()),
+        ],
+        grpo_cfg,
+        logs / "grpo.log",
+        deadline,
+    )
+    return {
+        "parameters": safetensors_parameter_count(models / "base"),
+        "sft_config": sft_cfg,
+        "grpo_config": grpo_cfg,
+        "sft_records": read_jsonl(logs / "sft_metrics.jsonl"),
+        "grpo_records": read_jsonl(logs / "grpo_metrics.jsonl"),
+    }
 
 
 def print_summary(summary: Mapping[str, Any], path: Path) -> None:
     sft, grpo = summary["sft"], summary["grpo"]
     rollout = grpo["rollout_tokens_per_s"]
-    print(f"gpu_check: {summary['model']['parameters']:,} parameters on {summary['device'].get('name', 'CPU')}; "
-          f"peak {summary['peak_flops']:.3g} FLOP/s ({summary['peak_flops_source']})")
-    print(f"gpu_check: SFT  {sft['tokens_per_s']:,.0f} tokens/s, MFU {sft['mfu']:.2%} over {sft['steady_steps']} steps "
-          f"(loss {sft['loss_first']:.3f} -> {sft['loss_last']:.3f})")
-    print(f"gpu_check: GRPO update {grpo['train_tokens_per_s']:,.0f} tokens/s, MFU {grpo['mfu']:.2%}; rollout "
-          + (f"{rollout:,.0f} generated tokens/s" if rollout else "n/a") + " (last step)")
+    print(
+        f"gpu_check: {summary['model']['parameters']:,} parameters on {summary['device'].get('name', 'CPU')}; "
+        f"peak {summary['peak_flops']:.3g} FLOP/s ({summary['peak_flops_source']})"
+    )
+    print(
+        f"gpu_check: SFT  {sft['tokens_per_s']:,.0f} tokens/s, MFU {sft['mfu']:.2%} over {sft['steady_steps']} steps "
+        f"(loss {sft['loss_first']:.3f} -> {sft['loss_last']:.3f})"
+    )
+    print(
+        f"gpu_check: GRPO update {grpo['train_tokens_per_s']:,.0f} tokens/s, MFU {grpo['mfu']:.2%}; rollout "
+        + (f"{rollout:,.0f} generated tokens/s" if rollout else "n/a")
+        + " (last step)"
+    )
     print(f"gpu_check: summary -> {path} ({summary['total_wall_s']:.0f} s)")
 
 
@@ -290,8 +437,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sft-steps", type=int, help="SFT steps at least (default: the size's)")
     parser.add_argument("--grpo-steps", type=int, default=2)
     parser.add_argument("--warmup-steps", type=int, help="first SFT steps left out of the figures")
-    parser.add_argument("--time-limit-s", type=float, default=float(os.environ.get("GPU_CHECK_TIME_LIMIT_S", 450)),
-                        help="all stages together; a stage past it is killed and the check fails")
+    parser.add_argument(
+        "--time-limit-s",
+        type=float,
+        default=float(os.environ.get("GPU_CHECK_TIME_LIMIT_S", 450)),
+        help="all stages together; a stage past it is killed and the check fails",
+    )
     parser.add_argument("--workdir", type=Path, help="where the data and models go (default: a temporary folder)")
     args = parser.parse_args(argv)
     summary_path = args.summary or default_summary_path()
@@ -304,21 +455,35 @@ def main(argv: list[str] | None = None) -> int:
 
     info = device_info()
     if not info["cuda"] and os.environ.get("GPU_CHECK_ALLOW_CPU") != "1":
-        raise SystemExit("gpu_check: torch sees no CUDA GPU; this check measures bf16 training on a GPU. "
-                         "(GPU_CHECK_ALLOW_CPU=1 --size tiny runs the same stages on a CPU, to test the script.)")
+        raise SystemExit(
+            "gpu_check: torch sees no CUDA GPU; this check measures bf16 training on a GPU. "
+            "(GPU_CHECK_ALLOW_CPU=1 --size tiny runs the same stages on a CPU, to test the script.)"
+        )
     if info["cuda"] and not info["bf16_supported"]:
         raise SystemExit(f"gpu_check: {info['name']} has no bf16 support")
     print(f"gpu_check: {json.dumps(info)}", flush=True)
 
-    summary: dict[str, Any] = {"device": info, "size": args.size, "peak_flops": peak_flops,
-                               "peak_flops_source": peak_source, "stage_wall_s": {}}
+    summary: dict[str, Any] = {
+        "device": info,
+        "size": args.size,
+        "peak_flops": peak_flops,
+        "peak_flops_source": peak_source,
+        "stage_wall_s": {},
+    }
     logs = summary_path.parent / "gpu_check_logs"  # stage logs and metrics, kept beside the summary
     logs.mkdir(parents=True, exist_ok=True)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="gpu_check-"))
     started = time.perf_counter()
     try:
-        run = run_stages(size, sft_steps, args.grpo_steps, workdir, logs, time.monotonic() + args.time_limit_s,
-                         summary["stage_wall_s"])
+        run = run_stages(
+            size,
+            sft_steps,
+            args.grpo_steps,
+            workdir,
+            logs,
+            time.monotonic() + args.time_limit_s,
+            summary["stage_wall_s"],
+        )
         sft = sft_throughput(run["sft_records"], run["parameters"], peak_flops, warmup_steps)
         grpo = grpo_throughput(run["grpo_records"], run["parameters"], peak_flops)
         if not math.isfinite(sft["loss_last"]) or sft["loss_last"] >= sft["loss_first"]:
@@ -332,14 +497,21 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
-    summary.update({
-        "model": {"parameters": run["parameters"], **size["model"]},
-        "mfu_formula": "6 * parameters * tokens / seconds / peak_flops (attention scores not counted)",
-        "sft": {**sft, "zero_stage": 2, "dtype": "bfloat16", "warmup_steps_left_out": warmup_steps,
-                "config": run["sft_config"]},
-        "grpo": {**grpo, "zero_stage": 2, "dtype": "bfloat16", "engine": "hf", "config": run["grpo_config"]},
-        "total_wall_s": time.perf_counter() - started,
-    })
+    summary.update(
+        {
+            "model": {"parameters": run["parameters"], **size["model"]},
+            "mfu_formula": "6 * parameters * tokens / seconds / peak_flops (attention scores not counted)",
+            "sft": {
+                **sft,
+                "zero_stage": 2,
+                "dtype": "bfloat16",
+                "warmup_steps_left_out": warmup_steps,
+                "config": run["sft_config"],
+            },
+            "grpo": {**grpo, "zero_stage": 2, "dtype": "bfloat16", "engine": "hf", "config": run["grpo_config"]},
+            "total_wall_s": time.perf_counter() - started,
+        }
+    )
     summary_path.write_text(json.dumps(summary, indent=2) + "\n")
     print_summary(summary, summary_path)
     return 0

@@ -73,8 +73,15 @@ def main() -> None:
     from agentrl.tools.sandbox import make_sandbox
     from agentrl.training import deepspeed_engine as dse
 
-    cfg = load_config({"grpo": {"batch_prompts": args.batch_prompts, "n": args.n,
-                                "mini_batch_prompts": min(args.batch_prompts, load_config({}).grpo.mini_batch_prompts)}})
+    cfg = load_config(
+        {
+            "grpo": {
+                "batch_prompts": args.batch_prompts,
+                "n": args.n,
+                "mini_batch_prompts": min(args.batch_prompts, load_config({}).grpo.mini_batch_prompts),
+            }
+        }
+    )
     ctx = dse.init_distributed()
     paths = GrpoPaths(args.model, args.train, (), Path("-"), Path("-"), Path("-"), dse.find_deepspeed_config(0))
     sampler = PromptSampler(read_problems(args.train), seed=0)
@@ -95,8 +102,14 @@ def main() -> None:
         t4 = time.perf_counter()
 
     input_tokens = sum(len(s.input_ids) for s in samples) * cfg.grpo.ppo_epochs
-    plain_s = plain_update(load_model(args.model, torch.device("cpu")), samples, plan, parts.pad_token_id,
-                           cfg.grpo.lr, cfg.rollout.temperature)
+    plain_s = plain_update(
+        load_model(args.model, torch.device("cpu")),
+        samples,
+        plan,
+        parts.pad_token_id,
+        cfg.grpo.lr,
+        cfg.rollout.temperature,
+    )
     report = {
         "cpus": os.cpu_count(),
         "load_average": os.getloadavg(),

@@ -63,8 +63,9 @@ def bench_engine(name: str, args, problems, cfg, sandbox) -> dict:
     stats = loop.stats
 
     prompts = [t.prompt_ids for t in trajectories]
-    raw_params = params.replace(max_tokens=rollout_cfg.max_response_tokens, seed=args.seed,
-                                stop_token_ids=(loop.format.end_of_turn_id,))
+    raw_params = params.replace(
+        max_tokens=rollout_cfg.max_response_tokens, seed=args.seed, stop_token_ids=(loop.format.end_of_turn_id,)
+    )
     started = time.perf_counter()
     raw = engine.generate(prompts, raw_params)
     raw_s = time.perf_counter() - started
@@ -101,9 +102,16 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = load_config({"rollout": {"max_response_tokens": args.max_response_tokens, "max_turns": args.max_turns,
-                                   "batch_size": args.batch_size,
-                                   "vllm": {"gpu_memory_utilization": 0.2, "max_num_seqs": 256}}})
+    cfg = load_config(
+        {
+            "rollout": {
+                "max_response_tokens": args.max_response_tokens,
+                "max_turns": args.max_turns,
+                "batch_size": args.batch_size,
+                "vllm": {"gpu_memory_utilization": 0.2, "max_num_seqs": 256},
+            }
+        }
+    )
     problems = read_problems(args.problems)[: args.prompts]
     engines = [e for e in args.engines.split(",") if e]
     if "vllm" in engines and importlib.util.find_spec("vllm") is None:
@@ -115,14 +123,20 @@ def main() -> None:
             results.append(bench_engine(name, args, problems, cfg, sandbox))
             print(json.dumps(results[-1]), flush=True)
     header = f"{'engine':<6} {'loop tok/s':>10} {'raw tok/s':>10} {'loop/raw':>8} {'calls/traj':>10} {'tools s':>8}"
-    print(f"\n{len(problems)} prompts x {args.n} samples, model {args.model}, {platform.node()}, "
-          f"torch threads {torch.get_num_threads()}\n{header}")
+    print(
+        f"\n{len(problems)} prompts x {args.n} samples, model {args.model}, {platform.node()}, "
+        f"torch threads {torch.get_num_threads()}\n{header}"
+    )
     for r in results:
-        print(f"{r['engine']:<6} {r['loop_tokens_per_s']:>10} {r['raw_tokens_per_s']:>10} {r['loop_over_raw']:>8} "
-              f"{r['tool_calls_per_trajectory']:>10} {r['loop_tools_s']:>8}")
+        print(
+            f"{r['engine']:<6} {r['loop_tokens_per_s']:>10} {r['raw_tokens_per_s']:>10} {r['loop_over_raw']:>8} "
+            f"{r['tool_calls_per_trajectory']:>10} {r['loop_tools_s']:>8}"
+        )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=1))
+        args.out.write_text(
+            json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=1)
+        )
 
 
 if __name__ == "__main__":

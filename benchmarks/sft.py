@@ -22,14 +22,37 @@ import time
 from pathlib import Path
 
 
-def run_once(model: Path, data: Path, stage: int, budget: int | None, nproc: int, threads: int,
-             extra_sft: dict) -> dict:
+def run_once(
+    model: Path, data: Path, stage: int, budget: int | None, nproc: int, threads: int, extra_sft: dict
+) -> dict:
     with tempfile.TemporaryDirectory(prefix="sft-bench-") as tmp:
-        sft = {"epochs": 1, "save_every_steps": 0, "micro_batch_tokens": budget,
-               "deepspeed": {"zero_stage": stage}, **extra_sft}
-        cmd = [sys.executable, "-m", "agentrl", "sft", "--config-json", json.dumps({"sft": sft}),
-               "--model", str(model), "--data", str(data), "--out", f"{tmp}/model",
-               "--metrics", f"{tmp}/metrics.jsonl", "--checkpoint-dir", f"{tmp}/ckpt", "--nproc", str(nproc)]
+        sft = {
+            "epochs": 1,
+            "save_every_steps": 0,
+            "micro_batch_tokens": budget,
+            "deepspeed": {"zero_stage": stage},
+            **extra_sft,
+        }
+        cmd = [
+            sys.executable,
+            "-m",
+            "agentrl",
+            "sft",
+            "--config-json",
+            json.dumps({"sft": sft}),
+            "--model",
+            str(model),
+            "--data",
+            str(data),
+            "--out",
+            f"{tmp}/model",
+            "--metrics",
+            f"{tmp}/metrics.jsonl",
+            "--checkpoint-dir",
+            f"{tmp}/ckpt",
+            "--nproc",
+            str(nproc),
+        ]
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         started = time.perf_counter()
         done = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -39,7 +62,10 @@ def run_once(model: Path, data: Path, stage: int, budget: int | None, nproc: int
         metrics = [json.loads(line) for line in Path(f"{tmp}/metrics.jsonl").read_text().splitlines()]
     steady = metrics[1:] or metrics  # the first step pays for warm-up
     return {
-        "zero_stage": stage, "micro_batch_tokens": budget, "nproc": nproc, "steps": len(metrics),
+        "zero_stage": stage,
+        "micro_batch_tokens": budget,
+        "nproc": nproc,
+        "steps": len(metrics),
         "tokens_per_s": statistics.median(m["tokens_per_s"] for m in steady),
         "step_time_s": statistics.median(m["step_time_s"] for m in steady),
         "pad_fraction": statistics.mean(m["pad_fraction"] for m in metrics),
@@ -60,8 +86,12 @@ def main() -> int:
     for stage in args.stages:
         for raw in args.budgets:
             budget = None if raw == "none" else int(raw)
-            print(json.dumps(run_once(args.model, args.data, stage, budget, args.nproc, args.threads,
-                                      json.loads(args.sft_json))), flush=True)
+            print(
+                json.dumps(
+                    run_once(args.model, args.data, stage, budget, args.nproc, args.threads, json.loads(args.sft_json))
+                ),
+                flush=True,
+            )
     return 0
 
 

@@ -12,11 +12,11 @@
 
 from __future__ import annotations
 
+import atexit
 import functools
 import random
 import re
 import shutil
-import atexit
 import tempfile
 import time
 from pathlib import Path
@@ -27,8 +27,14 @@ from agentrl.data.prompts import CODE_INTERPRETER_TOOL, COMPACT_MATH
 from agentrl.data.records import Problem
 
 SMALL_MODEL = {  # faster than the embedded default; the same architecture
-    "vocab_size": 1024, "hidden_size": 64, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1,
-    "head_dim": 32, "intermediate_size": 128, "max_position_embeddings": 2048,
+    "vocab_size": 1024,
+    "hidden_size": 64,
+    "num_layers": 2,
+    "num_heads": 2,
+    "num_kv_heads": 1,
+    "head_dim": 32,
+    "intermediate_size": 128,
+    "max_position_embeddings": 2048,
 }
 
 
@@ -42,11 +48,16 @@ def arith_problems(count: int, seed: int = 0) -> list[Problem]:
     problems = []
     for index in range(count):
         expression = f"{rng.randint(10, 99)} {rng.choice('+-*')} {rng.randint(10, 99)}"
-        problems.append(Problem(
-            id=f"arith-test-{index:03d}", data_source="embedded-arith", ability="math",
-            prompt=[{"role": "user", "content": COMPACT_MATH.format(expression=expression)}],
-            ground_truth=str(eval(expression)), extra={"expression": expression},
-        ))
+        problems.append(
+            Problem(
+                id=f"arith-test-{index:03d}",
+                data_source="embedded-arith",
+                ability="math",
+                prompt=[{"role": "user", "content": COMPACT_MATH.format(expression=expression)}],
+                ground_truth=str(eval(expression)),
+                extra={"expression": expression},
+            )
+        )
     return problems
 
 
@@ -55,11 +66,18 @@ def sft_conversations(count: int, seed: int = 1) -> list[list[dict]]:
     conversations = []
     for problem in arith_problems(count, seed):
         expression, value = problem.extra["expression"], problem.ground_truth
-        conversations.append(problem.prompt + [
-            {"role": "assistant", "content": "Let me compute it with the tool.", "tool_calls": [_call(f"print({expression})")]},
-            {"role": "tool", "content": f"{value}\n"},
-            {"role": "assistant", "content": f"The result is {value}.\n\\boxed{{{value}}}"},
-        ])
+        conversations.append(
+            problem.prompt
+            + [
+                {
+                    "role": "assistant",
+                    "content": "Let me compute it with the tool.",
+                    "tool_calls": [_call(f"print({expression})")],
+                },
+                {"role": "tool", "content": f"{value}\n"},
+                {"role": "assistant", "content": f"The result is {value}.\n\\boxed{{{value}}}"},
+            ]
+        )
     return conversations
 
 
@@ -67,7 +85,9 @@ def _corpus() -> list[str]:
     from agentrl.model.build import train_tokenizer
 
     renderer = train_tokenizer(["0123456789"], 300)
-    return [renderer.apply_chat_template(m, tools=[CODE_INTERPRETER_TOOL], tokenize=False) for m in sft_conversations(64)]
+    return [
+        renderer.apply_chat_template(m, tools=[CODE_INTERPRETER_TOOL], tokenize=False) for m in sft_conversations(64)
+    ]
 
 
 @functools.cache
@@ -133,7 +153,9 @@ def assistant_token_mask(tokenizer, text: str) -> tuple[list[int], list[int]]:
     return encoded["input_ids"], mask
 
 
-def sft_train(model, tokenizer, conversations: list[str], steps: int, lr: float, batch_size: int, seed: int) -> list[float]:
+def sft_train(
+    model, tokenizer, conversations: list[str], steps: int, lr: float, batch_size: int, seed: int
+) -> list[float]:
     """Plain AdamW on the assistant tokens of the rendered conversations; returns the losses."""
     rows = [assistant_token_mask(tokenizer, text) for text in conversations]
     generator = torch.Generator().manual_seed(seed)
@@ -170,7 +192,9 @@ def trained_policy(steps: int = 100) -> Path:
     shutil.copytree(random_policy(), model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
-    texts = [tokenizer.apply_chat_template(m, tools=[CODE_INTERPRETER_TOOL], tokenize=False) for m in sft_conversations(64)]
+    texts = [
+        tokenizer.apply_chat_template(m, tools=[CODE_INTERPRETER_TOOL], tokenize=False) for m in sft_conversations(64)
+    ]
     started = time.perf_counter()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matmuls on a shared CPU: extra intra-op threads make it ~10x slower
@@ -178,8 +202,12 @@ def trained_policy(steps: int = 100) -> Path:
         losses = sft_train(model, tokenizer, texts, steps=steps, lr=3e-3, batch_size=8, seed=0)
     finally:
         torch.set_num_threads(threads)
-    print(f"trained_policy: {steps} steps in {time.perf_counter() - started:.1f} s, "
-          f"loss {losses[0]:.2f} -> {sum(losses[-10:]) / 10:.3f}")
-    assert sum(losses[-10:]) / 10 < 0.5 * losses[0], f"the tiny model did not learn: {losses[0]:.2f} -> {losses[-1]:.2f}"
+    print(
+        f"trained_policy: {steps} steps in {time.perf_counter() - started:.1f} s, "
+        f"loss {losses[0]:.2f} -> {sum(losses[-10:]) / 10:.3f}"
+    )
+    assert sum(losses[-10:]) / 10 < 0.5 * losses[0], (
+        f"the tiny model did not learn: {losses[0]:.2f} -> {losses[-1]:.2f}"
+    )
     model.save_pretrained(model_dir)
     return model_dir

@@ -28,8 +28,21 @@ FAMILIES = CONFIG["data"]["embedded"]["families"]
 
 
 def _dry_run(workdir: Path, *args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "snakemake", *args, "-n", "--cores", "2", "-s", str(ROOT / "workflow" / "Snakefile"),
-               "--directory", str(workdir), "--configfile", str(ROOT / "config.yaml")]
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        *args,
+        "-n",
+        "--cores",
+        "2",
+        "-s",
+        str(ROOT / "workflow" / "Snakefile"),
+        "--directory",
+        str(workdir),
+        "--configfile",
+        str(ROOT / "config.yaml"),
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=workdir, env=env)
 
@@ -69,8 +82,17 @@ def plan(tmp_path_factory) -> str:
 
 def test_arms_share_one_data_set_base_model_sft_model_and_rl_set(plan):
     counts = _job_counts(plan)
-    for shared in ("prepare_data", "base_model", "sft", "score_rl_pool", "select_rl_data",
-                   "ablation_stitched_data", "ablation_stitched_sft", "ablation_report", "ablations"):
+    for shared in (
+        "prepare_data",
+        "base_model",
+        "sft",
+        "score_rl_pool",
+        "select_rl_data",
+        "ablation_stitched_data",
+        "ablation_stitched_sft",
+        "ablation_report",
+        "ablations",
+    ):
         assert counts.get(shared) == 1, f"{shared}: {counts.get(shared)} jobs planned, expected exactly one"
     assert counts["ablation_grpo"] == len(ARMS) * len(SEEDS)  # the baseline, shared by the three questions, once
     assert counts["ablation_evaluate"] == len(ARMS) * len(SEEDS) * len(FAMILIES)
@@ -85,12 +107,18 @@ def test_each_arm_trains_from_its_sft_model_on_its_rl_data(plan):
     for job in jobs:
         arm = re.search(r"ablations/([^/]+)/seed\d+/rl/", job["output"]).group(1)
         spec = ABLATIONS["arms"][arm]
-        sft = "results/ablations/shared/stitched_sft/model/config.json" if spec["sft_data"] == "stitched" else "results/models/sft/config.json"
+        sft = (
+            "results/ablations/shared/stitched_sft/model/config.json"
+            if spec["sft_data"] == "stitched"
+            else "results/models/sft/config.json"
+        )
         data = "results/filter/rl_train.parquet" if spec["rl_data"] == "filtered" else "results/data/rl_pool.parquet"
         assert job["input"].split(", ")[:2] == [sft, data], (arm, job["input"])
     stitched_sft = _jobs(plan, "ablation_stitched_sft")[0]
-    assert stitched_sft["input"].split(", ") == ["results/models/base/config.json",
-                                                 "results/ablations/shared/stitched_data/sft.parquet"]
+    assert stitched_sft["input"].split(", ") == [
+        "results/models/base/config.json",
+        "results/ablations/shared/stitched_data/sft.parquet",
+    ]
 
 
 def test_the_default_target_plans_no_ablation_job(tmp_path):
@@ -102,9 +130,29 @@ def test_the_default_target_plans_no_ablation_job(tmp_path):
 def test_a_question_naming_an_undefined_arm_stops_the_workflow_at_load(tmp_path):
     override = tmp_path / "override.yaml"
     override.write_text(yaml.safe_dump({"ablations": {"questions": {"data": ["baseline", "no_such_arm"]}}}))
-    command = [sys.executable, "-m", "snakemake", "ablations", "-n", "--cores", "1", "-s", str(ROOT / "workflow" / "Snakefile"),
-               "--directory", str(tmp_path), "--configfile", str(ROOT / "config.yaml"), str(override)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "ablations",
+        "-n",
+        "--cores",
+        "1",
+        "-s",
+        str(ROOT / "workflow" / "Snakefile"),
+        "--directory",
+        str(tmp_path),
+        "--configfile",
+        str(ROOT / "config.yaml"),
+        str(override),
+    ]
+    done = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )
     assert done.returncode != 0
     assert "ablations.questions names undefined arm(s) ['no_such_arm']" in done.stdout + done.stderr

@@ -15,13 +15,20 @@ from agentrl.report import cli as report_cli
 from agentrl.report.ablations import Spread, format_spread, smooth, spread, steps_to_reach
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-ARMS = {"base": {"sft_data": "real", "rl_data": "filtered", "variant": "grpo_tcr"},
-        "stitched": {"sft_data": "stitched", "rl_data": "filtered", "variant": "grpo_tcr"},
-        "gt": {"sft_data": "real", "rl_data": "filtered", "variant": "grpo_t"}}
-SETTINGS = {"seeds": [1, 2, 3], "arms": ARMS,
-            "questions": {"data": ["base", "stitched"], "algorithm": ["base", "gt"], "reasoning": ["base", "stitched", "gt"]},
-            "accuracy_threshold": 0.5, "smoothing_window": 2,
-            "deliberative_max_calls": 2, "deliberative_min_tokens_per_call": 20}
+ARMS = {
+    "base": {"sft_data": "real", "rl_data": "filtered", "variant": "grpo_tcr"},
+    "stitched": {"sft_data": "stitched", "rl_data": "filtered", "variant": "grpo_tcr"},
+    "gt": {"sft_data": "real", "rl_data": "filtered", "variant": "grpo_t"},
+}
+SETTINGS = {
+    "seeds": [1, 2, 3],
+    "arms": ARMS,
+    "questions": {"data": ["base", "stitched"], "algorithm": ["base", "gt"], "reasoning": ["base", "stitched", "gt"]},
+    "accuracy_threshold": 0.5,
+    "smoothing_window": 2,
+    "deliberative_max_calls": 2,
+    "deliberative_min_tokens_per_call": 20,
+}
 CFG = load_config({"ablations": SETTINGS}).ablations
 
 
@@ -72,23 +79,37 @@ def test_the_shared_folder_name_is_no_arm_name():
 
 # --------------------------------------------------------------------------- hand-made runs
 def _sample(problem: int, index: int, acc: bool, calls: int, tokens: int, errors: int = 0) -> dict:
-    return {"problem_id": f"q{problem}", "sample_index": index, "acc": acc, "pred": "1" if acc else "0",
-            "tool_calls": calls, "tool_errors": [i < errors for i in range(calls)],
-            "tokens_before_calls": [tokens] * calls, "num_turns": 2 * calls + 2, "response_tokens": 50}
+    return {
+        "problem_id": f"q{problem}",
+        "sample_index": index,
+        "acc": acc,
+        "pred": "1" if acc else "0",
+        "tool_calls": calls,
+        "tool_errors": [i < errors for i in range(calls)],
+        "tokens_before_calls": [tokens] * calls,
+        "num_turns": 2 * calls + 2,
+        "response_tokens": 50,
+    }
 
 
-def _write_run(root: Path, arm: str, seed: int, acc_curve: list[float], correct: list[list[bool]],
-               calls: int, tokens: int) -> None:
+def _write_run(
+    root: Path, arm: str, seed: int, acc_curve: list[float], correct: list[list[bool]], calls: int, tokens: int
+) -> None:
     """One arm/seed: a GRPO log with ``acc_curve`` and, per benchmark, samples with ``correct[p][i]``."""
     run = root / arm / f"seed{seed}"
     (run / "rl").mkdir(parents=True)
     records = [{"step": 0, "val/mean/avg@2": 0.0}]  # validation-only record: skipped by the curves
-    records += [{"step": s, ablations.ACC_KEY: a, ablations.CALLS_KEY: calls + 0.1 * s, ablations.SUCCESS_KEY: 0.5}
-                for s, a in enumerate(acc_curve, 1)]
+    records += [
+        {"step": s, ablations.ACC_KEY: a, ablations.CALLS_KEY: calls + 0.1 * s, ablations.SUCCESS_KEY: 0.5}
+        for s, a in enumerate(acc_curve, 1)
+    ]
     (run / "rl" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     for benchmark in ("arith", "program"):
-        rows = [_sample(p, i, ok, calls, tokens, errors=1 if calls else 0)
-                for p, row in enumerate(correct) for i, ok in enumerate(row)]
+        rows = [
+            _sample(p, i, ok, calls, tokens, errors=1 if calls else 0)
+            for p, row in enumerate(correct)
+            for i, ok in enumerate(row)
+        ]
         folder = run / "eval" / benchmark
         folder.mkdir(parents=True)
         (folder / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -137,9 +158,24 @@ def test_tables_csv_and_plots_written_per_question(runs, tmp_path):
     root, paths = runs
     out = tmp_path / "out"
     cfg_json = json.dumps({"ablations": SETTINGS})
-    assert report_cli.main(["ablations", "--config-json", cfg_json, "--training", *map(str, paths["training"]),
-                            "--eval-metrics", *map(str, paths["eval_metrics"]), "--samples", *map(str, paths["samples"]),
-                            "--out-dir", str(out)]) == 0
+    assert (
+        report_cli.main(
+            [
+                "ablations",
+                "--config-json",
+                cfg_json,
+                "--training",
+                *map(str, paths["training"]),
+                "--eval-metrics",
+                *map(str, paths["eval_metrics"]),
+                "--samples",
+                *map(str, paths["samples"]),
+                "--out-dir",
+                str(out),
+            ]
+        )
+        == 0
+    )
     for question in ("data", "algorithm", "reasoning"):
         assert (out / f"{question}.png").read_bytes()[:8] == PNG_MAGIC
     data_md = (out / "data.md").read_text()

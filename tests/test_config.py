@@ -50,7 +50,9 @@ def test_every_config_yaml_line_with_a_scalar_is_commented():
         # a line opening a section is commented at the section, scalars on their own line
         if stripped.endswith(":") or "#" in line:
             continue
-        parent_comment = any("#" in prev for prev in (ROOT / "config.yaml").read_text().splitlines()[max(0, number - 12):number])
+        parent_comment = any(
+            "#" in prev for prev in (ROOT / "config.yaml").read_text().splitlines()[max(0, number - 12) : number]
+        )
         assert parent_comment, f"config.yaml line {number} ({stripped!r}) has no comment near it"
 
 
@@ -71,7 +73,9 @@ def test_unknown_key_is_named_with_the_allowed_ones():
 def test_wrong_type_and_bad_enum_are_named():
     with pytest.raises(ConfigError, match=r"'sandbox.workers' = 'four' has the wrong type; expected integer"):
         load_config({"sandbox": {"workers": "four"}})
-    with pytest.raises(ConfigError, match=r"'rollout.engine' = 'sglang' is not allowed; choose one of \['hf', 'vllm'\]"):
+    with pytest.raises(
+        ConfigError, match=r"'rollout.engine' = 'sglang' is not allowed; choose one of \['hf', 'vllm'\]"
+    ):
         load_config({"rollout": {"engine": "sglang"}})
 
 

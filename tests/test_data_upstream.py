@@ -57,8 +57,12 @@ def test_jsonl_and_parquet_sources_agree():
         ("aime2024", "aime2024/aime_2024_problems.parquet", "24", "AIME2024"),
         ("aime2025", "aime2025/aime_2025_problems.parquet", "56", "AIME2025"),
         ("gpqa_diamond", "gpqa-diamond/gpqa_diamond.parquet", "B", "gpqa_diamond"),
-        ("livecodebench_v6", "livecodebench-v6/lcb_v6_2502_2505.parquet",
-         {"inputs": ["3\n1 2 3\n"], "outputs": ["6\n"]}, "LiveCodeBench_v6"),
+        (
+            "livecodebench_v6",
+            "livecodebench-v6/lcb_v6_2502_2505.parquet",
+            {"inputs": ["3\n1 2 3\n"], "outputs": ["6\n"]},
+            "LiveCodeBench_v6",
+        ),
     ],
 )
 def test_eval_files(bench_name, file, truth, data_source):

@@ -25,9 +25,14 @@ def interpreter():
 def _generate(interpreter, seed=0, per_family=12, share=0.5):
     tool, sandbox = interpreter
     return embedded.generate(
-        seed=seed, families=("arith", "choice", "program"), sft_per_family=per_family,
-        rl_pool_per_family=per_family * 2, eval_per_family=per_family, failed_attempt_share=share,
-        prompt_style="compact", execute=lambda code: tool.execute(code).text,
+        seed=seed,
+        families=("arith", "choice", "program"),
+        sft_per_family=per_family,
+        rl_pool_per_family=per_family * 2,
+        eval_per_family=per_family,
+        failed_attempt_share=share,
+        prompt_style="compact",
+        execute=lambda code: tool.execute(code).text,
         run_program=lambda jobs: [r.stdout for r in sandbox.run_many(jobs)],
     )
 
@@ -47,8 +52,11 @@ def test_deterministic_from_the_seed(interpreter, dataset):
 
 def test_families_sizes_and_data_sources(dataset):
     assert {k: len(v) for k, v in dataset.eval_sets.items()} == {"arith": 12, "choice": 12, "program": 12}
-    assert Counter(p.data_source for p in dataset.rl_pool) == {"embedded-arith": 24, "embedded-choice": 24,
-                                                               "embedded-code": 24}
+    assert Counter(p.data_source for p in dataset.rl_pool) == {
+        "embedded-arith": 24,
+        "embedded-choice": 24,
+        "embedded-code": 24,
+    }
     assert len(dataset.sft) == 36
     choice = dataset.eval_sets["choice"][0]
     assert choice.ground_truth in ("A", "B", "C", "D")
@@ -135,5 +143,3 @@ def test_option_letters_names_the_malformed_option():
         embedded.option_letters("A=1, B: 2")
     with pytest.raises(ValueError, match="'AB=3'"):
         embedded.option_letters("A=1, AB=3")
-
-

@@ -21,9 +21,16 @@ from agentrl.filtering.pass_rates import read_pass_rates
 
 CONVERSATION = [
     {"role": "user", "content": "Compute 4821 * 37 - 9156."},
-    {"role": "assistant", "content": "Let me compute it.",
-     "tool_calls": [{"type": "function", "function": {"name": "code_interpreter",
-                                                      "arguments": {"code": "print(4821 * 37 - 9156)"}}}]},
+    {
+        "role": "assistant",
+        "content": "Let me compute it.",
+        "tool_calls": [
+            {
+                "type": "function",
+                "function": {"name": "code_interpreter", "arguments": {"code": "print(4821 * 37 - 9156)"}},
+            }
+        ],
+    },
     {"role": "tool", "content": "169221\n"},
     {"role": "assistant", "content": "The result is 169221.\n\\boxed{169221}"},
 ]
@@ -50,16 +57,44 @@ def model_dir(tmp_path_factory) -> Path:
 
 
 def _problems() -> list[Problem]:
-    math = [Problem(f"arith-{i}", "embedded-arith", [{"role": "user", "content": f"Compute {i} + 1."}], "math", str(i + 1),
-                    {"family": "arith", "level": 1}) for i in range(2)]
-    code = Problem("program-0", "embedded-code", [{"role": "user", "content": "Print the sum of two numbers."}], "code",
-                   {"inputs": ["1 2\n"], "outputs": ["3\n"]}, {"family": "program", "level": 1})
+    math = [
+        Problem(
+            f"arith-{i}",
+            "embedded-arith",
+            [{"role": "user", "content": f"Compute {i} + 1."}],
+            "math",
+            str(i + 1),
+            {"family": "arith", "level": 1},
+        )
+        for i in range(2)
+    ]
+    code = Problem(
+        "program-0",
+        "embedded-code",
+        [{"role": "user", "content": "Print the sum of two numbers."}],
+        "code",
+        {"inputs": ["1 2\n"], "outputs": ["3\n"]},
+        {"family": "program", "level": 1},
+    )
     return [*math, code]
 
 
 def _run_eval(model_dir: Path, problems_path: Path, out: Path) -> dict:
-    args = ["run", "--config-json", json.dumps(CONFIG), "--model", str(model_dir), "--problems", str(problems_path),
-            "--samples", str(out / "samples.jsonl"), "--metrics", str(out / "metrics.json"), "--threads", "1"]
+    args = [
+        "run",
+        "--config-json",
+        json.dumps(CONFIG),
+        "--model",
+        str(model_dir),
+        "--problems",
+        str(problems_path),
+        "--samples",
+        str(out / "samples.jsonl"),
+        "--metrics",
+        str(out / "metrics.json"),
+        "--threads",
+        "1",
+    ]
     assert eval_cli.main(args) == 0
     return json.loads((out / "metrics.json").read_text())
 
@@ -92,13 +127,28 @@ def test_evaluate_writes_samples_and_their_metrics(model_dir, tmp_path):
 
 def test_livecodebench_export_of_a_code_benchmark(model_dir, tmp_path):
     code = [p for p in _problems() if p.ability == "code"]
-    code.append(Problem("program-1", "embedded-code", [{"role": "user", "content": "Echo the input."}], "code",
-                        {"inputs": ["a\n"], "outputs": ["a\n"]}, {"question_id": "abc123"}))
+    code.append(
+        Problem(
+            "program-1",
+            "embedded-code",
+            [{"role": "user", "content": "Echo the input."}],
+            "code",
+            {"inputs": ["a\n"], "outputs": ["a\n"]},
+            {"question_id": "abc123"},
+        )
+    )
     write_records(code, tmp_path / "program.parquet")
     _run_eval(model_dir, tmp_path / "program.parquet", tmp_path / "e")
     out = tmp_path / "e/livecodebench_custom_outputs.json"
-    args = ["export-livecodebench", "--problems", str(tmp_path / "program.parquet"),
-            "--samples", str(tmp_path / "e/samples.jsonl"), "--out", str(out)]
+    args = [
+        "export-livecodebench",
+        "--problems",
+        str(tmp_path / "program.parquet"),
+        "--samples",
+        str(tmp_path / "e/samples.jsonl"),
+        "--out",
+        str(out),
+    ]
     assert eval_cli.main(args) == 0
     exported = json.loads(out.read_text())
     assert [e["question_id"] for e in exported] == ["program-0", "abc123"]
@@ -122,8 +172,21 @@ def test_livecodebench_export_refuses_non_code_and_missing_samples():
 def test_filter_score_writes_pass_rates_and_samples(model_dir, tmp_path):
     problems = _problems()
     write_records(problems, tmp_path / "pool.parquet")
-    args = ["score", "--config-json", json.dumps(CONFIG), "--model", str(model_dir), "--pool", str(tmp_path / "pool.parquet"),
-            "--out", str(tmp_path / "pass_rates.parquet"), "--samples", str(tmp_path / "samples.jsonl"), "--threads", "1"]
+    args = [
+        "score",
+        "--config-json",
+        json.dumps(CONFIG),
+        "--model",
+        str(model_dir),
+        "--pool",
+        str(tmp_path / "pool.parquet"),
+        "--out",
+        str(tmp_path / "pass_rates.parquet"),
+        "--samples",
+        str(tmp_path / "samples.jsonl"),
+        "--threads",
+        "1",
+    ]
     assert filter_cli.main(args) == 0
     table = read_pass_rates(tmp_path / "pass_rates.parquet")
     rows = list(read_jsonl(tmp_path / "samples.jsonl"))
@@ -146,15 +209,21 @@ def test_tokens_before_calls_read_from_the_loss_mask(model_dir):
 
     thinking = ids("Let me compute it step by step.\n")
     call = ids('<tool_call>\n{"name": "code_interpreter", "arguments": {"code": "print(1)"}}\n</tool_call>')
-    inserted = ids("<|im_end|>\n<|im_start|>user\n<tool_response>\n1\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    inserted = ids(
+        "<|im_end|>\n<|im_start|>user\n<tool_response>\n1\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
     malformed = ids("oops </tool_call>")
     answer = ids("The answer is \\boxed{1}<|im_end|>")
     spans = [thinking + call, inserted, malformed, inserted, answer]
     response = [t for span in spans for t in span]
     mask = [1] * len(spans[0]) + [0] * len(inserted) + [1] * len(malformed) + [0] * len(inserted) + [1] * len(answer)
-    trajectory = Trajectory("p", 0, [1], response, mask, [0.0] * len(response), "", 3,
-                            ["print(1)", "oops "], [False, True], "stop")
-    assert generated_spans(mask) == [(0, len(spans[0])), (len(spans[0]) + len(inserted), len(spans[0]) + len(inserted) + len(malformed)),
-                                     (len(response) - len(answer), len(response))]
+    trajectory = Trajectory(
+        "p", 0, [1], response, mask, [0.0] * len(response), "", 3, ["print(1)", "oops "], [False, True], "stop"
+    )
+    assert generated_spans(mask) == [
+        (0, len(spans[0])),
+        (len(spans[0]) + len(inserted), len(spans[0]) + len(inserted) + len(malformed)),
+        (len(response) - len(answer), len(response)),
+    ]
     assert tokenizer.convert_tokens_to_ids("<tool_call>") == call[0]  # one added token
     assert tokens_before_calls(trajectory, tokenizer) == [len(thinking), len(malformed)]

@@ -35,8 +35,14 @@ rule all:
 
 def _dry_run(workdir: Path, *args: str) -> tuple[dict[str, int], str]:
     command = [sys.executable, "-m", "snakemake", "-n", "-p", "--cores", "1", "-s", str(workdir / "Snakefile"), *args]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=workdir,
-                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    done = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=workdir,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )
     out = done.stdout + done.stderr
     assert done.returncode == 0, f"snakemake {' '.join(args)} failed:\n{out}"
     counts = {}
@@ -54,8 +60,13 @@ def workdir(tmp_path_factory) -> Path:
     (root / "Snakefile").write_text(WRAPPER)
     sources = [f"results/models/{m}/config.json" for m in ("base", "sft", "rl")]
     sources += [f"results/data/eval/{b}.parquet" for b in ("arith", "choice", "program")]
-    sources += ["results/sft/metrics.jsonl", "results/rl/metrics.jsonl", "results/filter/stats.json",
-                "results/filter/pass_rate_hist.png", "ckpt/step_30/config.json"]
+    sources += [
+        "results/sft/metrics.jsonl",
+        "results/rl/metrics.jsonl",
+        "results/filter/stats.json",
+        "results/filter/pass_rate_hist.png",
+        "ckpt/step_30/config.json",
+    ]
     for source in sources:
         (root / source).parent.mkdir(parents=True, exist_ok=True)
         (root / source).write_text("{}")

@@ -29,7 +29,9 @@ K = 8
 
 def _problem(index: int, source: str = "embedded-arith", level: int | None = 2) -> Problem:
     extra = {"family": source.split("-")[-1], "level": level} if level is not None else {"index": index}
-    return Problem(f"p{index:03d}", source, [{"role": "user", "content": f"question {index}"}], "math", str(index), extra)
+    return Problem(
+        f"p{index:03d}", source, [{"role": "user", "content": f"question {index}"}], "math", str(index), extra
+    )
 
 
 def _pool(correct_counts: list[int], sources: list[str] | None = None) -> tuple[list[Problem], pd.DataFrame]:
@@ -38,7 +40,8 @@ def _pool(correct_counts: list[int], sources: list[str] | None = None) -> tuple[
     problems = [_problem(i, s) for i, s in enumerate(sources)]
     rows = [
         {"problem_id": p.id, "acc": j < c, "score": 1.0 if j < c else -1.0, "tool_calls": 1, "response_length": 100 + j}
-        for p, c in zip(problems, correct_counts) for j in range(K)
+        for p, c in zip(problems, correct_counts)
+        for j in range(K)
     ]
     return problems, pass_rate_table(problems, rows, K)
 
@@ -67,8 +70,11 @@ def test_pass_rate_table_refuses_a_problem_with_the_wrong_sample_count():
 
 def test_pass_rate_table_round_trips_through_parquet_without_levels(tmp_path):
     problems = [_problem(i, level=None) for i in range(2)]
-    rows = [{"problem_id": p.id, "acc": False, "score": -1.0, "tool_calls": 0, "response_length": 5}
-            for p in problems for _ in range(K)]
+    rows = [
+        {"problem_id": p.id, "acc": False, "score": -1.0, "tool_calls": 0, "response_length": 5}
+        for p in problems
+        for _ in range(K)
+    ]
     table = pass_rate_table(problems, rows, K)
     write_pass_rates(table, tmp_path / "pr.parquet")
     back = read_pass_rates(tmp_path / "pr.parquet")
@@ -98,7 +104,10 @@ def test_default_band_drops_exactly_never_and_always_solved():
     assert (kept > 0).all() and (kept < 1).all()
     stats = selection.stats
     assert stats["dropped_at_or_below_low"] == 3 and stats["dropped_at_or_above_high"] == 3
-    assert stats["scored"]["total"] == stats["dropped_at_or_below_low"] + stats["dropped_at_or_above_high"] + stats["in_band"]["total"]
+    assert (
+        stats["scored"]["total"]
+        == stats["dropped_at_or_below_low"] + stats["dropped_at_or_above_high"] + stats["in_band"]["total"]
+    )
     assert stats["in_band"] == {"total": 21, "easy": 3 * 2, "medium": 3 * 3, "hard": 3 * 2}
     assert stats["selected"] == stats["in_band"] and stats["resampled_out"] == 0
 
@@ -120,7 +129,9 @@ def test_bad_thresholds_are_refused_with_the_keys_named():
     with pytest.raises(SelectionError, match="filter.hard_max .* must be below filter.easy_min"):
         select_problems(table, _cfg(easy_min=0.3, hard_max=0.4), seed=0)
     with pytest.raises(SelectionError, match="not both"):
-        select_problems(table, _cfg(target_histogram={"easy": 1, "medium": 1, "hard": 1}, target_pass_rates="x"), seed=0)
+        select_problems(
+            table, _cfg(target_histogram={"easy": 1, "medium": 1, "hard": 1}, target_pass_rates="x"), seed=0
+        )
 
 
 # --------------------------------------------------------------------------- histogram matching
@@ -187,8 +198,21 @@ def test_select_command_writes_the_rl_set_stats_and_histogram(tmp_path: Path):
     write_pass_rates(table, tmp_path / "pass_rates.parquet")
     cfg = load_config({"seed": 4})
     out, stats_path, png = tmp_path / "f/rl_train.parquet", tmp_path / "f/stats.json", tmp_path / "f/hist.png"
-    args = ["select", "--config-json", json.dumps({"seed": 4}), "--pass-rates", str(tmp_path / "pass_rates.parquet"),
-            "--pool", str(tmp_path / "pool.parquet"), "--out", str(out), "--stats", str(stats_path), "--histogram", str(png)]
+    args = [
+        "select",
+        "--config-json",
+        json.dumps({"seed": 4}),
+        "--pass-rates",
+        str(tmp_path / "pass_rates.parquet"),
+        "--pool",
+        str(tmp_path / "pool.parquet"),
+        "--out",
+        str(out),
+        "--stats",
+        str(stats_path),
+        "--histogram",
+        str(png),
+    ]
     assert filter_cli.main(args) == 0
     chosen = read_problems(out)
     stats = json.loads(stats_path.read_text())
@@ -211,8 +235,14 @@ def test_select_command_matches_a_target_pass_rate_file(tmp_path: Path):
     write_pass_rates(weak, tmp_path / "weak.parquet")
     write_pass_rates(strong, tmp_path / "strong.parquet")
     cfg = {"filter": {"target_pass_rates": str(tmp_path / "strong.parquet")}}
-    stats = filter_cli.select(load_config(cfg), tmp_path / "weak.parquet", tmp_path / "pool.parquet",
-                              tmp_path / "rl.parquet", tmp_path / "stats.json", tmp_path / "hist.png")
+    stats = filter_cli.select(
+        load_config(cfg),
+        tmp_path / "weak.parquet",
+        tmp_path / "pool.parquet",
+        tmp_path / "rl.parquet",
+        tmp_path / "stats.json",
+        tmp_path / "hist.png",
+    )
     assert stats["target_source"] == str(tmp_path / "strong.parquet")
     assert stats["selected"] == {"total": 20, "easy": 10, "medium": 5, "hard": 5}
 
@@ -222,13 +252,27 @@ def test_select_refuses_scores_of_another_pool(tmp_path: Path):
     write_records(problems[:2], tmp_path / "pool.parquet")
     write_pass_rates(table, tmp_path / "pr.parquet")
     with pytest.raises(ValueError, match=r"not in .*pool.parquet: \['p002'\]"):
-        filter_cli.select(load_config({}), tmp_path / "pr.parquet", tmp_path / "pool.parquet",
-                          tmp_path / "rl.parquet", tmp_path / "s.json", tmp_path / "h.png")
+        filter_cli.select(
+            load_config({}),
+            tmp_path / "pr.parquet",
+            tmp_path / "pool.parquet",
+            tmp_path / "rl.parquet",
+            tmp_path / "s.json",
+            tmp_path / "h.png",
+        )
 
 
 def test_cfg_helper_matches_schema_defaults():
     cfg = _cfg()
     assert dataclasses.asdict(cfg) == {
-        "k": 8, "temperature": 1.0, "top_p": 1.0, "low": 0.0, "high": 1.0, "easy_min": 0.75, "hard_max": 0.25,
-        "target_histogram": None, "target_pass_rates": None, "target_size": None,
+        "k": 8,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "low": 0.0,
+        "high": 1.0,
+        "easy_min": 0.75,
+        "hard_max": 0.25,
+        "target_histogram": None,
+        "target_pass_rates": None,
+        "target_size": None,
     }

@@ -44,8 +44,26 @@ include: "{ROOT}/rules/filter.smk"
 
 
 def _snakemake(workdir: Path, *args: str) -> str:
-    command = [sys.executable, "-m", "snakemake", "--cores", "1", "--directory", str(workdir), "-s", str(workdir / "Snakefile"), *args]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=workdir, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--cores",
+        "1",
+        "--directory",
+        str(workdir),
+        "-s",
+        str(workdir / "Snakefile"),
+        *args,
+    ]
+    done = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=workdir,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )
     assert done.returncode == 0, f"snakemake {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
     return done.stdout + done.stderr
 
@@ -86,20 +104,43 @@ def scored_workdir(tmp_path_factory) -> Path:
 
     workdir = tmp_path_factory.mktemp("workflow")
     (workdir / "Snakefile").write_text(WRAPPER)
-    problems = [Problem(f"p{i:03d}", "embedded-arith", [{"role": "user", "content": f"Compute {i} + 1."}], "math",
-                        str(i + 1), {"family": "arith", "level": 1 + i % 5}) for i in range(27)]
+    problems = [
+        Problem(
+            f"p{i:03d}",
+            "embedded-arith",
+            [{"role": "user", "content": f"Compute {i} + 1."}],
+            "math",
+            str(i + 1),
+            {"family": "arith", "level": 1 + i % 5},
+        )
+        for i in range(27)
+    ]
     write_records(problems, workdir / "results/data/rl_pool.parquet")
     renderer = train_tokenizer(["0123456789"], 300)  # renders the corpus the real tokenizer learns from
-    corpus = [renderer.apply_chat_template(p.prompt, tools=[CODE_INTERPRETER_TOOL], add_generation_prompt=True,
-                                           tokenize=False) for p in problems]
+    corpus = [
+        renderer.apply_chat_template(
+            p.prompt, tools=[CODE_INTERPRETER_TOOL], add_generation_prompt=True, tokenize=False
+        )
+        for p in problems
+    ]
     save_embedded_model(corpus, load_config({}).model.embedded, seed=0, out_dir=workdir / "results/models/sft")
     time.sleep(1.1)  # outputs must be newer than inputs at the file system's time resolution
     _snakemake(workdir, "results/filter/pass_rates.parquet", "--configfile", _override(workdir, "tiny.yaml", TINY))
     # The untrained model solves nothing, which leaves no problem in the band; the table is
     # replaced by one with every pass rate 0/8 .. 8/8 (Snakemake's record of the scoring job,
     # which is what these tests are about, stays). The selection then really runs.
-    rows = [{"problem_id": p.id, "sample_index": j, "acc": j < i % (K + 1), "score": 1.0, "tool_calls": 1,
-             "response_length": 50} for i, p in enumerate(problems) for j in range(K)]
+    rows = [
+        {
+            "problem_id": p.id,
+            "sample_index": j,
+            "acc": j < i % (K + 1),
+            "score": 1.0,
+            "tool_calls": 1,
+            "response_length": 50,
+        }
+        for i, p in enumerate(problems)
+        for j in range(K)
+    ]
     write_pass_rates(pass_rate_table(problems, rows, K), workdir / "results/filter/pass_rates.parquet")
     out = _snakemake(workdir, "results/filter/rl_train.parquet", "--configfile", str(workdir / "tiny.yaml"))
     assert "rule select_rl_data:" in out and "rule score_rl_pool:" not in out, out
@@ -110,15 +151,20 @@ def test_the_selection_runs_and_an_unchanged_config_has_nothing_to_do(scored_wor
     stats = json.loads((scored_workdir / "results/filter/stats.json").read_text())
     assert stats["selected"]["total"] == sum(0 < i % (K + 1) < K for i in range(27))  # 0/8 and 8/8 dropped
     assert (scored_workdir / "results/filter/pass_rate_hist.png").stat().st_size > 10_000
-    unchanged = _snakemake(scored_workdir, "results/filter/rl_train.parquet", "-n", "--configfile", str(scored_workdir / "tiny.yaml"))
+    unchanged = _snakemake(
+        scored_workdir, "results/filter/rl_train.parquet", "-n", "--configfile", str(scored_workdir / "tiny.yaml")
+    )
     assert _planned_jobs(unchanged) == set(), unchanged
 
 
-@pytest.mark.parametrize("change", [
-    {"filter": {"low": 0.2}},
-    {"filter": {"high": 0.9, "easy_min": 0.8}},
-    {"filter": {"target_histogram": {"easy": 1, "medium": 2, "hard": 1}, "target_size": 12}},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"filter": {"low": 0.2}},
+        {"filter": {"high": 0.9, "easy_min": 0.8}},
+        {"filter": {"target_histogram": {"easy": 1, "medium": 2, "hard": 1}, "target_size": 12}},
+    ],
+)
 def test_a_threshold_or_target_change_reruns_only_the_selection(scored_workdir, change):
     override = _override(scored_workdir, "override.yaml", change)
     out = _snakemake(scored_workdir, "results/filter/rl_train.parquet", "-n", "--configfile", override)

@@ -56,14 +56,25 @@ def test_sft_figures_leave_out_the_warmup_steps_and_weigh_steps_by_time():
 
 
 def _grpo_record(step: int, input_tokens: float, update_s: float) -> dict:
-    return {"step": step, "timing/step_s": 20.0, "timing/update_s": update_s, "actor/input_tokens": input_tokens,
-            "timing/generate_s": 8.0, "rollout/generated_tokens_mean": 50.0, "rollout/trajectories": 16.0,
-            "rollout/response_length_mean": 60.0, "rollout/reward_mean": -1.0}
+    return {
+        "step": step,
+        "timing/step_s": 20.0,
+        "timing/update_s": update_s,
+        "actor/input_tokens": input_tokens,
+        "timing/generate_s": 8.0,
+        "rollout/generated_tokens_mean": 50.0,
+        "rollout/trajectories": 16.0,
+        "rollout/response_length_mean": 60.0,
+        "rollout/reward_mean": -1.0,
+    }
 
 
 def test_grpo_figures_come_from_the_update_time_and_the_last_step():
-    records = [{"step": 0, "val/arith/avg@4": 0.0},  # validation before training: no update
-               _grpo_record(1, 4000.0, 4.0), _grpo_record(2, 6000.0, 2.0)]
+    records = [
+        {"step": 0, "val/arith/avg@4": 0.0},  # validation before training: no update
+        _grpo_record(1, 4000.0, 4.0),
+        _grpo_record(2, 6000.0, 2.0),
+    ]
     figures = gpu_check.grpo_throughput(records, parameters=1_000_000, peak_flops=1e12)
     assert [s["step"] for s in figures["steps"]] == [1, 2]
     assert figures["steps"][0]["train_tokens_per_s"] == pytest.approx(1000.0)
@@ -102,25 +113,55 @@ def test_the_stage_configs_pass_the_config_schema():
     from agentrl.grpo.runner import check_config
 
     for size in gpu_check.SIZES.values():
-        load_config({"sft": gpu_check.sft_config(size, size["sft_steps"], 768, "bfloat16"),
-                     "model": {"embedded": size["model"]}})
+        load_config(
+            {
+                "sft": gpu_check.sft_config(size, size["sft_steps"], 768, "bfloat16"),
+                "model": {"embedded": size["model"]},
+            }
+        )
         check_config(load_config(gpu_check.grpo_config(size, 2, "bfloat16")))
 
 
 def test_a_failing_stage_stops_the_check_with_its_log_tail(tmp_path):
     log = tmp_path / "sft.log"
     with pytest.raises(gpu_check.StageFailed, match=r"sft failed \(exit 2\)[\s\S]*does not exist"):
-        gpu_check.run_stage("sft", ["--model", str(tmp_path / "missing"), "--data", str(tmp_path / "missing.parquet"),
-                                    "--out", str(tmp_path / "out"), "--metrics", str(tmp_path / "m.jsonl"),
-                                    "--checkpoint-dir", str(tmp_path / "ckpt")], {}, log, time.monotonic() + 120)
+        gpu_check.run_stage(
+            "sft",
+            [
+                "--model",
+                str(tmp_path / "missing"),
+                "--data",
+                str(tmp_path / "missing.parquet"),
+                "--out",
+                str(tmp_path / "out"),
+                "--metrics",
+                str(tmp_path / "m.jsonl"),
+                "--checkpoint-dir",
+                str(tmp_path / "ckpt"),
+            ],
+            {},
+            log,
+            time.monotonic() + 120,
+        )
 
 
 def test_a_stage_past_the_time_limit_is_killed(tmp_path):
     started = time.monotonic()
     with pytest.raises(gpu_check.StageFailed, match="time limit"):
-        gpu_check.run_stage("prepare-data", ["--sft", str(tmp_path / "s.parquet"), "--rl-pool", str(tmp_path / "r.parquet"),
-                                             "--eval-dir", str(tmp_path / "eval")],
-                            {"data": {"embedded": {"sft_per_family": 5000}}}, tmp_path / "p.log", started + 1.0)
+        gpu_check.run_stage(
+            "prepare-data",
+            [
+                "--sft",
+                str(tmp_path / "s.parquet"),
+                "--rl-pool",
+                str(tmp_path / "r.parquet"),
+                "--eval-dir",
+                str(tmp_path / "eval"),
+            ],
+            {"data": {"embedded": {"sft_per_family": 5000}}},
+            tmp_path / "p.log",
+            started + 1.0,
+        )
     assert time.monotonic() - started < 30
     assert not (tmp_path / "s.parquet").exists()
 
@@ -132,8 +173,13 @@ def _script_env(**extra: str) -> dict[str, str]:
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the refusal on a machine without GPU")
 def test_without_a_gpu_the_check_refuses_to_run(tmp_path):
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), str(tmp_path / "s.json")],
-                          capture_output=True, text=True, env=_script_env(), timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), str(tmp_path / "s.json")],
+        capture_output=True,
+        text=True,
+        env=_script_env(),
+        timeout=120,
+    )
     assert done.returncode != 0
     assert "no CUDA GPU" in done.stderr
     assert not (tmp_path / "s.json").exists()
@@ -142,9 +188,13 @@ def test_without_a_gpu_the_check_refuses_to_run(tmp_path):
 @pytest.mark.slow
 def test_the_script_runs_every_stage_on_a_cpu_with_a_tiny_model(tmp_path):
     summary_path = tmp_path / "out" / "gpu_check.json"
-    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), str(summary_path), "--size", "tiny"],
-                          capture_output=True, text=True, timeout=300,
-                          env=_script_env(GPU_CHECK_ALLOW_CPU="1", GPU_CHECK_PEAK_FLOPS="1e11"))
+    done = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), str(summary_path), "--size", "tiny"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_script_env(GPU_CHECK_ALLOW_CPU="1", GPU_CHECK_PEAK_FLOPS="1e11"),
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads(summary_path.read_text())
     assert summary["peak_flops"] == 1e11 and summary["model"]["parameters"] > 0

@@ -21,7 +21,6 @@ from agentrl.grpo.algorithm import (
 )
 
 
-
 @pytest.fixture(autouse=True)
 def _float64():
     """Hand values are compared to 1e-12, above float32 noise; restored for other test modules."""
@@ -145,8 +144,15 @@ def test_sequence_level_ratio_value_and_gradient_by_hand():
     logp = _leaf([[0.2, 0.4, 5.0], [0.1, -0.1, 0.3]])
     adv = broadcast_advantages(torch.tensor([1.0, -1.0]), mask)
     loss, stats = policy_loss(
-        logp, torch.zeros(2, 3), adv, mask, ratio_level="sequence", agg_mode="seq-mean-token-mean",
-        clip_low=0.5, clip_high=0.5, clip_c=None,
+        logp,
+        torch.zeros(2, 3),
+        adv,
+        mask,
+        ratio_level="sequence",
+        agg_mode="seq-mean-token-mean",
+        clip_low=0.5,
+        clip_high=0.5,
+        clip_c=None,
     )
     s0, s1 = math.exp(0.3), math.exp(0.1)
     assert loss.item() == pytest.approx((-s0 + s1) / 2, abs=1e-12)

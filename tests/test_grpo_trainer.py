@@ -4,7 +4,6 @@ prompt order, metrics, and the DeepSpeed update checked against a plain-torch re
 from __future__ import annotations
 
 import copy
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -97,8 +96,16 @@ def _tiny_model(seed=0):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
-    config = Qwen3Config(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=8, tie_word_embeddings=True)
+    config = Qwen3Config(
+        vocab_size=50,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        tie_word_embeddings=True,
+    )
     return Qwen3ForCausalLM(config).float()
 
 
@@ -114,10 +121,15 @@ def test_actor_logprobs_equal_the_full_forward(chunk):
         logits = model(input_ids=ids).logits[0] / 0.7  # (L, V)
         start, count = sample.prompt_length, sample.response_length
         expected = torch.log_softmax(logits[start - 1 : start - 1 + count], -1).gather(
-            -1, ids[0, start : start + count, None])[:, 0]
+            -1, ids[0, start : start + count, None]
+        )[:, 0]
         torch.testing.assert_close(logp[row, :count], expected, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(entropy[row, :count], alg.entropy_from_logits(logits[None, start - 1 : start - 1 + count])[0],
-                                   atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            entropy[row, :count],
+            alg.entropy_from_logits(logits[None, start - 1 : start - 1 + count])[0],
+            atol=1e-5,
+            rtol=1e-5,
+        )
 
 
 def test_actor_gradients_through_checkpointed_chunks_equal_unchunked():
@@ -133,8 +145,10 @@ def test_actor_gradients_through_checkpointed_chunks_equal_unchunked():
 
 # --------------------------------------------------------------------------- prompt order
 def _problems(count):
-    return [Problem(f"p{i}", "embedded-arith", [{"role": "user", "content": f"Compute {i} + 1."}], "math", str(i + 1))
-            for i in range(count)]
+    return [
+        Problem(f"p{i}", "embedded-arith", [{"role": "user", "content": f"Compute {i} + 1."}], "math", str(i + 1))
+        for i in range(count)
+    ]
 
 
 def test_prompt_sampler_uses_each_problem_once_per_epoch_and_crosses_epochs():
@@ -169,7 +183,9 @@ def test_rollout_metrics_on_hand_made_trajectories():
     assert m["rollout/acc/embedded-arith"] == 0.5 and m["rollout/acc/embedded-code"] == 0.0
     assert m["rollout/response_clip_share"] == pytest.approx(1 / 3) and m["rollout/response_length_max"] == 128
     assert m["rollout/tool_calls_mean"] == pytest.approx(2 / 3) and m["rollout/tool_success_rate"] == 0.5
-    assert m["rollout/overlong_penalty_mean"] == pytest.approx(-0.5 / 3) and m["rollout/turns_mean"] == pytest.approx(5 / 3)
+    assert m["rollout/overlong_penalty_mean"] == pytest.approx(-0.5 / 3) and m["rollout/turns_mean"] == pytest.approx(
+        5 / 3
+    )
 
 
 def test_token_weighted_stats_merge_over_ranks():
@@ -226,16 +242,35 @@ def _update_with(model_dir: Path, samples, budget: int, overrides: dict, monkeyp
             from deepspeed.utils import safe_get_full_grad  # reads ZeRO-partitioned gradients too
 
             if not first_grads:
-                first_grads.update({k: safe_get_full_grad(v).clone() for k, v in engine.module.model.named_parameters()})
+                first_grads.update(
+                    {k: safe_get_full_grad(v).clone() for k, v in engine.module.model.named_parameters()}
+                )
             return real_step(engine)
 
         monkeypatch.setattr(trainer, "step_with_grad_norm", step_recording_grads)
 
-    cfg = load_config({"grpo": {"n": 2, "batch_prompts": 2, "mini_batch_prompts": 2, "micro_batch_tokens": budget,
-                                "lr": 1e-3, **overrides}})
+    cfg = load_config(
+        {
+            "grpo": {
+                "n": 2,
+                "batch_prompts": 2,
+                "mini_batch_prompts": 2,
+                "micro_batch_tokens": budget,
+                "lr": 1e-3,
+                **overrides,
+            }
+        }
+    )
     ctx = dse.init_distributed()
-    paths = GrpoPaths(model_dir, Path("-"), (), Path("-"), Path("-"), Path("-"),
-                      dse.find_deepspeed_config(cfg.grpo.deepspeed.zero_stage))
+    paths = GrpoPaths(
+        model_dir,
+        Path("-"),
+        (),
+        Path("-"),
+        Path("-"),
+        Path("-"),
+        dse.find_deepspeed_config(cfg.grpo.deepspeed.zero_stage),
+    )
     actor = ResponseLogProbs(load_model(model_dir, ctx.device), logit_chunk_tokens=7, temperature=1.0)
     engine = build_engine(actor, cfg, paths, ctx, torch.float32, steps=1)
     settings = resolve_algorithm(cfg.grpo)
@@ -261,14 +296,23 @@ def _reference_update(model_dir: Path, samples, cfg):
     batch = collate(samples, pad_token_id=0)
     logp, _ = actor(batch)
     settings = resolve_algorithm(cfg.grpo)
-    loss, _ = alg.policy_loss(logp, logp.detach(), batch.advantages, batch.loss_mask,
-                              clip_low=settings.clip_low, clip_high=settings.clip_high, clip_c=settings.clip_c,
-                              ratio_level=settings.ratio_level, agg_mode=settings.loss_agg_mode)
+    loss, _ = alg.policy_loss(
+        logp,
+        logp.detach(),
+        batch.advantages,
+        batch.loss_mask,
+        clip_low=settings.clip_low,
+        clip_high=settings.clip_high,
+        clip_c=settings.clip_c,
+        ratio_level=settings.ratio_level,
+        agg_mode=settings.loss_agg_mode,
+    )
     loss.backward()
     grads = {k: v.grad.clone() for k, v in model.named_parameters()}
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grpo.grad_clip)
-    torch.optim.AdamW(model.parameters(), lr=cfg.grpo.lr, betas=tuple(cfg.grpo.betas), eps=1e-8,
-                      weight_decay=cfg.grpo.weight_decay).step()
+    torch.optim.AdamW(
+        model.parameters(), lr=cfg.grpo.lr, betas=tuple(cfg.grpo.betas), eps=1e-8, weight_decay=cfg.grpo.weight_decay
+    ).step()
     return {k: v.detach().clone() for k, v in model.named_parameters()}, float(norm), grads
 
 
@@ -292,7 +336,9 @@ def test_deepspeed_update_equals_the_plain_torch_update_whatever_the_micro_batch
     model_dir = random_policy()
     samples = _random_samples(vocab=300)
     overrides = {"variant": variant, "deepspeed": {"zero_stage": zero_stage}}
-    one_plan, one_stats, one_norms, one_params, cfg, one_grads = _update_with(model_dir, samples, 10_000, overrides, monkeypatch)
+    one_plan, one_stats, one_norms, one_params, cfg, one_grads = _update_with(
+        model_dir, samples, 10_000, overrides, monkeypatch
+    )
     many_plan, _, many_norms, many_params, _, many_grads = _update_with(model_dir, samples, 20, overrides, monkeypatch)
     assert len(one_plan[0]) == 1 and len(many_plan[0]) == 4  # one micro-batch vs one per sample
     reference, reference_norm, reference_grads = _reference_update(model_dir, samples, cfg)
@@ -317,7 +363,8 @@ def test_kl_variant_measures_the_distance_to_the_reference_model():
     model_dir = random_policy()
     samples = _random_samples(vocab=300, seed=1)
     # Two mini-batches: the first starts at the reference (KL 0), the second after one update.
-    _, stats, norms, _, _, _ = _update_with(model_dir, samples, 10_000,
-                                         {"variant": "grpo_t", "mini_batch_prompts": 1, "lr": 1e-2})
+    _, stats, norms, _, _, _ = _update_with(
+        model_dir, samples, 10_000, {"variant": "grpo_t", "mini_batch_prompts": 1, "lr": 1e-2}
+    )
     assert len(norms) == 2
     assert stats["actor/kl_ref"] > 0

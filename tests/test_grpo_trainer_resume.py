@@ -24,17 +24,35 @@ TINY_RUN = {
     "rollout": {"max_response_tokens": 24, "max_turns": 2, "batch_size": 16},
     "reward": {"overlong": {"max_response_length": 24, "buffer_length": 8}},
     "sandbox": {"workers": 2},
-    "grpo": {"batch_prompts": 2, "n": 2, "mini_batch_prompts": 1, "max_steps": 4, "save_freq": 1,
-             "keep_checkpoints": 2, "test_freq": 2, "micro_batch_tokens": 64, "lr": 1e-3,
-             "validation": {"n": 1}},
+    "grpo": {
+        "batch_prompts": 2,
+        "n": 2,
+        "mini_batch_prompts": 1,
+        "max_steps": 4,
+        "save_freq": 1,
+        "keep_checkpoints": 2,
+        "test_freq": 2,
+        "micro_batch_tokens": 64,
+        "lr": 1e-3,
+        "validation": {"n": 1},
+    },
 }
 
 
 def _arith(count: int, split: str) -> list[Problem]:
     return [
-        Problem(f"{split}-{i}", "embedded-arith",
-                [{"role": "user", "content": f"Compute {i} + {i + 3}. Use the code tool, then give the answer in \\boxed{{}}."}],
-                "math", str(2 * i + 3))
+        Problem(
+            f"{split}-{i}",
+            "embedded-arith",
+            [
+                {
+                    "role": "user",
+                    "content": f"Compute {i} + {i + 3}. Use the code tool, then give the answer in \\boxed{{}}.",
+                }
+            ],
+            "math",
+            str(2 * i + 3),
+        )
         for i in range(count)
     ]
 
@@ -53,8 +71,15 @@ def _paths(model: Path, root: Path, run: Path):
     from agentrl.grpo.runner import GrpoPaths
     from agentrl.training.deepspeed_engine import find_deepspeed_config
 
-    return GrpoPaths(model, root / "rl_train.parquet", (root / "arith.parquet",), run / "rl", run / "metrics.jsonl",
-                     run / "checkpoints", find_deepspeed_config(0))
+    return GrpoPaths(
+        model,
+        root / "rl_train.parquet",
+        (root / "arith.parquet",),
+        run / "rl",
+        run / "metrics.jsonl",
+        run / "checkpoints",
+        find_deepspeed_config(0),
+    )
 
 
 def _records(path: Path) -> list[dict]:
@@ -77,12 +102,27 @@ def test_grpo_stage_writes_model_metrics_and_checkpoints_and_a_rerun_resumes(inp
     records = _records(paths.metrics)
     assert [r["step"] for r in records] == [0, 1, 2]
     assert "val/arith/avg@1" in records[0] and "val/mean/avg@1" in records[2]
-    for key in ("rollout/reward_mean", "rollout/acc_mean", "rollout/advantage_std", "actor/entropy",
-                "actor/clip_frac_low", "actor/clip_frac_high", "actor/approx_kl_k3", "actor/grad_norm",
-                "actor/lr", "rollout/response_length_max", "rollout/response_clip_share",
-                "rollout/overlong_penalty_mean", "rollout/tool_calls_mean", "rollout/tool_success_rate",
-                "rollout/turns_mean", "rollout/logp_mismatch_abs", "timing/rollout_s", "timing/reward_s",
-                "timing/update_s"):
+    for key in (
+        "rollout/reward_mean",
+        "rollout/acc_mean",
+        "rollout/advantage_std",
+        "actor/entropy",
+        "actor/clip_frac_low",
+        "actor/clip_frac_high",
+        "actor/approx_kl_k3",
+        "actor/grad_norm",
+        "actor/lr",
+        "rollout/response_length_max",
+        "rollout/response_clip_share",
+        "rollout/overlong_penalty_mean",
+        "rollout/tool_calls_mean",
+        "rollout/tool_success_rate",
+        "rollout/turns_mean",
+        "rollout/logp_mismatch_abs",
+        "timing/rollout_s",
+        "timing/reward_s",
+        "timing/update_s",
+    ):
         assert key in records[1], key
     assert records[1]["rollout/trajectories"] == 4 and records[1]["actor/optimizer_steps"] == 2
     # Sampling and recomputed log-probs agree: same weights, same temperature, same tokens.
@@ -104,8 +144,8 @@ def _overlay(section: str, **values) -> dict:
 
 
 def test_the_run_fingerprint_changes_with_what_shapes_training_and_not_with_where_it_runs(inputs, tmp_path):
-    from agentrl.training.deepspeed_engine import fingerprint_differences
     from agentrl.grpo.runner import run_fingerprint
+    from agentrl.training.deepspeed_engine import fingerprint_differences
 
     model, root = inputs
     model = Path(shutil.copytree(model, tmp_path / "model"))  # its mtimes change below
@@ -144,9 +184,12 @@ def test_fingerprint_differences_name_the_keys_that_differ():
     saved = {"grpo": {"lr": 1e-3, "n": 2, "betas": [0.9, 0.99]}, "seed": 1, "model_files": {"a": [1, 2]}}
     assert fingerprint_differences(saved, saved) == []
     assert fingerprint_differences(saved, {**saved, "grpo": {"lr": 1e-3, "n": 2, "betas": [0.9, 0.999]}}) == [
-        "grpo.betas"]
+        "grpo.betas"
+    ]
     assert fingerprint_differences(saved, {**saved, "seed": 2, "model_files": {"a": [1, 2], "b": [3, 4]}}) == [
-        "model_files.b", "seed"]
+        "model_files.b",
+        "seed",
+    ]
 
 
 def test_a_checkpoint_of_the_same_setup_is_resumed_and_one_of_another_setup_is_discarded(inputs, tmp_path, caplog):
@@ -184,10 +227,30 @@ def test_a_checkpoint_of_the_same_setup_is_resumed_and_one_of_another_setup_is_d
 
 
 def _command(model: Path, root: Path, run: Path) -> list[str]:
-    return [sys.executable, "-m", "agentrl", "grpo", "--config-json", json.dumps(TINY_RUN),
-            "--model", str(model), "--train", str(root / "rl_train.parquet"), "--eval", str(root / "arith.parquet"),
-            "--out", str(run / "rl"), "--metrics", str(run / "metrics.jsonl"),
-            "--checkpoint-dir", str(run / "checkpoints"), "--nproc", "0", "--threads", "1"]
+    return [
+        sys.executable,
+        "-m",
+        "agentrl",
+        "grpo",
+        "--config-json",
+        json.dumps(TINY_RUN),
+        "--model",
+        str(model),
+        "--train",
+        str(root / "rl_train.parquet"),
+        "--eval",
+        str(root / "arith.parquet"),
+        "--out",
+        str(run / "rl"),
+        "--metrics",
+        str(run / "metrics.jsonl"),
+        "--checkpoint-dir",
+        str(run / "checkpoints"),
+        "--nproc",
+        "0",
+        "--threads",
+        "1",
+    ]
 
 
 def _latest_step(checkpoints: Path) -> int:
@@ -203,8 +266,13 @@ def test_a_killed_run_resumes_from_its_last_checkpoint_without_repeating_or_skip
     subprocess.run(_command(model, root, straight), check=True, env=env, capture_output=True, timeout=600)
 
     killed = tmp_path / "killed"
-    process = subprocess.Popen(_command(model, root, killed), env=env, start_new_session=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        _command(model, root, killed),
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 600
     while _latest_step(killed / "checkpoints") < 2:  # kill it while step 3 is under way
         assert process.poll() is None, "the run ended before it could be killed"
@@ -249,8 +317,16 @@ def test_two_processes_discard_the_checkpoint_of_a_one_process_run(inputs, tmp_p
     """Rank r's rollouts are seeded by r: a checkpoint written by one process is not resumed by two.
     Rank 0 decides and tells rank 1, so both start from step 0 and only rank 0 deletes and warns."""
     model, root = inputs
-    run = {**TINY_RUN, "grpo": {**TINY_RUN["grpo"], "mini_batch_prompts": 2, "max_steps": 1, "test_freq": 0,
-                                "val_before_train": False}}
+    run = {
+        **TINY_RUN,
+        "grpo": {
+            **TINY_RUN["grpo"],
+            "mini_batch_prompts": 2,
+            "max_steps": 1,
+            "test_freq": 0,
+            "val_before_train": False,
+        },
+    }
     command = _command(model, root, tmp_path)
     command[command.index("--config-json") + 1] = json.dumps(run)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -9,8 +9,8 @@ from agentrl.launch import (
     first_host,
     is_launched,
     master_port,
-    strip_nproc,
     resolve_nproc_per_node,
+    strip_nproc,
     visible_gpus,
 )
 
@@ -57,7 +57,15 @@ def test_single_process_needs_no_launcher():
 
 def test_one_machine_uses_standalone_torchrun():
     assert build_launch_command(ARGS, {}, 2, python="py") == [
-        "py", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", *ARGS]
+        "py",
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        *ARGS,
+    ]
 
 
 def test_slurm_one_node_eight_gpus():
@@ -71,8 +79,23 @@ def test_slurm_one_node_eight_gpus():
 def test_slurm_two_nodes_from_the_batch_step_goes_through_srun_once_per_node():
     env = _slurm(2, 8)  # the batch script: no step variables
     cmd = build_launch_command(ARGS, env, resolve_nproc_per_node("auto", env), python="py")
-    assert cmd == ["srun", "--nodes", "2", "--ntasks", "2", "--ntasks-per-node", "1", "--kill-on-bad-exit=1",
-                   "--gpus-per-node", "8", "py", "-m", *ARGS, "--nproc", "8"]
+    assert cmd == [
+        "srun",
+        "--nodes",
+        "2",
+        "--ntasks",
+        "2",
+        "--ntasks-per-node",
+        "1",
+        "--kill-on-bad-exit=1",
+        "--gpus-per-node",
+        "8",
+        "py",
+        "-m",
+        *ARGS,
+        "--nproc",
+        "8",
+    ]
 
 
 @pytest.mark.parametrize("node_id", ["0", "1"])
@@ -80,9 +103,21 @@ def test_slurm_two_nodes_inside_the_per_node_step_runs_static_torchrun(node_id):
     env = _slurm(2, 8, SLURM_NODEID=node_id, SLURM_STEP_NUM_NODES="2", SLURM_STEP_NUM_TASKS="2")
     cmd = build_launch_command(ARGS, env, resolve_nproc_per_node("auto", env), python="py")
     assert cmd == [
-        "py", "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", node_id,
-        "--master_addr", "gpu01", "--master_port", str(15000 + 123456 % 20000),
-        "--nproc_per_node", "8", "-m", *ARGS,
+        "py",
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--node_rank",
+        node_id,
+        "--master_addr",
+        "gpu01",
+        "--master_port",
+        str(15000 + 123456 % 20000),
+        "--nproc_per_node",
+        "8",
+        "-m",
+        *ARGS,
     ]
 
 
@@ -138,7 +173,11 @@ def test_sft_options_survive_torchrun_argument_parsing():
     from agentrl.sft.cli import build_parser
 
     torchrun_options = [o for action in get_args_parser()._actions for o in action.option_strings]
-    forwarded = [o for action in build_parser()._actions for o in action.option_strings
-                 if o.startswith("--") and o not in ("--help", "--nproc")]
+    forwarded = [
+        o
+        for action in build_parser()._actions
+        for o in action.option_strings
+        if o.startswith("--") and o not in ("--help", "--nproc")
+    ]
     clashes = [(ours, theirs) for ours in forwarded for theirs in torchrun_options if theirs.startswith(ours)]
     assert clashes == []

@@ -32,8 +32,15 @@ def _record(acc=1, pred="1", calls=0, errors=(), before=(), turns=2, tokens=100,
 
 def _row(problem, index, acc, pred, calls=1, errors=(False,), before=(250,), turns=4, tokens=500):
     return {
-        "problem_id": problem, "sample_index": index, "acc": acc, "pred": pred, "tool_calls": calls,
-        "tool_errors": list(errors), "tokens_before_calls": list(before), "num_turns": turns, "response_tokens": tokens,
+        "problem_id": problem,
+        "sample_index": index,
+        "acc": acc,
+        "pred": pred,
+        "tool_calls": calls,
+        "tool_errors": list(errors),
+        "tokens_before_calls": list(before),
+        "num_turns": turns,
+        "response_tokens": tokens,
     }
 
 

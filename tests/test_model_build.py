@@ -16,9 +16,16 @@ from agentrl.model.folder import MODEL_DIGEST_KEY, model_digest, stamp_model_dig
 
 CONVERSATION = [
     {"role": "user", "content": "Compute 4821 * 37 - 9156."},
-    {"role": "assistant", "content": "Let me compute it.",
-     "tool_calls": [{"type": "function", "function": {"name": "code_interpreter",
-                                                      "arguments": {"code": "print(4821 * 37 - 9156)"}}}]},
+    {
+        "role": "assistant",
+        "content": "Let me compute it.",
+        "tool_calls": [
+            {
+                "type": "function",
+                "function": {"name": "code_interpreter", "arguments": {"code": "print(4821 * 37 - 9156)"}},
+            }
+        ],
+    },
     {"role": "tool", "content": "169221\n"},
     {"role": "assistant", "content": "The result is 169221.\n\\boxed{169221}"},
 ]
@@ -51,11 +58,14 @@ def test_chat_template_renders_hermes_tool_calls_and_responses(model_dir):
     text = tokenizer.apply_chat_template(CONVERSATION, tools=[CODE_INTERPRETER_TOOL], tokenize=False)
     assert text.startswith("<|im_start|>system\n# Tools\n")
     assert "<tools>\n" + json.dumps(CODE_INTERPRETER_TOOL) + "\n</tools>" in text
-    assert ('Let me compute it.\n<tool_call>\n{"name": "code_interpreter", "arguments": '
-            '{"code": "print(4821 * 37 - 9156)"}}\n</tool_call><|im_end|>\n') in text
+    assert (
+        'Let me compute it.\n<tool_call>\n{"name": "code_interpreter", "arguments": '
+        '{"code": "print(4821 * 37 - 9156)"}}\n</tool_call><|im_end|>\n'
+    ) in text
     assert "<|im_start|>user\n<tool_response>\n169221\n\n</tool_response><|im_end|>\n<|im_start|>assistant\n" in text
-    prompt = tokenizer.apply_chat_template(CONVERSATION[:1], tools=[CODE_INTERPRETER_TOOL], tokenize=False,
-                                           add_generation_prompt=True)
+    prompt = tokenizer.apply_chat_template(
+        CONVERSATION[:1], tools=[CODE_INTERPRETER_TOOL], tokenize=False, add_generation_prompt=True
+    )
     assert prompt.endswith("<|im_start|>user\nCompute 4821 * 37 - 9156.<|im_end|>\n<|im_start|>assistant\n")
 
 

@@ -25,12 +25,19 @@ def _samples(accuracy: float, problems: int = 6, n: int = 4, seed: int = 0) -> l
     for p in range(problems):
         for i in range(n):
             calls = rng.randint(0, 4)
-            rows.append({
-                "problem_id": f"q{p}", "sample_index": i, "acc": rng.random() < accuracy, "pred": str(rng.randint(0, 2)),
-                "tool_calls": calls, "tool_errors": [rng.random() < 0.3 for _ in range(calls)],
-                "tokens_before_calls": [rng.randint(10, 400) for _ in range(calls)], "num_turns": calls + 1,
-                "response_tokens": rng.randint(100, 900),
-            })
+            rows.append(
+                {
+                    "problem_id": f"q{p}",
+                    "sample_index": i,
+                    "acc": rng.random() < accuracy,
+                    "pred": str(rng.randint(0, 2)),
+                    "tool_calls": calls,
+                    "tool_errors": [rng.random() < 0.3 for _ in range(calls)],
+                    "tokens_before_calls": [rng.randint(10, 400) for _ in range(calls)],
+                    "num_turns": calls + 1,
+                    "response_tokens": rng.randint(100, 900),
+                }
+            )
     return rows
 
 
@@ -51,19 +58,46 @@ def _write_log(path: Path, rows: list[dict]) -> Path:
 def run_dir(tmp_path: Path) -> dict:
     metrics = [
         _write_metrics(tmp_path, model, bench, acc, seed)
-        for seed, (model, bench, acc) in enumerate([
-            ("base", "aime2024", 0.1), ("sft", "aime2024", 0.3), ("rl", "aime2024", 0.6),
-            ("base", "arith", 0.2), ("sft", "arith", 0.5), ("rl", "arith", 0.8),
-        ])
+        for seed, (model, bench, acc) in enumerate(
+            [
+                ("base", "aime2024", 0.1),
+                ("sft", "aime2024", 0.3),
+                ("rl", "aime2024", 0.6),
+                ("base", "arith", 0.2),
+                ("sft", "arith", 0.5),
+                ("rl", "arith", 0.8),
+            ]
+        )
     ]
-    sft_log = _write_log(tmp_path / "sft/metrics.jsonl", [
-        {"step": s, "loss": 2.0 / s, "lr": 1e-5, "grad_norm": 1.0, "epoch": 0} for s in range(1, 6)])
-    rl_log = _write_log(tmp_path / "rl/metrics.jsonl", [
-        {"step": s, "reward": {"mean": -1 + 0.2 * s}, "acc": 0.1 * s, "entropy": 1.0 - 0.1 * s,
-         "response_length": {"mean": 300 + s}, "tool_calls_per_response": 1.5,
-         "clip_frac": {"low": 0.01, "high": 0.02}, "note": "text is ignored"} for s in range(1, 6)])
-    table = pd.DataFrame({"id": [f"p{i}" for i in range(9)], "data_source": "embedded-arith", "k": 8,
-                          "correct": list(range(9)), "pass_rate": [i / 8 for i in range(9)]})
+    sft_log = _write_log(
+        tmp_path / "sft/metrics.jsonl",
+        [{"step": s, "loss": 2.0 / s, "lr": 1e-5, "grad_norm": 1.0, "epoch": 0} for s in range(1, 6)],
+    )
+    rl_log = _write_log(
+        tmp_path / "rl/metrics.jsonl",
+        [
+            {
+                "step": s,
+                "reward": {"mean": -1 + 0.2 * s},
+                "acc": 0.1 * s,
+                "entropy": 1.0 - 0.1 * s,
+                "response_length": {"mean": 300 + s},
+                "tool_calls_per_response": 1.5,
+                "clip_frac": {"low": 0.01, "high": 0.02},
+                "note": "text is ignored",
+            }
+            for s in range(1, 6)
+        ],
+    )
+    table = pd.DataFrame(
+        {
+            "id": [f"p{i}" for i in range(9)],
+            "data_source": "embedded-arith",
+            "k": 8,
+            "correct": list(range(9)),
+            "pass_rate": [i / 8 for i in range(9)],
+        }
+    )
     stats = select_problems(table, load_config({}).filter, seed=0).stats
     stats_path = tmp_path / "filter/stats.json"
     stats_path.parent.mkdir()
@@ -73,16 +107,40 @@ def run_dir(tmp_path: Path) -> dict:
 
 def _outputs(root: Path) -> dict[str, Path]:
     out = root / "report"
-    return {"md": out / "summary.md", "csv": out / "summary.csv", "acc": out / "accuracy_by_stage.png",
-            "modes": out / "reasoning_modes.png", "sft": out / "training_sft.png", "rl": out / "training_rl.png"}
+    return {
+        "md": out / "summary.md",
+        "csv": out / "summary.csv",
+        "acc": out / "accuracy_by_stage.png",
+        "modes": out / "reasoning_modes.png",
+        "sft": out / "training_sft.png",
+        "rl": out / "training_rl.png",
+    }
 
 
 def test_report_renders_tables_and_plots(run_dir):
     out = _outputs(run_dir["root"])
-    args = ["--metrics", *map(str, run_dir["metrics"]), "--sft-metrics", str(run_dir["sft"]), "--sft-plot", str(out["sft"]),
-            "--rl-metrics", str(run_dir["rl"]), "--rl-plot", str(out["rl"]), "--filter-stats", str(run_dir["stats"]),
-            "--table-md", str(out["md"]), "--table-csv", str(out["csv"]),
-            "--accuracy-plot", str(out["acc"]), "--modes-plot", str(out["modes"])]
+    args = [
+        "--metrics",
+        *map(str, run_dir["metrics"]),
+        "--sft-metrics",
+        str(run_dir["sft"]),
+        "--sft-plot",
+        str(out["sft"]),
+        "--rl-metrics",
+        str(run_dir["rl"]),
+        "--rl-plot",
+        str(out["rl"]),
+        "--filter-stats",
+        str(run_dir["stats"]),
+        "--table-md",
+        str(out["md"]),
+        "--table-csv",
+        str(out["csv"]),
+        "--accuracy-plot",
+        str(out["acc"]),
+        "--modes-plot",
+        str(out["modes"]),
+    ]
     assert report_cli.main(args) == 0
     for key in ("acc", "modes", "sft", "rl"):
         data = out[key].read_bytes()
@@ -91,7 +149,13 @@ def test_report_renders_tables_and_plots(run_dir):
     frame = pd.read_csv(out["csv"])
     ours = frame[frame["source"] == "ours"]
     assert list(zip(ours["model"], ours["benchmark"])) == [
-        ("base", "aime2024"), ("sft", "aime2024"), ("rl", "aime2024"), ("base", "arith"), ("sft", "arith"), ("rl", "arith")]
+        ("base", "aime2024"),
+        ("sft", "aime2024"),
+        ("rl", "aime2024"),
+        ("base", "arith"),
+        ("sft", "arith"),
+        ("rl", "arith"),
+    ]
     for path, row in zip(run_dir["metrics"], ours.to_dict("records")):
         metrics = json.loads(path.read_text())
         assert row["avg@n"] == pytest.approx(100 * metrics["avg@4"], abs=0.01)
@@ -118,8 +182,18 @@ def test_report_renders_tables_and_plots(run_dir):
 
 def test_report_without_optional_inputs(run_dir):
     out = _outputs(run_dir["root"])
-    args = ["--metrics", str(run_dir["metrics"][3]), "--table-md", str(out["md"]), "--table-csv", str(out["csv"]),
-            "--accuracy-plot", str(out["acc"]), "--modes-plot", str(out["modes"])]
+    args = [
+        "--metrics",
+        str(run_dir["metrics"][3]),
+        "--table-md",
+        str(out["md"]),
+        "--table-csv",
+        str(out["csv"]),
+        "--accuracy-plot",
+        str(out["acc"]),
+        "--modes-plot",
+        str(out["modes"]),
+    ]
     assert report_cli.main(args) == 0
     md = out["md"].read_text()
     assert "training" not in md and "Model-aware RL data" not in md and "Table 2" not in md
@@ -128,8 +202,16 @@ def test_report_without_optional_inputs(run_dir):
 
 def test_report_refuses_half_given_and_misplaced_inputs(run_dir, tmp_path):
     out = _outputs(run_dir["root"])
-    base = ["--table-md", str(out["md"]), "--table-csv", str(out["csv"]), "--accuracy-plot", str(out["acc"]),
-            "--modes-plot", str(out["modes"])]
+    base = [
+        "--table-md",
+        str(out["md"]),
+        "--table-csv",
+        str(out["csv"]),
+        "--accuracy-plot",
+        str(out["acc"]),
+        "--modes-plot",
+        str(out["modes"]),
+    ]
     with pytest.raises(SystemExit, match="--rl-metrics and --rl-plot"):
         report_cli.main(["--metrics", str(run_dir["metrics"][0]), "--rl-metrics", str(run_dir["rl"]), *base])
     stray = tmp_path / "metrics.json"
@@ -141,16 +223,41 @@ def test_report_refuses_half_given_and_misplaced_inputs(run_dir, tmp_path):
 
 
 def test_training_logs_are_grouped_by_metric_name(tmp_path):
-    log = _write_log(tmp_path / "m.jsonl", [{"global_step": 1, "actor/pg_clipfrac": 0.1, "critic/score/mean": 0.5,
-                                             "actor/entropy": 2.0, "response_length/mean": 80, "timing/gen": 3.0}])
+    log = _write_log(
+        tmp_path / "m.jsonl",
+        [
+            {
+                "global_step": 1,
+                "actor/pg_clipfrac": 0.1,
+                "critic/score/mean": 0.5,
+                "actor/entropy": 2.0,
+                "response_length/mean": 80,
+                "timing/gen": 3.0,
+            }
+        ],
+    )
     step_key, rows = read_training_log(log)
     assert step_key == "global_step" and rows[0]["actor/entropy"] == 2.0
     panels = training_panels(list(rows[0]), step_key)
-    assert panels == {"Clip fractions": ["actor/pg_clipfrac"], "Reward": ["critic/score/mean"],
-                      "Entropy": ["actor/entropy"], "Response length": ["response_length/mean"]}
+    assert panels == {
+        "Clip fractions": ["actor/pg_clipfrac"],
+        "Reward": ["critic/score/mean"],
+        "Entropy": ["actor/entropy"],
+        "Response length": ["response_length/mean"],
+    }
     # durations, token counts and spreads are not drawn beside the values whose words they share
-    ours = training_panels(["step", "rollout/reward_mean", "rollout/reward_std", "timing/reward_s", "actor/pg_loss",
-                            "actor/loss_tokens", "timing/train_tokens_per_s"], "step")
+    ours = training_panels(
+        [
+            "step",
+            "rollout/reward_mean",
+            "rollout/reward_std",
+            "timing/reward_s",
+            "actor/pg_loss",
+            "actor/loss_tokens",
+            "timing/train_tokens_per_s",
+        ],
+        "step",
+    )
     assert ours == {"Reward": ["rollout/reward_mean"], "Loss": ["actor/pg_loss"]}
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")

@@ -29,18 +29,39 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {
-    "data": {"embedded": {"families": ["arith", "program"], "sft_per_family": 4, "rl_pool_per_family": 2,
-                          "eval_per_family": 2}},
-    "model": {"embedded": {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1, "head_dim": 16,
-                           "intermediate_size": 64}},
+    "data": {
+        "embedded": {
+            "families": ["arith", "program"],
+            "sft_per_family": 4,
+            "rl_pool_per_family": 2,
+            "eval_per_family": 2,
+        }
+    },
+    "model": {
+        "embedded": {
+            "hidden_size": 32,
+            "num_layers": 2,
+            "num_heads": 2,
+            "num_kv_heads": 1,
+            "head_dim": 16,
+            "intermediate_size": 64,
+        }
+    },
     "sandbox": {"workers": 1},
     "rollout": {"max_response_tokens": 32, "max_turns": 1},
     "reward": {"overlong": {"max_response_length": 32, "buffer_length": 8}},
     "sft": {"epochs": 1},
     # The untrained model solves nothing: keep unsolved problems so GRPO has data.
     "filter": {"k": 1, "low": -1.0},
-    "grpo": {"max_steps": 1, "batch_prompts": 2, "n": 2, "mini_batch_prompts": 2, "test_freq": 0,
-             "val_before_train": False, "save_freq": 1},
+    "grpo": {
+        "max_steps": 1,
+        "batch_prompts": 2,
+        "n": 2,
+        "mini_batch_prompts": 2,
+        "test_freq": 0,
+        "val_before_train": False,
+        "save_freq": 1,
+    },
     "eval": {"n": 1},
 }
 MODELS = {"base", "sft", "rl"}
@@ -64,8 +85,18 @@ def write_config(workdir: Path, overlay: dict) -> Path:
 
 
 def snakemake_command(workdir: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "snakemake", "--cores", "2", "-s", str(ROOT / "workflow" / "Snakefile"),
-            "--directory", str(workdir), *args]
+    return [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--cores",
+        "2",
+        "-s",
+        str(ROOT / "workflow" / "Snakefile"),
+        "--directory",
+        str(workdir),
+        *args,
+    ]
 
 
 def snakemake_env() -> dict[str, str]:
@@ -73,8 +104,14 @@ def snakemake_env() -> dict[str, str]:
 
 
 def snakemake(workdir: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    done = subprocess.run(snakemake_command(workdir, *args), capture_output=True, text=True, timeout=timeout,
-                          cwd=workdir, env=snakemake_env())
+    done = subprocess.run(
+        snakemake_command(workdir, *args),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=workdir,
+        env=snakemake_env(),
+    )
     assert done.returncode == 0, f"snakemake {' '.join(args)} failed:\n{done.stdout[-4000:]}\n{done.stderr[-6000:]}"
     return done
 
@@ -106,16 +143,21 @@ def models_of(jobs, rule: str) -> set[str]:
 
 
 def test_the_listing_parser_reads_rules_and_wildcards():
-    listing = ("Job stats:\njob count\n\n[Mon]\nrule evaluate:\n    input: a\n    wildcards: model=sft, benchmark=arith\n"
-               "[Mon]\nlocalrule report:\n    reason: forced\n[Mon]\nlocalrule all:\n    input: x\n")
+    listing = (
+        "Job stats:\njob count\n\n[Mon]\nrule evaluate:\n    input: a\n    wildcards: model=sft, benchmark=arith\n"
+        "[Mon]\nlocalrule report:\n    reason: forced\n[Mon]\nlocalrule all:\n    input: x\n"
+    )
     assert jobs_in_listing(listing) == [("evaluate", {"model": "sft", "benchmark": "arith"}), ("report", {})]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("target, expected", [
-    ("base_model", {"prepare_data", "base_model"}),
-    ("select_rl_data", {"prepare_data", "base_model", "sft", "score_rl_pool", "select_rl_data"}),
-])
+@pytest.mark.parametrize(
+    "target, expected",
+    [
+        ("base_model", {"prepare_data", "base_model"}),
+        ("select_rl_data", {"prepare_data", "base_model", "sft", "score_rl_pool", "select_rl_data"}),
+    ],
+)
 def test_until_plans_only_the_jobs_upstream_of_its_target(tmp_path, target, expected):
     write_config(tmp_path, {})
     everything = planned(tmp_path)
@@ -145,15 +187,19 @@ def test_forcerun_evaluate_replans_evaluation_and_its_consumers_only(completed):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("overlay, reruns, evaluated_models", [
-    # selection thresholds: the cheap selection, not the scoring rollouts of score_rl_pool
-    ({"filter": {"high": 0.99}}, {"select_rl_data", "grpo"}, {"rl"}),
-    # how the pool is scored: scoring and what follows, not SFT
-    ({"filter": {"k": 2}}, {"score_rl_pool", "select_rl_data", "grpo"}, {"rl"}),
-    # SFT: the SFT model and everything built on it, not the data or the base model
-    ({"sft": {"lr": 1.0e-3}}, {"sft", "score_rl_pool", "select_rl_data", "grpo"}, {"sft", "rl"}),
-    ({"grpo": {"lr": 5.0e-5}}, {"grpo"}, {"rl"}),
-], ids=["filter.high", "filter.k", "sft.lr", "grpo.lr"])
+@pytest.mark.parametrize(
+    "overlay, reruns, evaluated_models",
+    [
+        # selection thresholds: the cheap selection, not the scoring rollouts of score_rl_pool
+        ({"filter": {"high": 0.99}}, {"select_rl_data", "grpo"}, {"rl"}),
+        # how the pool is scored: scoring and what follows, not SFT
+        ({"filter": {"k": 2}}, {"score_rl_pool", "select_rl_data", "grpo"}, {"rl"}),
+        # SFT: the SFT model and everything built on it, not the data or the base model
+        ({"sft": {"lr": 1.0e-3}}, {"sft", "score_rl_pool", "select_rl_data", "grpo"}, {"sft", "rl"}),
+        ({"grpo": {"lr": 5.0e-5}}, {"grpo"}, {"rl"}),
+    ],
+    ids=["filter.high", "filter.k", "sft.lr", "grpo.lr"],
+)
 def test_a_changed_parameter_reruns_only_what_it_feeds(completed, tmp_path, overlay, reruns, evaluated_models):
     override = tmp_path / "override.yaml"
     override.write_text(yaml.safe_dump(overlay))
@@ -206,16 +252,32 @@ def wait_for(predicate, timeout: float, what: str, process: subprocess.Popen) ->
 @pytest.mark.slow
 def test_a_killed_training_job_resumes_from_its_checkpoint(tmp_path):
     # 4 conversations x 2 families, 2 per step: 4 steps an epoch, 12 steps; a checkpoint every 2.
-    write_config(tmp_path, {"sft": {"epochs": 3, "global_batch_size": 2, "micro_batch_size": 2,
-                                    "save_every_steps": 2, "keep_checkpoints": 1}})
+    write_config(
+        tmp_path,
+        {
+            "sft": {
+                "epochs": 3,
+                "global_batch_size": 2,
+                "micro_batch_size": 2,
+                "save_every_steps": 2,
+                "keep_checkpoints": 1,
+            }
+        },
+    )
     total = 12
     results = tmp_path / "results"
     checkpoints = results / "sft" / "checkpoints"
     log_path = results / "logs" / "sft.log"
 
     # Its own session: the process group holds snakemake and the jobs it runs, as a SLURM job's cgroup does.
-    first = subprocess.Popen(snakemake_command(tmp_path, "--until", "sft"), cwd=tmp_path, env=snakemake_env(),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    first = subprocess.Popen(
+        snakemake_command(tmp_path, "--until", "sft"),
+        cwd=tmp_path,
+        env=snakemake_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         wait_for(lambda: (checkpoints / "latest").exists(), 300, "first SFT checkpoint", first)
     finally:

@@ -58,11 +58,47 @@ CASES = [
     # ---- math, strict (upstream): last box in the last 100 characters, exact string match
     ("strict-plain", "embedded-arith", "42", "So the answer is \\boxed{42}", "strict", 1.0, True, "42"),
     ("strict-int-ground-truth", "embedded-arith", 42, "\\boxed{42}", "strict", 1.0, True, "42"),
-    ("strict-nested-braces", "AIME2024", "\\frac{1}{2}", "x = \\boxed{\\frac{1}{2}}", "strict", 1.0, True, "\\frac{1}{2}"),
-    ("strict-deep-nesting", "math_dapo", "\\sqrt{\\frac{a}{b^{2}}}", "\\boxed{\\sqrt{\\frac{a}{b^{2}}}}.", "strict", 1.0, True, ANY),
-    ("strict-literal-set-braces", "train-math-deepscaler", "\\{1,2\\}", "\\boxed{\\{1,2\\}}", "strict", 1.0, True, "\\{1,2\\}"),
+    (
+        "strict-nested-braces",
+        "AIME2024",
+        "\\frac{1}{2}",
+        "x = \\boxed{\\frac{1}{2}}",
+        "strict",
+        1.0,
+        True,
+        "\\frac{1}{2}",
+    ),
+    (
+        "strict-deep-nesting",
+        "math_dapo",
+        "\\sqrt{\\frac{a}{b^{2}}}",
+        "\\boxed{\\sqrt{\\frac{a}{b^{2}}}}.",
+        "strict",
+        1.0,
+        True,
+        ANY,
+    ),
+    (
+        "strict-literal-set-braces",
+        "train-math-deepscaler",
+        "\\{1,2\\}",
+        "\\boxed{\\{1,2\\}}",
+        "strict",
+        1.0,
+        True,
+        "\\{1,2\\}",
+    ),
     ("strict-several-boxes-last-wins", "math_dapo", "42", "\\boxed{41} no wait \\boxed{42}", "strict", 1.0, True, "42"),
-    ("strict-several-boxes-last-wrong", "math_dapo", "42", "\\boxed{42} no wait \\boxed{41}", "strict", -1.0, False, "41"),
+    (
+        "strict-several-boxes-last-wrong",
+        "math_dapo",
+        "42",
+        "\\boxed{42} no wait \\boxed{41}",
+        "strict",
+        -1.0,
+        False,
+        "41",
+    ),
     ("strict-box-outside-tail", "AIME2025", "42", "\\boxed{42}" + PAD, "strict", -1.0, False, None),
     ("strict-box-cut-by-tail", "AIME2025", "42", "\\boxed{42}" + "z" * 95, "strict", -1.0, False, None),
     ("strict-box-just-inside-tail", "AIME2025", "42", "\\boxed{42}" + "z" * 90, "strict", 1.0, True, "42"),
@@ -99,41 +135,145 @@ CASES = [
     ("choice-outside-tail", "gpqa_diamond", "A", "\\boxed{A}" + PAD, "strict", -1.0, False, None),
     # ---- code: stdin/stdout
     ("code-stdio-correct", "LiveCodeBench_v6", STDIO_SUM, fenced(SUM_CODE), "strict", 1.0, True, SUM_CODE + "\n"),
-    ("code-stdio-extra-newlines", "embedded-code", STDIO_SUM,
-     fenced("a, b = map(int, input().split())\nprint(a + b, end='\\n\\n\\n')"), "strict", 1.0, True, ANY),
-    ("code-stdio-trailing-space", "embedded-code", STDIO_SUM,
-     fenced("a, b = map(int, input().split())\nprint(a + b, end=' \\n')"), "strict", 0.0, False, ANY),
-    ("code-stdio-half-right", "train-code-taco-medium", STDIO_SUM,
-     fenced("a, b = map(int, input().split())\nprint(3)"), "strict", 0.5, False, ANY),
-    ("code-stdio-json-string-truth", "LiveCodeBench_v6", json.dumps(STDIO_SUM), fenced(SUM_CODE), "strict", 1.0, True, ANY),
-    ("code-stdio-last-block-wins", "embedded-code", STDIO_SUM,
-     fenced("print('draft')") + "Fixed:\n" + fenced(SUM_CODE), "strict", 1.0, True, SUM_CODE + "\n"),
+    (
+        "code-stdio-extra-newlines",
+        "embedded-code",
+        STDIO_SUM,
+        fenced("a, b = map(int, input().split())\nprint(a + b, end='\\n\\n\\n')"),
+        "strict",
+        1.0,
+        True,
+        ANY,
+    ),
+    (
+        "code-stdio-trailing-space",
+        "embedded-code",
+        STDIO_SUM,
+        fenced("a, b = map(int, input().split())\nprint(a + b, end=' \\n')"),
+        "strict",
+        0.0,
+        False,
+        ANY,
+    ),
+    (
+        "code-stdio-half-right",
+        "train-code-taco-medium",
+        STDIO_SUM,
+        fenced("a, b = map(int, input().split())\nprint(3)"),
+        "strict",
+        0.5,
+        False,
+        ANY,
+    ),
+    (
+        "code-stdio-json-string-truth",
+        "LiveCodeBench_v6",
+        json.dumps(STDIO_SUM),
+        fenced(SUM_CODE),
+        "strict",
+        1.0,
+        True,
+        ANY,
+    ),
+    (
+        "code-stdio-last-block-wins",
+        "embedded-code",
+        STDIO_SUM,
+        fenced("print('draft')") + "Fixed:\n" + fenced(SUM_CODE),
+        "strict",
+        1.0,
+        True,
+        SUM_CODE + "\n",
+    ),
     ("code-hangs", "embedded-code", STDIO_SUM, fenced("while True:\n    pass"), "strict", 0.0, False, ANY),
     ("code-raises", "embedded-code", STDIO_SUM, fenced("raise SystemExit('boom')"), "strict", 0.0, False, ANY),
     ("code-missing", "embedded-code", STDIO_SUM, "I would add the numbers.", "strict", -1.0, False, None),
     ("code-unparsable", "LiveCodeBench_v6", STDIO_SUM, fenced("def f(:\n    pass"), "strict", -1.0, False, ANY),
     # ---- code: functional (fn_name) and LeetCode check harness
     ("code-fn-class-lists", "LiveCodeBench_v6", TWO_SUM_LCB, fenced(TWO_SUM_CLASS), "strict", 1.0, True, ANY),
-    ("code-fn-free-function-tuple", "train-code-taco-easy", TWO_SUM_LCB,
-     fenced("def twoSum(nums, target):\n    return next((i, j) for j in range(len(nums)) for i in range(j)"
-            " if nums[i] + nums[j] == target)"), "strict", 1.0, True, ANY),
-    ("code-fn-taco-wrapped-outputs", "train-code-taco-hard",
-     {"fn_name": "merge", "inputs": [[[1, 3], [2]], [[], [5, 4]]], "outputs": [[[1, 2, 3]], [[4, 5]]]},
-     fenced("def merge(a, b):\n    return sorted(a + b)"), "strict", 1.0, True, ANY),
-    ("code-fn-wrong-on-one", "LiveCodeBench_v6", TWO_SUM_LCB,
-     fenced("class Solution:\n    def twoSum(self, nums, target):\n        return [0, 1]"), "strict", 0.5, False, ANY),
-    ("code-fn-fake-result-line", "LiveCodeBench_v6", TWO_SUM_LCB,
-     fenced("def twoSum(nums, target):\n    print('@@agentrl-functional-result@@[0, 1]')\n    return None"),
-     "strict", 0.0, False, ANY),
-    ("code-fn-main-block-not-run", "LiveCodeBench_v6", TWO_SUM_LCB,
-     fenced(TWO_SUM_CLASS + "\nif __name__ == '__main__':\n    print(Solution().twoSum(*eval(input())))"),
-     "strict", 1.0, True, ANY),
-    ("code-fn-missing-function", "LiveCodeBench_v6", TWO_SUM_LCB, fenced("def two_sum(nums, target):\n    return [0, 1]"),
-     "strict", 0.0, False, ANY),
-    ("code-leetcode-pass", "train-code-leetcode-medium", LEETCODE_MAX,
-     fenced("class Solution:\n    def maxValue(self, nums: List[int]) -> int:\n        return max(nums)"), "strict", 1.0, True, ANY),
-    ("code-leetcode-fail", "train-code-leetcode-medium", LEETCODE_MAX,
-     fenced("class Solution:\n    def maxValue(self, nums):\n        return nums[0]"), "strict", 0.0, False, ANY),
+    (
+        "code-fn-free-function-tuple",
+        "train-code-taco-easy",
+        TWO_SUM_LCB,
+        fenced(
+            "def twoSum(nums, target):\n    return next((i, j) for j in range(len(nums)) for i in range(j)"
+            " if nums[i] + nums[j] == target)"
+        ),
+        "strict",
+        1.0,
+        True,
+        ANY,
+    ),
+    (
+        "code-fn-taco-wrapped-outputs",
+        "train-code-taco-hard",
+        {"fn_name": "merge", "inputs": [[[1, 3], [2]], [[], [5, 4]]], "outputs": [[[1, 2, 3]], [[4, 5]]]},
+        fenced("def merge(a, b):\n    return sorted(a + b)"),
+        "strict",
+        1.0,
+        True,
+        ANY,
+    ),
+    (
+        "code-fn-wrong-on-one",
+        "LiveCodeBench_v6",
+        TWO_SUM_LCB,
+        fenced("class Solution:\n    def twoSum(self, nums, target):\n        return [0, 1]"),
+        "strict",
+        0.5,
+        False,
+        ANY,
+    ),
+    (
+        "code-fn-fake-result-line",
+        "LiveCodeBench_v6",
+        TWO_SUM_LCB,
+        fenced("def twoSum(nums, target):\n    print('@@agentrl-functional-result@@[0, 1]')\n    return None"),
+        "strict",
+        0.0,
+        False,
+        ANY,
+    ),
+    (
+        "code-fn-main-block-not-run",
+        "LiveCodeBench_v6",
+        TWO_SUM_LCB,
+        fenced(TWO_SUM_CLASS + "\nif __name__ == '__main__':\n    print(Solution().twoSum(*eval(input())))"),
+        "strict",
+        1.0,
+        True,
+        ANY,
+    ),
+    (
+        "code-fn-missing-function",
+        "LiveCodeBench_v6",
+        TWO_SUM_LCB,
+        fenced("def two_sum(nums, target):\n    return [0, 1]"),
+        "strict",
+        0.0,
+        False,
+        ANY,
+    ),
+    (
+        "code-leetcode-pass",
+        "train-code-leetcode-medium",
+        LEETCODE_MAX,
+        fenced("class Solution:\n    def maxValue(self, nums: List[int]) -> int:\n        return max(nums)"),
+        "strict",
+        1.0,
+        True,
+        ANY,
+    ),
+    (
+        "code-leetcode-fail",
+        "train-code-leetcode-medium",
+        LEETCODE_MAX,
+        fenced("class Solution:\n    def maxValue(self, nums):\n        return nums[0]"),
+        "strict",
+        0.0,
+        False,
+        ANY,
+    ),
 ]
 
 
@@ -156,7 +296,9 @@ def test_table_has_enough_cases_across_families():
     assert len({case[0] for case in CASES}) == len(CASES), "case ids must be unique"
 
 
-@pytest.mark.parametrize(("case_id", "source", "truth", "response", "mode", "score", "acc", "pred"), CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("case_id", "source", "truth", "response", "mode", "score", "acc", "pred"), CASES, ids=[c[0] for c in CASES]
+)
 def test_reward_table(case_id, source, truth, response, mode, score, acc, pred, request):
     box = request.getfixturevalue("sandbox") if family_of(source) == "code" else None
     reward_fn = RewardFunction(reward_cfg(math_mode=mode, code_case_timeout_s=CASE_TIMEOUT_S), box)
@@ -239,7 +381,9 @@ def test_unknown_source_is_an_error_naming_it_and_the_families(source):
 def test_unknown_source_fails_the_reward_rather_than_scoring_zero():
     reward_fn = RewardFunction(reward_cfg())
     with pytest.raises(UnknownDataSourceError, match="openai/gsm8k"):
-        reward_fn.score(Problem("p", "openai/gsm8k", [], "math", "4"), "\\boxed{4}", response_length=0, num_tool_calls=0)
+        reward_fn.score(
+            Problem("p", "openai/gsm8k", [], "math", "4"), "\\boxed{4}", response_length=0, num_tool_calls=0
+        )
 
 
 def test_user_registered_source_is_routed_and_can_override():
@@ -249,7 +393,9 @@ def test_user_registered_source_is_routed_and_can_override():
         assert family_of("OpenAI/GSM8K") == "math"
         assert family_of("train-code-as-math-1") == "math"  # tried before the built-in *code* rule
         reward_fn = RewardFunction(reward_cfg())
-        result = reward_fn.score(Problem("p", "openai/gsm8k", [], "math", "4"), "\\boxed{4}", response_length=0, num_tool_calls=0)
+        result = reward_fn.score(
+            Problem("p", "openai/gsm8k", [], "math", "4"), "\\boxed{4}", response_length=0, num_tool_calls=0
+        )
         assert result.acc
     finally:
         unregister_source("openai/gsm8k")
@@ -276,7 +422,12 @@ def test_user_registered_source_is_routed_and_can_override():
 def test_malformed_ground_truth_names_the_problem(source, truth, match):
     reward_fn = RewardFunction(reward_cfg())
     with pytest.raises(InvalidGroundTruthError, match=match) as info:
-        reward_fn.score(Problem("row-17", source, [], "", truth), fenced("print(1)") + "\\boxed{A}", response_length=0, num_tool_calls=0)
+        reward_fn.score(
+            Problem("row-17", source, [], "", truth),
+            fenced("print(1)") + "\\boxed{A}",
+            response_length=0,
+            num_tool_calls=0,
+        )
     assert "row-17" in str(info.value)
 
 
@@ -285,18 +436,45 @@ def test_cli_prints_result_json(tmp_path, capsys):
     response = tmp_path / "response.txt"
     response.write_text("so \\boxed{\\frac{1}{2}}", encoding="utf-8")
     config = json.dumps({"reward": {"math_mode": "math_verify", "tool_call_shaping": {"enable": True}}})
-    code = reward_cli([
-        "--data-source", "AIME2024", "--ground-truth", "0.5", "--response-file", str(response),
-        "--response-length", "10", "--num-tool-calls", "0", "--config-json", config,
-    ])
+    code = reward_cli(
+        [
+            "--data-source",
+            "AIME2024",
+            "--ground-truth",
+            "0.5",
+            "--response-file",
+            str(response),
+            "--response-length",
+            "10",
+            "--num-tool-calls",
+            "0",
+            "--config-json",
+            config,
+        ]
+    )
     assert code == 0
     out = json.loads(capsys.readouterr().out)
     assert (out["score"], out["acc"], out["pred"]) == (1.0, True, "\\frac{1}{2}")
     assert out["details"]["family"] == "math" and out["details"]["overlong_penalty"] == 0.0
 
     response.write_text("\\boxed{3}", encoding="utf-8")
-    assert reward_cli(["--data-source", "AIME2024", "--ground-truth", "0.5", "--response-file", str(response),
-                       "--num-tool-calls", "2", "--config-json", config]) == 0
+    assert (
+        reward_cli(
+            [
+                "--data-source",
+                "AIME2024",
+                "--ground-truth",
+                "0.5",
+                "--response-file",
+                str(response),
+                "--num-tool-calls",
+                "2",
+                "--config-json",
+                config,
+            ]
+        )
+        == 0
+    )
     assert json.loads(capsys.readouterr().out)["score"] == pytest.approx(-0.8)
 
 
@@ -305,10 +483,26 @@ def test_cli_bad_input_exits_2_with_a_message(tmp_path, capsys):
     response.write_text("\\boxed{4}", encoding="utf-8")
     assert reward_cli(["--data-source", "nope", "--ground-truth", "4", "--response-file", str(response)]) == 2
     assert "'nope'" in capsys.readouterr().err
-    assert reward_cli(["--data-source", "AIME2024", "--ground-truth", "4", "--response-file", str(tmp_path / "missing")]) == 2
+    assert (
+        reward_cli(["--data-source", "AIME2024", "--ground-truth", "4", "--response-file", str(tmp_path / "missing")])
+        == 2
+    )
     assert "missing" in capsys.readouterr().err
-    assert reward_cli(["--data-source", "AIME2024", "--ground-truth", "4", "--response-file", str(response),
-                       "--config-json", '{"reward": {"math_mode": "fuzzy"}}']) == 2
+    assert (
+        reward_cli(
+            [
+                "--data-source",
+                "AIME2024",
+                "--ground-truth",
+                "4",
+                "--response-file",
+                str(response),
+                "--config-json",
+                '{"reward": {"math_mode": "fuzzy"}}',
+            ]
+        )
+        == 2
+    )
     assert "reward.math_mode" in capsys.readouterr().err
 
 
@@ -317,10 +511,19 @@ def test_cli_grades_code_in_the_sandbox(tmp_path, capsys):
     response.write_text(fenced(SUM_CODE), encoding="utf-8")
     truth = tmp_path / "truth.json"
     truth.write_text(json.dumps(STDIO_SUM), encoding="utf-8")
-    assert reward_cli(["--data-source", "LiveCodeBench_v6", "--ground-truth-file", str(truth),
-                       "--response-file", str(response)]) == 0
+    assert (
+        reward_cli(
+            ["--data-source", "LiveCodeBench_v6", "--ground-truth-file", str(truth), "--response-file", str(response)]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
-    assert (out["score"], out["acc"], out["details"]["cases_passed"], out["details"]["cases_total"]) == (1.0, True, 2, 2)
+    assert (out["score"], out["acc"], out["details"]["cases_passed"], out["details"]["cases_total"]) == (
+        1.0,
+        True,
+        2,
+        2,
+    )
 
 
 def test_math_verify_mode_works_off_the_main_thread():

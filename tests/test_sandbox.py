@@ -25,7 +25,6 @@ from pathlib import Path
 import pytest
 
 from agentrl.config import load_config
-from agentrl.tools.sandbox_isolation import interpreter_paths
 from agentrl.tools.sandbox import (
     ExecutionResult,
     LocalSandbox,
@@ -33,6 +32,7 @@ from agentrl.tools.sandbox import (
     make_sandbox,
     sandbox_environment,
 )
+from agentrl.tools.sandbox_isolation import interpreter_paths
 
 OUTPUT_CAP = 4096
 
@@ -232,8 +232,7 @@ def test_fork_bomb_is_contained(sandbox):
     if not (sandbox.isolation.user_switch or sandbox.isolation.user_namespace):
         pytest.skip("the kernel enforces the process limit only for an unprivileged uid")
     stubborn = (
-        "import os, time\n"
-        "while True:\n    try:\n        os.fork()\n    except OSError:\n        time.sleep(0.01)"
+        "import os, time\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        time.sleep(0.01)"
     )
     started = time.monotonic()
     result = sandbox.run(stubborn, timeout_s=1.5)
@@ -322,7 +321,8 @@ def test_environment_of_the_caller_is_not_visible(sandbox, monkeypatch):
     # Every variable the test process started with and the sandbox does not set itself.
     started_with = Path(f"/proc/{host_pid}/environ").read_bytes().decode(errors="replace").split("\0")
     leaked = [
-        entry for entry in started_with
+        entry
+        for entry in started_with
         if "=" in entry and entry.split("=")[0] not in expected_keys and entry in result.stdout
     ]
     assert leaked == [], f"the caller's environment leaked into the sandbox: {leaked}"
@@ -537,7 +537,10 @@ def test_python_dash_m_agentrl_sandbox(tmp_path):
     program.write_text("print(2 ** 10)")
     completed = subprocess.run(
         [sys.executable, "-m", "agentrl", "sandbox", "--config-json", SMALL_CONFIG, str(program)],
-        capture_output=True, text=True, timeout=120, check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert completed.returncode == 0, completed.stderr
     assert json.loads(completed.stdout)["stdout"] == "1024\n"

@@ -24,8 +24,15 @@ from agentrl.tools.sandbox import LocalSandbox, make_sandbox
 from agentrl.tools.sandbox_fusion import SandboxFusionSandbox, run_code_url
 
 _REQUIRED = {"code": str, "language": str}
-_OPTIONAL = {"compile_timeout": (int, float), "run_timeout": (int, float), "memory_limit_MB": int,
-             "stdin": (str, type(None)), "files": dict, "fetch_files": list, "args": list}
+_OPTIONAL = {
+    "compile_timeout": (int, float),
+    "run_timeout": (int, float),
+    "memory_limit_MB": int,
+    "stdin": (str, type(None)),
+    "files": dict,
+    "fetch_files": list,
+    "args": list,
+}
 
 
 class FakeSandboxFusion(ThreadingHTTPServer):
@@ -52,11 +59,21 @@ class FakeSandboxFusion(ThreadingHTTPServer):
         if result.status == "killed" and result.exit_code is None:
             run_status = "Error"
         status = "Success" if run_status == "Finished" and result.exit_code == 0 else "Failed"
-        run_result = {"status": run_status, "execution_time": result.duration_s,
-                      "return_code": None if run_status == "TimeLimitExceeded" else result.exit_code,
-                      "stdout": result.stdout, "stderr": result.stderr}
-        return {"status": status, "message": "", "compile_result": None, "run_result": run_result,
-                "executor_pod_name": None, "files": {}}
+        run_result = {
+            "status": run_status,
+            "execution_time": result.duration_s,
+            "return_code": None if run_status == "TimeLimitExceeded" else result.exit_code,
+            "stdout": result.stdout,
+            "stderr": result.stderr,
+        }
+        return {
+            "status": status,
+            "message": "",
+            "compile_result": None,
+            "run_result": run_result,
+            "executor_pod_name": None,
+            "files": {},
+        }
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -105,8 +122,18 @@ def client(server, monkeypatch):
     server.requests.clear()
     server.http_failures.clear()
     server.sandbox_error = False
-    cfg = load_config({"sandbox": {"backend": "sandbox_fusion", "sandbox_fusion_url": server.url, "workers": 3,
-                                   "timeout_s": 5, "memory_mb": 2048, "max_output_bytes": 1024}}).sandbox
+    cfg = load_config(
+        {
+            "sandbox": {
+                "backend": "sandbox_fusion",
+                "sandbox_fusion_url": server.url,
+                "workers": 3,
+                "timeout_s": 5,
+                "memory_mb": 2048,
+                "max_output_bytes": 1024,
+            }
+        }
+    ).sandbox
     with make_sandbox(cfg) as fusion:
         yield fusion
 
@@ -120,8 +147,16 @@ def test_request_follows_the_api(client, server):
     result = client.run("print(input()[::-1])", stdin="abc\n", timeout_s=3)
     assert (result.status, result.stdout, result.exit_code) == ("ok", "cba\n", 0)
     (request,) = server.requests
-    assert request == {"code": "print(input()[::-1])", "language": "python", "stdin": "abc\n", "run_timeout": 3.0,
-                       "compile_timeout": 3.0, "memory_limit_MB": 2048, "files": {}, "fetch_files": []}
+    assert request == {
+        "code": "print(input()[::-1])",
+        "language": "python",
+        "stdin": "abc\n",
+        "run_timeout": 3.0,
+        "compile_timeout": 3.0,
+        "memory_limit_MB": 2048,
+        "files": {},
+        "fetch_files": [],
+    }
 
 
 def test_statuses_map_to_execution_results(client):

@@ -71,13 +71,27 @@ def test_data_order_is_a_pure_function_of_seed_epoch_and_step():
 def _tiny_lm_and_examples():
     conversations = []
     for a in range(6):
-        conversations.append(SftExample(id=f"ex{a}", tools=[], messages=[
-            {"role": "user", "content": f"Add {a} and {a * 7 + 3}." + " Please." * a},
-            {"role": "assistant", "content": f"It is {a + a * 7 + 3}." + " Done." * (5 - a)},
-        ]))
+        conversations.append(
+            SftExample(
+                id=f"ex{a}",
+                tools=[],
+                messages=[
+                    {"role": "user", "content": f"Add {a} and {a * 7 + 3}." + " Please." * a},
+                    {"role": "assistant", "content": f"It is {a + a * 7 + 3}." + " Done." * (5 - a)},
+                ],
+            )
+        )
     tokenizer = train_tokenizer(["Add and It is Please Done"] * 5, 300)
-    cfg = EmbeddedModelConfig(vocab_size=300, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
-                              head_dim=16, intermediate_size=64, max_position_embeddings=256)
+    cfg = EmbeddedModelConfig(
+        vocab_size=300,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=16,
+        intermediate_size=64,
+        max_position_embeddings=256,
+    )
     lm = build_tiny_qwen3(tokenizer, cfg, seed=0)
     examples = tokenize_examples(conversations, tokenizer, max_length=256, truncation="right")
     return lm, tokenizer, examples
@@ -103,8 +117,7 @@ def test_the_step_gradient_does_not_depend_on_how_the_step_is_packed():
     one_batch = _step_gradient(lm, tokenizer, examples, [list(range(6))])
     for micro, budget, ranks in [(1, None, 1), (2, None, 2), (6, 3 * max(lengths), 1)]:
         packing = [m for rank in pack_micro_batches(lengths, micro, budget, ranks) for m in rank]
-        torch.testing.assert_close(_step_gradient(lm, tokenizer, examples, packing), one_batch,
-                                   rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(_step_gradient(lm, tokenizer, examples, packing), one_batch, rtol=1e-5, atol=1e-7)
 
 
 def test_padding_and_untrained_positions_add_no_loss():
@@ -122,8 +135,9 @@ def test_padding_and_untrained_positions_add_no_loss():
 
 def test_truncation_right_or_error():
     lm, tokenizer, _ = _tiny_lm_and_examples()
-    long = SftExample(id="long", tools=[], messages=[{"role": "user", "content": "x " * 50},
-                                                     {"role": "assistant", "content": "y"}])
+    long = SftExample(
+        id="long", tools=[], messages=[{"role": "user", "content": "x " * 50}, {"role": "assistant", "content": "y"}]
+    )
     (cut,) = tokenize_examples([long], tokenizer, max_length=20, truncation="right")
     assert len(cut.input_ids) == 20 and cut.trained_targets == 0
     with pytest.raises(ValueError, match="row 0 \\(id 'long'\\) has .* tokens, more than sft.max_length=20"):
@@ -145,17 +159,30 @@ def test_plan_matches_the_deepspeed_batch_identity():
 def test_deepspeed_configs_fill_every_auto():
     for stage in (0, 2, 3):
         template = load_deepspeed_config(find_deepspeed_config(stage), stage)
-        filled = fill_deepspeed_config(template, micro_batch_size=4, gradient_accumulation_steps=1, world_size=8,
-                                       grad_clip=1.0, dtype=torch.bfloat16, hidden_size=2560)
+        filled = fill_deepspeed_config(
+            template,
+            micro_batch_size=4,
+            gradient_accumulation_steps=1,
+            world_size=8,
+            grad_clip=1.0,
+            dtype=torch.bfloat16,
+            hidden_size=2560,
+        )
         assert "auto" not in json.dumps(filled)
         assert filled["train_batch_size"] == 32 and filled["bf16"]["enabled"] is True
         assert filled["zero_optimization"]["stage"] == stage
     with pytest.raises(ValueError, match="zero_optimization.stage=2 but the config asks for zero_stage=3"):
         load_deepspeed_config(find_deepspeed_config(2), 3)
     with pytest.raises(ValueError, match="'optimizer.params.lr' is \"auto\" but nothing fills it"):
-        fill_deepspeed_config({"optimizer": {"params": {"lr": "auto"}}}, micro_batch_size=1,
-                              gradient_accumulation_steps=1, world_size=1, grad_clip=1.0,
-                              dtype=torch.float32, hidden_size=8)
+        fill_deepspeed_config(
+            {"optimizer": {"params": {"lr": "auto"}}},
+            micro_batch_size=1,
+            gradient_accumulation_steps=1,
+            world_size=1,
+            grad_clip=1.0,
+            dtype=torch.float32,
+            hidden_size=8,
+        )
 
 
 def test_metrics_writer_drops_steps_after_the_resumed_checkpoint(tmp_path):
@@ -179,6 +206,17 @@ def test_sft_config_section_and_paper_preset():
     assert paper.model.base == "Qwen/Qwen3-4B-Instruct-2507" and paper.data.source == "upstream"
     sft = paper.sft
     assert (sft.lr, sft.lr_schedule, sft.warmup_ratio, sft.betas, sft.weight_decay, sft.grad_clip) == (
-        1e-5, "cosine", 0.1, (0.9, 0.95), 0.01, 1.0)
+        1e-5,
+        "cosine",
+        0.1,
+        (0.9, 0.95),
+        0.01,
+        1.0,
+    )
     assert (sft.global_batch_size, sft.micro_batch_size, sft.epochs, sft.max_length, sft.truncation) == (
-        32, 4, 5, 32768, "right")
+        32,
+        4,
+        5,
+        32768,
+        "right",
+    )

@@ -25,8 +25,16 @@ from agentrl.model.build import save_embedded_model
 
 pytestmark = pytest.mark.slow
 
-TINY = EmbeddedModelConfig(vocab_size=480, hidden_size=48, num_layers=2, num_heads=2, num_kv_heads=1,
-                           head_dim=24, intermediate_size=96, max_position_embeddings=512)
+TINY = EmbeddedModelConfig(
+    vocab_size=480,
+    hidden_size=48,
+    num_layers=2,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=24,
+    intermediate_size=96,
+    max_position_embeddings=512,
+)
 
 
 def _conversation(index: int) -> SftExample:
@@ -34,11 +42,16 @@ def _conversation(index: int) -> SftExample:
     code = f"print({a} * {b})"
     messages = [
         {"role": "user", "content": f"Compute {a} * {b}. Use the code tool, then give the answer in \\boxed{{}}."},
-        {"role": "assistant", "content": "Let me compute it with the tool.",
-         "tool_calls": [{"type": "function", "function": {"name": "code_interpreter", "arguments": {"code": code}}}]},
+        {
+            "role": "assistant",
+            "content": "Let me compute it with the tool.",
+            "tool_calls": [{"type": "function", "function": {"name": "code_interpreter", "arguments": {"code": code}}}],
+        },
         {"role": "tool", "content": f"{a * b}\n"},
-        {"role": "assistant", "content": f"The result is {a * b}." + " I checked it." * (index % 4)
-         + f"\n\\boxed{{{a * b}}}"},
+        {
+            "role": "assistant",
+            "content": f"The result is {a * b}." + " I checked it." * (index % 4) + f"\n\\boxed{{{a * b}}}",
+        },
     ]
     return SftExample(id=f"arith-{index}", messages=messages, tools=[CODE_INTERPRETER_TOOL])
 
@@ -58,9 +71,26 @@ def workspace(tmp_path_factory):
 
 def _args(root: Path, name: str, sft: dict, nproc: int) -> list[str]:
     run = root / name
-    return [sys.executable, "-m", "agentrl", "sft", "--config-json", json.dumps({"seed": 3, "sft": sft}),
-            "--model", str(root / "base"), "--data", str(root / "sft.parquet"), "--out", str(run / "model"),
-            "--metrics", str(run / "metrics.jsonl"), "--checkpoint-dir", str(run / "ckpt"), "--nproc", str(nproc)]
+    return [
+        sys.executable,
+        "-m",
+        "agentrl",
+        "sft",
+        "--config-json",
+        json.dumps({"seed": 3, "sft": sft}),
+        "--model",
+        str(root / "base"),
+        "--data",
+        str(root / "sft.parquet"),
+        "--out",
+        str(run / "model"),
+        "--metrics",
+        str(run / "metrics.jsonl"),
+        "--checkpoint-dir",
+        str(run / "ckpt"),
+        "--nproc",
+        str(nproc),
+    ]
 
 
 def _env() -> dict[str, str]:
@@ -80,8 +110,15 @@ def _results(run: Path) -> tuple[list[dict], dict[str, torch.Tensor]]:
     return metrics, load_file(run / "model" / "model.safetensors")
 
 
-BASE_SFT = {"epochs": 2, "global_batch_size": 4, "micro_batch_size": 2, "lr": 1e-2, "warmup_ratio": 0.2,
-            "max_length": 512, "save_every_steps": 0}
+BASE_SFT = {
+    "epochs": 2,
+    "global_batch_size": 4,
+    "micro_batch_size": 2,
+    "lr": 1e-2,
+    "warmup_ratio": 0.2,
+    "max_length": 512,
+    "save_every_steps": 0,
+}
 
 
 def test_two_processes_zero2_and_zero3_follow_the_single_process_loss_curve(workspace):
@@ -94,8 +131,12 @@ def test_two_processes_zero2_and_zero3_follow_the_single_process_loss_curve(work
         double, weights = _train(workspace, f"two-zero{stage}", {**BASE_SFT, "deepspeed": {"zero_stage": stage}}, 2)
         losses = torch.tensor([m["loss"] for m in double])
         torch.testing.assert_close(losses, torch.tensor([m["loss"] for m in single]), rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(torch.tensor([m["grad_norm"] for m in double]),
-                                   torch.tensor([m["grad_norm"] for m in single]), rtol=1e-3, atol=1e-5)
+        torch.testing.assert_close(
+            torch.tensor([m["grad_norm"] for m in double]),
+            torch.tensor([m["grad_norm"] for m in single]),
+            rtol=1e-3,
+            atol=1e-5,
+        )
         assert weights.keys() == single_weights.keys()
         for key in weights:
             torch.testing.assert_close(weights[key], single_weights[key], rtol=1e-3, atol=1e-4)
@@ -106,14 +147,23 @@ def test_the_output_is_a_hugging_face_folder_the_rollout_engines_load(workspace)
 
     _train(workspace, "hf", {**BASE_SFT, "epochs": 1})
     folder = workspace / "hf" / "model"
-    assert {"config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja"} <= {p.name for p in folder.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja"} <= {
+        p.name for p in folder.iterdir()
+    }
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder)
-    prompt = tokenizer.apply_chat_template(_conversation(0).messages[:1], tools=[CODE_INTERPRETER_TOOL],
-                                           add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    prompt = tokenizer.apply_chat_template(
+        _conversation(0).messages[:1],
+        tools=[CODE_INTERPRETER_TOOL],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
     out = model.generate(**prompt, max_new_tokens=5, do_sample=False)
-    assert out.shape[1] == prompt["input_ids"].shape[1] + 5 or int(out[0, -1]) in (tokenizer.eos_token_id,
-                                                                                 tokenizer.pad_token_id)
+    assert out.shape[1] == prompt["input_ids"].shape[1] + 5 or int(out[0, -1]) in (
+        tokenizer.eos_token_id,
+        tokenizer.pad_token_id,
+    )
 
 
 def _wait_for_step(metrics: Path, step: int, proc: subprocess.Popen, timeout: float = 600) -> None:
@@ -134,8 +184,13 @@ def test_a_killed_run_resumes_from_its_last_checkpoint_and_ends_with_the_same_mo
     assert len(reference) == 24
 
     run = workspace / "killed"
-    proc = subprocess.Popen(_args(workspace, "killed", sft, 1), env=_env(), start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        _args(workspace, "killed", sft, 1),
+        env=_env(),
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         _wait_for_step(run / "metrics.jsonl", 10, proc)
     finally:
@@ -153,8 +208,9 @@ def test_a_killed_run_resumes_from_its_last_checkpoint_and_ends_with_the_same_mo
     assert f"after step {latest}" in done.stderr, done.stderr[-2000:]
     resumed, resumed_weights = _results(run)
     assert [m["step"] for m in resumed] == list(range(1, 25)), "no step repeated or missing"
-    torch.testing.assert_close(torch.tensor([m["loss"] for m in resumed]),
-                               torch.tensor([m["loss"] for m in reference]), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        torch.tensor([m["loss"] for m in resumed]), torch.tensor([m["loss"] for m in reference]), rtol=1e-5, atol=1e-6
+    )
     torch.testing.assert_close(torch.tensor([m["lr"] for m in resumed]), torch.tensor([m["lr"] for m in reference]))
     for key in reference_weights:
         torch.testing.assert_close(resumed_weights[key], reference_weights[key], rtol=1e-5, atol=1e-6)
@@ -163,8 +219,9 @@ def test_a_killed_run_resumes_from_its_last_checkpoint_and_ends_with_the_same_mo
 def test_checkpoints_of_another_setup_are_discarded_not_resumed(workspace):
     sft = {**BASE_SFT, "epochs": 1, "save_every_steps": 2}
     _train(workspace, "setup", sft)
-    done = subprocess.run(_args(workspace, "setup", {**sft, "lr": 1e-3}, 1), env=_env(), capture_output=True,
-                          text=True, timeout=900)
+    done = subprocess.run(
+        _args(workspace, "setup", {**sft, "lr": 1e-3}, 1), env=_env(), capture_output=True, text=True, timeout=900
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     # the warning names what changed
     assert "is not resumed" in done.stderr and "differs in sft.lr" in done.stderr

@@ -16,15 +16,20 @@ CONVERSATION = [
     {
         "role": "assistant",
         "content": "Let me compute it.",
-        "tool_calls": [{"type": "function", "function": {"name": "code_interpreter",
-                                                         "arguments": {"code": "print(17 * 23)"}}}],
+        "tool_calls": [
+            {"type": "function", "function": {"name": "code_interpreter", "arguments": {"code": "print(17 * 23)"}}}
+        ],
     },
     {"role": "tool", "content": "391\n"},
     {
         "role": "assistant",
         "content": "",
-        "tool_calls": [{"type": "function", "function": {"name": "code_interpreter",
-                                                         "arguments": json.dumps({"code": "print(391 + 0)"})}}],
+        "tool_calls": [
+            {
+                "type": "function",
+                "function": {"name": "code_interpreter", "arguments": json.dumps({"code": "print(391 + 0)"})},
+            }
+        ],
     },
     {"role": "tool", "content": "391\n"},
     {"role": "user", "content": "Sure?"},
@@ -70,9 +75,14 @@ def test_untrained_tokens_hold_headers_system_user_and_tool_text(tokenizer):
     untrained = [tokenizer.decode(run, skip_special_tokens=False) for run in _runs(ids, mask, 0)]
     assert untrained[0].startswith("<|im_start|>system\nYou are precise.\n\n# Tools")
     assert untrained[0].endswith("Compute 17 * 23, then box it.<|im_end|>\n<|im_start|>assistant\n")
-    assert untrained[1] == "\n<|im_start|>user\n<tool_response>\n391\n\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
-    assert untrained[2] == ("\n<|im_start|>user\n<tool_response>\n391\n\n</tool_response><|im_end|>\n"
-                            "<|im_start|>user\nSure?<|im_end|>\n<|im_start|>assistant\n")
+    assert (
+        untrained[1]
+        == "\n<|im_start|>user\n<tool_response>\n391\n\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert untrained[2] == (
+        "\n<|im_start|>user\n<tool_response>\n391\n\n</tool_response><|im_end|>\n"
+        "<|im_start|>user\nSure?<|im_end|>\n<|im_start|>assistant\n"
+    )
     assert untrained[3] == "\n"
     # nothing lost or added: the pieces are the template's rendering, token for token
     full = tokenizer.apply_chat_template(CONVERSATION, tools=[CODE_INTERPRETER_TOOL], tokenize=False)
@@ -92,7 +102,9 @@ def test_bad_conversations_are_refused_with_the_message_named(tokenizer):
     with pytest.raises(ValueError, match="message 0 is an assistant turn"):
         render_with_assistant_mask(tokenizer, [{"role": "assistant", "content": "a"}], [])
     with pytest.raises(ValueError, match="message 1: an assistant turn with neither"):
-        render_with_assistant_mask(tokenizer, [{"role": "user", "content": "a"}, {"role": "assistant", "content": ""}], [])
+        render_with_assistant_mask(
+            tokenizer, [{"role": "user", "content": "a"}, {"role": "assistant", "content": ""}], []
+        )
 
 
 def test_a_template_that_rewrites_earlier_turns_is_refused(tokenizer):

@@ -30,8 +30,13 @@ def interpreter():
 def _generate(interpreter, writer):
     tool, sandbox = interpreter
     return embedded.generate(
-        seed=3, families=("arith", "choice", "program"), sft_per_family=12, rl_pool_per_family=8,
-        eval_per_family=6, failed_attempt_share=SHARE, prompt_style="compact",
+        seed=3,
+        families=("arith", "choice", "program"),
+        sft_per_family=12,
+        rl_pool_per_family=8,
+        eval_per_family=6,
+        failed_attempt_share=SHARE,
+        prompt_style="compact",
         execute=lambda code: tool.execute(code).text,
         run_program=lambda jobs: [r.stdout for r in sandbox.run_many(jobs)],
         trajectory_writer=writer,
@@ -168,19 +173,31 @@ def test_spliced_outputs_are_the_real_outputs_of_their_code(interpreter, pair):
 
 # --------------------------------------------------------------------------- prepare-data
 def test_prepare_data_writes_stitched_trajectories_when_configured(tmp_path):
-    small = {"embedded": {"families": ["arith", "program"], "sft_per_family": 4, "rl_pool_per_family": 3,
-                          "eval_per_family": 2, "failed_attempt_share": 0.0}}
+    small = {
+        "embedded": {
+            "families": ["arith", "program"],
+            "sft_per_family": 4,
+            "rl_pool_per_family": 3,
+            "eval_per_family": 2,
+            "failed_attempt_share": 0.0,
+        }
+    }
     written = {}
     for kind in ("real", "stitched"):
-        cfg = load_config({"data": {"embedded": {**small["embedded"], "sft_trajectories": kind}},
-                           "sandbox": {"workers": 2}})
+        cfg = load_config(
+            {"data": {"embedded": {**small["embedded"], "sft_trajectories": kind}}, "sandbox": {"workers": 2}}
+        )
         out = tmp_path / kind
         counts = prepare(cfg, out / "sft.parquet", out / "rl_pool.parquet", out / "eval")
         assert counts == {"sft": 8, "rl_pool": 6, "eval/arith": 2, "eval/program": 2}
         written[kind] = read_sft_examples(out / "sft.parquet")
     assert all(e.messages[1]["content"].startswith("Let me") for e in written["real"] if e.id.startswith("arith"))
-    assert all(e.messages[1]["content"].startswith("By hand: ") for e in written["stitched"] if e.id.startswith("arith"))
-    assert pd.read_parquet(tmp_path / "real" / "rl_pool.parquet").equals(pd.read_parquet(tmp_path / "stitched" / "rl_pool.parquet"))
+    assert all(
+        e.messages[1]["content"].startswith("By hand: ") for e in written["stitched"] if e.id.startswith("arith")
+    )
+    assert pd.read_parquet(tmp_path / "real" / "rl_pool.parquet").equals(
+        pd.read_parquet(tmp_path / "stitched" / "rl_pool.parquet")
+    )
 
 
 def test_an_unknown_trajectory_kind_is_refused_naming_the_key():

@@ -21,23 +21,46 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = {
-    "data": {"embedded": {"families": ["arith", "program"], "sft_per_family": 8, "rl_pool_per_family": 6,
-                          "eval_per_family": 4}},
+    "data": {
+        "embedded": {
+            "families": ["arith", "program"],
+            "sft_per_family": 8,
+            "rl_pool_per_family": 6,
+            "eval_per_family": 4,
+        }
+    },
     "sandbox": {"workers": 2},
     "rollout": {"max_response_tokens": 128, "max_turns": 2},
     "reward": {"overlong": {"max_response_length": 128, "buffer_length": 32}},
     "sft": {"epochs": 2},
     # The barely trained model solves next to nothing: keep unsolved problems so GRPO has data.
     "filter": {"k": 2, "low": -1.0},
-    "grpo": {"max_steps": 2, "batch_prompts": 2, "n": 2, "mini_batch_prompts": 2, "test_freq": 0,
-             "val_before_train": False, "save_freq": 1},
+    "grpo": {
+        "max_steps": 2,
+        "batch_prompts": 2,
+        "n": 2,
+        "mini_batch_prompts": 2,
+        "test_freq": 0,
+        "val_before_train": False,
+        "save_freq": 1,
+    },
     "eval": {"n": 2},
 }
 
 
 def _snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "snakemake", "--cores", "2", "-s", str(ROOT / "workflow" / "Snakefile"),
-               "--directory", str(workdir), *args]
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--cores",
+        "2",
+        "-s",
+        str(ROOT / "workflow" / "Snakefile"),
+        "--directory",
+        str(workdir),
+        *args,
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
     return subprocess.run(command, capture_output=True, text=True, timeout=1800, cwd=workdir, env=env)
 

@@ -178,15 +178,32 @@ def build_launch_command(
     if nnodes == 1:
         if nproc_per_node == 1:
             return plain
-        return [python, "-m", "torch.distributed.run", "--standalone",
-                "--nproc_per_node", str(nproc_per_node), "-m", *module_args]
+        return [
+            python,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            str(nproc_per_node),
+            "-m",
+            *module_args,
+        ]
     if not _one_task_per_node_step(env, nnodes):
         if env.get("SLURM_STEP_NUM_TASKS") not in (None, "1"):
             raise ValueError(
                 f"running inside an srun step with {env.get('SLURM_STEP_NUM_TASKS')} tasks on a "
-                f"{nnodes}-node job: start the stage once (batch step) or with one task per node")
-        srun = ["srun", "--nodes", str(nnodes), "--ntasks", str(nnodes), "--ntasks-per-node", "1",
-                "--kill-on-bad-exit=1"]
+                f"{nnodes}-node job: start the stage once (batch step) or with one task per node"
+            )
+        srun = [
+            "srun",
+            "--nodes",
+            str(nnodes),
+            "--ntasks",
+            str(nnodes),
+            "--ntasks-per-node",
+            "1",
+            "--kill-on-bad-exit=1",
+        ]
         gpus = visible_gpus(env)
         if gpus:
             srun += ["--gpus-per-node", str(gpus)]
@@ -194,10 +211,23 @@ def build_launch_command(
     nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
     if not nodelist:
         raise ValueError(f"a {nnodes}-node SLURM job without SLURM_JOB_NODELIST: cannot find the master node")
-    return [python, "-m", "torch.distributed.run",
-            "--nnodes", str(nnodes), "--node_rank", env["SLURM_NODEID"],
-            "--master_addr", first_host(nodelist), "--master_port", str(master_port(env)),
-            "--nproc_per_node", str(nproc_per_node), "-m", *module_args]
+    return [
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(nnodes),
+        "--node_rank",
+        env["SLURM_NODEID"],
+        "--master_addr",
+        first_host(nodelist),
+        "--master_port",
+        str(master_port(env)),
+        "--nproc_per_node",
+        str(nproc_per_node),
+        "-m",
+        *module_args,
+    ]
 
 
 def relaunch_if_needed(stage: str, argv: Sequence[str], nproc_arg: str, env: Mapping[str, str] | None = None) -> None:

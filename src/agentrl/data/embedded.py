@@ -119,27 +119,59 @@ def _column(rng: random.Random) -> str:
 
 
 PROGRAM_TEMPLATES: tuple[ProgramTemplate, ...] = (
-    ProgramTemplate("reverse", "read a word and print it reversed.",
-                    "print(input()[::-1])", "print(input())", _word),
-    ProgramTemplate("upper", "read a word and print it in upper case.",
-                    "print(input().upper())", "print(input().lower())", _word),
-    ProgramTemplate("sum", "read integers from one line and print their sum.",
-                    "print(sum(map(int, input().split())))", "print(max(map(int, input().split())))", _ints_line),
-    ProgramTemplate("max", "read integers from one line and print the largest.",
-                    "print(max(map(int, input().split())))", "print(min(map(int, input().split())))", _ints_line),
-    ProgramTemplate("count", "read integers from one line and print how many there are.",
-                    "print(len(input().split()))", "print(len(input()))", _ints_line),
-    ProgramTemplate("range", "read integers from one line and print the largest minus the smallest.",
-                    "a = list(map(int, input().split()))\nprint(max(a) - min(a))",
-                    "a = list(map(int, input().split()))\nprint(max(a) + min(a))", _ints_line),
-    ProgramTemplate("sorted", "read integers from one line and print them sorted, separated by spaces.",
-                    "print(*sorted(map(int, input().split())))", "print(*sorted(input().split()))", _ints_line),
-    ProgramTemplate("evens", "read integers from one line and print how many are even.",
-                    "print(sum(1 for x in map(int, input().split()) if x % 2 == 0))",
-                    "print(sum(1 for x in map(int, input().split()) if x % 2 == 1))", _ints_line),
-    ProgramTemplate("column", "read n, then n lines with one integer each, and print their sum.",
-                    "n = int(input())\nprint(sum(int(input()) for _ in range(n)))",
-                    "n = int(input())\nprint(n)", _column),
+    ProgramTemplate("reverse", "read a word and print it reversed.", "print(input()[::-1])", "print(input())", _word),
+    ProgramTemplate(
+        "upper", "read a word and print it in upper case.", "print(input().upper())", "print(input().lower())", _word
+    ),
+    ProgramTemplate(
+        "sum",
+        "read integers from one line and print their sum.",
+        "print(sum(map(int, input().split())))",
+        "print(max(map(int, input().split())))",
+        _ints_line,
+    ),
+    ProgramTemplate(
+        "max",
+        "read integers from one line and print the largest.",
+        "print(max(map(int, input().split())))",
+        "print(min(map(int, input().split())))",
+        _ints_line,
+    ),
+    ProgramTemplate(
+        "count",
+        "read integers from one line and print how many there are.",
+        "print(len(input().split()))",
+        "print(len(input()))",
+        _ints_line,
+    ),
+    ProgramTemplate(
+        "range",
+        "read integers from one line and print the largest minus the smallest.",
+        "a = list(map(int, input().split()))\nprint(max(a) - min(a))",
+        "a = list(map(int, input().split()))\nprint(max(a) + min(a))",
+        _ints_line,
+    ),
+    ProgramTemplate(
+        "sorted",
+        "read integers from one line and print them sorted, separated by spaces.",
+        "print(*sorted(map(int, input().split())))",
+        "print(*sorted(input().split()))",
+        _ints_line,
+    ),
+    ProgramTemplate(
+        "evens",
+        "read integers from one line and print how many are even.",
+        "print(sum(1 for x in map(int, input().split()) if x % 2 == 0))",
+        "print(sum(1 for x in map(int, input().split()) if x % 2 == 1))",
+        _ints_line,
+    ),
+    ProgramTemplate(
+        "column",
+        "read n, then n lines with one integer each, and print their sum.",
+        "n = int(input())\nprint(sum(int(input()) for _ in range(n)))",
+        "n = int(input())\nprint(n)",
+        _column,
+    ),
 )
 
 
@@ -178,8 +210,13 @@ def _draft(family: str, rng: random.Random) -> _Draft:
         level = rng.randrange(len(PROGRAM_TEMPLATES))
         template = PROGRAM_TEMPLATES[level]
         inputs = [template.make_input(rng) for _ in range(NUM_CODE_CASES)]
-        return _Draft(family, f"{template.name}|{inputs}", {"statement": template.statement, "inputs": json.dumps(inputs)},
-                      template.name, level)
+        return _Draft(
+            family,
+            f"{template.name}|{inputs}",
+            {"statement": template.statement, "inputs": json.dumps(inputs)},
+            template.name,
+            level,
+        )
     raise ValueError(f"unknown embedded family {family!r}; known: {sorted(DATA_SOURCES)}")
 
 
@@ -214,8 +251,12 @@ def _problem(draft: _Draft, split: str, index: int, style: str, case_outputs: li
         prompt=[{"role": "user", "content": content}],
         ability=ABILITIES[draft.family],
         ground_truth=ground_truth,
-        extra={"family": draft.family, "level": draft.level, "split": split,
-               "template": draft.answer if draft.family == "program" else None},
+        extra={
+            "family": draft.family,
+            "level": draft.level,
+            "split": split,
+            "template": draft.answer if draft.family == "program" else None,
+        },
     )
 
 
@@ -231,8 +272,11 @@ def broken_print(expression: str, rng: random.Random) -> str:
 
 
 def _call(code: str, content: str) -> Message:
-    return {"role": "assistant", "content": content,
-            "tool_calls": [{"type": "function", "function": {"name": "code_interpreter", "arguments": {"code": code}}}]}
+    return {
+        "role": "assistant",
+        "content": content,
+        "tool_calls": [{"type": "function", "function": {"name": "code_interpreter", "arguments": {"code": code}}}],
+    }
 
 
 def _last_line(text: str) -> str:
@@ -300,8 +344,9 @@ class ScriptedSolver:
         output = self._tool_turn(messages, _with_stdin(template.solution, example_input), intro)
         if _last_line(output) != expected:
             raise RuntimeError(f"{problem.id}: reference solution printed {output!r}, expected {expected!r}")
-        messages.append({"role": "assistant",
-                         "content": f"The output matches the example.\n```python\n{template.solution}\n```"})
+        messages.append(
+            {"role": "assistant", "content": f"The output matches the example.\n```python\n{template.solution}\n```"}
+        )
 
 
 # --------------------------------------------------------------------------- assembly

@@ -46,7 +46,7 @@ LCB_STDIN = (
     "\n\nRead the inputs from stdin solve the problem and write the answer to stdout (do not "
     "directly test on the sample inputs). Enclose your code within delimiters as follows. Ensure "
     "that when the python program runs, it reads the inputs, runs the algorithm and writes output "
-    "to STDOUT.\n```python\n# YOUR CODE HERE\n\""
+    'to STDOUT.\n```python\n# YOUR CODE HERE\n"'
 )
 
 # The one tool of the recipe (docs/recipe.md section 3), exactly as upstream declares it.
@@ -99,9 +99,7 @@ def rl_prompt(content: str, data_source: str) -> str:
 
 # --------------------------------------------------------------------------- embedded task
 COMPACT_MATH = "Compute {expression}. Use the code tool, then give the answer in \\boxed{{}}."
-COMPACT_CHOICE = (
-    "Which option equals {expression}?\n{options}\nUse the code tool, then give the letter in \\boxed{{}}."
-)
+COMPACT_CHOICE = "Which option equals {expression}?\n{options}\nUse the code tool, then give the letter in \\boxed{{}}."
 COMPACT_CODE = (
     "Write a Python program: {statement}\nExample input:\n{example_input}\nExample output:\n"
     "{example_output}\nTest it with the code tool, then submit it in a ```python``` block."

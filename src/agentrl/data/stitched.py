@@ -46,8 +46,17 @@ import ast
 import random
 from collections.abc import Callable
 
-from agentrl.data.embedded import (PROGRAM_TEMPLATES, _call, _Draft, _last_line, _with_stdin, broken_print,
-                                   choice_code, choice_conclusion, option_letters)
+from agentrl.data.embedded import (
+    PROGRAM_TEMPLATES,
+    _call,
+    _Draft,
+    _last_line,
+    _with_stdin,
+    broken_print,
+    choice_code,
+    choice_conclusion,
+    option_letters,
+)
 from agentrl.data.records import Message, Problem
 
 # Operators a hand evaluation writes out (the embedded generator uses +, - and *).
@@ -114,8 +123,11 @@ class StitchedSolver:
     def _spliced(self, messages: list[Message], pre_written: str, code: str, conclusion: str) -> None:
         """The pre-written text, the call spliced in after it with its real output, the conclusion."""
         output = self.execute(code)
-        messages += [_call(code, pre_written), {"role": "tool", "content": output},
-                     {"role": "assistant", "content": conclusion}]
+        messages += [
+            _call(code, pre_written),
+            {"role": "tool", "content": output},
+            {"role": "assistant", "content": conclusion},
+        ]
 
     def _expression_code(self, expression: str, setup: str = "") -> str:
         """The code the real generator runs first: print(expression) after ``setup``, or its broken attempt."""
@@ -132,7 +144,9 @@ class StitchedSolver:
             if draft.family == "arith":
                 code = self._expression_code(expression)
                 if str(value) != draft.answer:
-                    raise RuntimeError(f"{problem.id}: hand evaluation of {expression!r} gave {value}, not {draft.answer}")
+                    raise RuntimeError(
+                        f"{problem.id}: hand evaluation of {expression!r} gave {value}, not {draft.answer}"
+                    )
                 pre_written = f"{worked} The result is {value}. Let me check it with the tool."
                 conclusion = f"The result is {value}.\n\\boxed{{{value}}}"
             else:

@@ -41,22 +41,46 @@ def metrics_of_samples(samples_path: Path, run: dict[str, Any]) -> dict[str, Any
     return {**summary, "mean_score": sum(scores) / len(scores), "finish_reasons": finish, "run": run}
 
 
-def run(cfg: Config, model_dir: Path, problems_path: Path, samples_out: Path, metrics_out: Path, benchmark: str,
-        max_problems: int | None = None) -> dict:
+def run(
+    cfg: Config,
+    model_dir: Path,
+    problems_path: Path,
+    samples_out: Path,
+    metrics_out: Path,
+    benchmark: str,
+    max_problems: int | None = None,
+) -> dict:
     from agentrl.evaluation.sampling import SamplingSetup, graded_sample_rows
 
     problems = read_problems(problems_path)[:max_problems]  # None: all
     e = cfg.eval
-    setup = SamplingSetup(n=e.n, temperature=e.temperature, top_p=e.top_p, seed=cfg.seed, seed_tag=f"evaluate.{benchmark}")
-    log.info("evaluating %s on %s (%d problems): n=%d, temperature=%g, top_p=%g",
-             model_dir, benchmark, len(problems), e.n, e.temperature, e.top_p)
+    setup = SamplingSetup(
+        n=e.n, temperature=e.temperature, top_p=e.top_p, seed=cfg.seed, seed_tag=f"evaluate.{benchmark}"
+    )
+    log.info(
+        "evaluating %s on %s (%d problems): n=%d, temperature=%g, top_p=%g",
+        model_dir,
+        benchmark,
+        len(problems),
+        e.n,
+        e.temperature,
+        e.top_p,
+    )
     count = write_jsonl(graded_sample_rows(cfg, str(model_dir), problems, setup), samples_out)
     assert count == len(problems) * e.n, f"wrote {count} samples for {len(problems)} problems x n={e.n}"
     run_info = {
-        "model": str(model_dir), "benchmark": benchmark, "problems": str(problems_path),
-        "n": e.n, "temperature": e.temperature, "top_p": e.top_p, "top_k": cfg.rollout.top_k,
-        "max_turns": cfg.rollout.max_turns, "max_response_tokens": cfg.rollout.max_response_tokens,
-        "engine": cfg.rollout.engine, "seed": cfg.seed, "max_problems": max_problems,
+        "model": str(model_dir),
+        "benchmark": benchmark,
+        "problems": str(problems_path),
+        "n": e.n,
+        "temperature": e.temperature,
+        "top_p": e.top_p,
+        "top_k": cfg.rollout.top_k,
+        "max_turns": cfg.rollout.max_turns,
+        "max_response_tokens": cfg.rollout.max_response_tokens,
+        "engine": cfg.rollout.engine,
+        "seed": cfg.seed,
+        "max_problems": max_problems,
     }
     metrics = metrics_of_samples(samples_out, run_info)
     metrics_out.parent.mkdir(parents=True, exist_ok=True)
@@ -65,18 +89,23 @@ def run(cfg: Config, model_dir: Path, problems_path: Path, samples_out: Path, me
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="agentrl evaluate", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="agentrl evaluate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     p_run = commands.add_parser("run", help="sample, grade and summarize one model on one benchmark")
     add_config_arguments(p_run)
     p_run.add_argument("--model", type=Path, required=True, help="Hugging Face model folder")
-    p_run.add_argument("--problems", type=Path, required=True, help="normalized eval parquet (results/data/eval/<name>.parquet)")
+    p_run.add_argument(
+        "--problems", type=Path, required=True, help="normalized eval parquet (results/data/eval/<name>.parquet)"
+    )
     p_run.add_argument("--benchmark", help="benchmark name for logs and the seed (default: the parquet's stem)")
     p_run.add_argument("--samples", type=Path, required=True, help="output: samples.jsonl")
     p_run.add_argument("--metrics", type=Path, required=True, help="output: metrics.json")
     p_run.add_argument("--threads", type=int, help="CPU threads for torch (the rule's threads)")
-    p_run.add_argument("--max-problems", type=int, help="evaluate only the first N problems (a smaller budget, e.g. the ablations')")
+    p_run.add_argument(
+        "--max-problems", type=int, help="evaluate only the first N problems (a smaller budget, e.g. the ablations')"
+    )
     p_lcb = commands.add_parser("export-livecodebench", help="code samples -> LiveCodeBench custom-evaluator JSON")
     p_lcb.add_argument("--problems", type=Path, required=True, help="normalized eval parquet of a code benchmark")
     p_lcb.add_argument("--samples", type=Path, required=True, help="samples.jsonl written by `evaluate run`")
@@ -88,11 +117,19 @@ def main(argv: list[str]) -> int:
 
         set_torch_threads(args.threads)
         benchmark = args.benchmark or args.problems.stem
-        metrics = run(config_from_args(args), args.model, args.problems, args.samples, args.metrics, benchmark,
-                      args.max_problems)
+        metrics = run(
+            config_from_args(args), args.model, args.problems, args.samples, args.metrics, benchmark, args.max_problems
+        )
         n = metrics["samples_per_problem"]
-        log.info("%s: avg@%d %.3f, pass@%d %.3f, tool calls/response %.2f", benchmark, n, metrics[f"avg@{n}"],
-                 n, metrics["pass@k"][str(n)], metrics["tool_use"]["tool_calls_per_response"])
+        log.info(
+            "%s: avg@%d %.3f, pass@%d %.3f, tool calls/response %.2f",
+            benchmark,
+            n,
+            metrics[f"avg@{n}"],
+            n,
+            metrics["pass@k"][str(n)],
+            metrics["tool_use"]["tool_calls_per_response"],
+        )
     else:
         outputs = custom_outputs(read_problems(args.problems), read_jsonl(args.samples), str(args.samples))
         write_custom_outputs(outputs, args.out)

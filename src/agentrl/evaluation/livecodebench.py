@@ -35,7 +35,9 @@ from agentrl.rewards import family_of
 EXPORT_NAME = "livecodebench_custom_outputs.json"
 
 
-def custom_outputs(problems: Sequence[Problem], rows: Iterable[Mapping[str, Any]], source: str = "samples") -> list[dict[str, Any]]:
+def custom_outputs(
+    problems: Sequence[Problem], rows: Iterable[Mapping[str, Any]], source: str = "samples"
+) -> list[dict[str, Any]]:
     """One ``{"question_id", "code_list"}`` per problem, samples in ``sample_index`` order."""
     not_code = sorted({p.data_source for p in problems if family_of(p.data_source) != "code"})
     if not_code:
@@ -47,7 +49,9 @@ def custom_outputs(problems: Sequence[Problem], rows: Iterable[Mapping[str, Any]
             raise ValueError(f"{source} row {number}: problem {problem_id!r} is not in the benchmark")
         pred = row["pred"]
         if pred is not None and not isinstance(pred, str):
-            raise ValueError(f"{source} row {number}: 'pred' must be the extracted code (a string) or null, got {pred!r}")
+            raise ValueError(
+                f"{source} row {number}: 'pred' must be the extracted code (a string) or null, got {pred!r}"
+            )
         codes[problem_id][int(row["sample_index"])] = pred or ""
     counts = {pid: len(c) for pid, c in codes.items()}
     if len(set(counts.values())) != 1 or 0 in counts.values():

@@ -64,7 +64,9 @@ def tokens_before_calls(trajectory: Trajectory, tokenizer: Any) -> list[int]:
     spans = generated_spans(trajectory.loss_mask)
     calls = len(trajectory.tool_calls)
     where = f"problem {trajectory.problem_id!r} sample {trajectory.sample_index}"
-    assert len(spans) >= calls, f"{where}: {calls} tool calls but only {len(spans)} model-generated spans in the loss mask"
+    assert len(spans) >= calls, (
+        f"{where}: {calls} tool calls but only {len(spans)} model-generated spans in the loss mask"
+    )
     counts = []
     for start, end in spans[:calls]:
         before = tokens_before_marker(trajectory.response_ids[start:end], tokenizer)
@@ -76,7 +78,9 @@ def tokens_before_calls(trajectory: Trajectory, tokenizer: Any) -> list[int]:
 
 def sample_row(problem: Problem, trajectory: Trajectory, reward: RewardResult, tokenizer: Any) -> dict[str, Any]:
     """The samples.jsonl row of one graded rollout (a superset of SampleRecord's fields)."""
-    assert trajectory.problem_id == problem.id, f"trajectory of {trajectory.problem_id!r} paired with problem {problem.id!r}"
+    assert trajectory.problem_id == problem.id, (
+        f"trajectory of {trajectory.problem_id!r} paired with problem {problem.id!r}"
+    )
     assert len(trajectory.tool_errors) == len(trajectory.tool_calls), (
         f"problem {problem.id!r} sample {trajectory.sample_index}: "
         f"{len(trajectory.tool_calls)} tool calls but {len(trajectory.tool_errors)} error flags"

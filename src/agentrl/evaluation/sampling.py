@@ -59,7 +59,9 @@ def load_tokenizer(model_dir: str) -> Any:
     return AutoTokenizer.from_pretrained(model_dir)
 
 
-def graded_sample_rows(cfg: Config, model_dir: str, problems: Sequence[Problem], setup: SamplingSetup) -> Iterator[dict[str, Any]]:
+def graded_sample_rows(
+    cfg: Config, model_dir: str, problems: Sequence[Problem], setup: SamplingSetup
+) -> Iterator[dict[str, Any]]:
     """Yield one ``samples.jsonl`` row (:func:`agentrl.evaluation.samples.sample_row`) per rollout,
     ordered by problem then sample index."""
     from agentrl.rollout import AgentLoop, SamplingParams, make_engine
@@ -77,8 +79,11 @@ def graded_sample_rows(cfg: Config, model_dir: str, problems: Sequence[Problem],
             chunk = list(problems[start : start + setup.problems_per_chunk])
             seed = derived_seed(setup.seed, setup.seed_tag, index)
             params = SamplingParams(
-                temperature=setup.temperature, top_p=setup.top_p, top_k=cfg.rollout.top_k,
-                max_tokens=cfg.rollout.max_response_tokens, seed=seed,
+                temperature=setup.temperature,
+                top_p=setup.top_p,
+                top_k=cfg.rollout.top_k,
+                max_tokens=cfg.rollout.max_response_tokens,
+                seed=seed,
             )
             trajectories = loop.run(chunk, setup.n, params, seed)
             assert len(trajectories) == len(chunk) * setup.n, (
@@ -89,7 +94,13 @@ def graded_sample_rows(cfg: Config, model_dir: str, problems: Sequence[Problem],
                 [(by_id[t.problem_id], t.text, len(t.response_ids), len(t.tool_calls)) for t in trajectories]
             )
             correct = sum(r.acc for r in rewards)
-            log.info("problems %d-%d of %d: %d/%d samples correct", start + 1, start + len(chunk), total,
-                     correct, len(rewards))
+            log.info(
+                "problems %d-%d of %d: %d/%d samples correct",
+                start + 1,
+                start + len(chunk),
+                total,
+                correct,
+                len(rewards),
+            )
             for trajectory, reward in zip(trajectories, rewards, strict=True):
                 yield sample_row(by_id[trajectory.problem_id], trajectory, reward, tokenizer)

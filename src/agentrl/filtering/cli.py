@@ -32,8 +32,15 @@ def score(cfg: Config, model_dir: Path, pool_path: Path, pass_rates_out: Path, s
     problems = read_problems(pool_path)
     f = cfg.filter
     setup = SamplingSetup(n=f.k, temperature=f.temperature, top_p=f.top_p, seed=cfg.seed, seed_tag="filter.score")
-    log.info("scoring %d problems of %s with %s: k=%d, temperature=%g, top_p=%g",
-             len(problems), pool_path, model_dir, f.k, f.temperature, f.top_p)
+    log.info(
+        "scoring %d problems of %s with %s: k=%d, temperature=%g, top_p=%g",
+        len(problems),
+        pool_path,
+        model_dir,
+        f.k,
+        f.temperature,
+        f.top_p,
+    )
     started = time.perf_counter()
     rows = []
 
@@ -47,9 +54,14 @@ def score(cfg: Config, model_dir: Path, pool_path: Path, pass_rates_out: Path, s
     write_jsonl(keep(graded_sample_rows(cfg, str(model_dir), problems, setup)), samples_out)
     table = pass_rate_table(problems, rows, f.k)
     write_pass_rates(table, pass_rates_out)
-    log.info("mean pass rate %.3f; solved never %d, always %d, of %d; %.1f s", table["pass_rate"].mean(),
-             int((table["pass_rate"] == 0).sum()), int((table["pass_rate"] == 1).sum()), len(table),
-             time.perf_counter() - started)
+    log.info(
+        "mean pass rate %.3f; solved never %d, always %d, of %d; %.1f s",
+        table["pass_rate"].mean(),
+        int((table["pass_rate"] == 0).sum()),
+        int((table["pass_rate"] == 1).sum()),
+        len(table),
+        time.perf_counter() - started,
+    )
 
 
 def _rl_problem(problem: Problem, pass_rate: float, bucket: str) -> Problem:
@@ -58,7 +70,9 @@ def _rl_problem(problem: Problem, pass_rate: float, bucket: str) -> Problem:
     return Problem(problem.id, problem.data_source, problem.prompt, problem.ability, problem.ground_truth, extra)
 
 
-def select(cfg: Config, pass_rates_path: Path, pool_path: Path, out: Path, stats_out: Path, histogram_out: Path) -> dict:
+def select(
+    cfg: Config, pass_rates_path: Path, pool_path: Path, out: Path, stats_out: Path, histogram_out: Path
+) -> dict:
     table = read_pass_rates(pass_rates_path)
     f = cfg.filter
     shares = f.target_histogram
@@ -68,25 +82,35 @@ def select(cfg: Config, pass_rates_path: Path, pool_path: Path, out: Path, stats
     pool = {p.id: p for p in read_problems(pool_path)}
     missing = [i for i in selection.ids if i not in pool]
     if missing:
-        raise ValueError(f"{pass_rates_path} scores problems that are not in {pool_path}: {missing[:5]} "
-                         "(was the pool regenerated after scoring?)")
+        raise ValueError(
+            f"{pass_rates_path} scores problems that are not in {pool_path}: {missing[:5]} "
+            "(was the pool regenerated after scoring?)"
+        )
     rate = dict(zip(table["id"].astype(str), table["pass_rate"].astype(float)))
     chosen = [_rl_problem(pool[i], rate[i], selection.buckets[i]) for i in selection.ids]
     if not chosen:
-        raise ValueError(f"no problem of {pass_rates_path} has {f.low} < pass rate < {f.high}; "
-                         "the RL set would be empty (is the SFT model trained? widen filter.low / filter.high)")
+        raise ValueError(
+            f"no problem of {pass_rates_path} has {f.low} < pass rate < {f.high}; "
+            "the RL set would be empty (is the SFT model trained? widen filter.low / filter.high)"
+        )
     write_records(chosen, out)
     stats = {**selection.stats, "target_source": f.target_pass_rates or ("config" if f.target_histogram else None)}
     stats_out.parent.mkdir(parents=True, exist_ok=True)
     stats_out.write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
-    plot_pass_rate_histogram(table, set(selection.ids), f, histogram_out,
-                             title=f"RL pool difficulty for the SFT model: {len(chosen)} of {len(table)} selected")
+    plot_pass_rate_histogram(
+        table,
+        set(selection.ids),
+        f,
+        histogram_out,
+        title=f"RL pool difficulty for the SFT model: {len(chosen)} of {len(table)} selected",
+    )
     return stats
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="agentrl filter", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="agentrl filter", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     p_score = commands.add_parser("score", help="k graded rollouts per RL-pool problem -> pass rates")
     add_config_arguments(p_score)
@@ -112,6 +136,10 @@ def main(argv: list[str]) -> int:
         score(cfg, args.model, args.pool, args.out, args.samples)
     else:
         stats = select(cfg, args.pass_rates, args.pool, args.out, args.stats, args.histogram)
-        log.info("selected %s of %s scored problems; per bucket %s", stats["selected"]["total"],
-                 stats["scored"]["total"], {b: stats["selected"][b] for b in ("easy", "medium", "hard")})
+        log.info(
+            "selected %s of %s scored problems; per bucket %s",
+            stats["selected"]["total"],
+            stats["scored"]["total"],
+            {b: stats["selected"][b] for b in ("easy", "medium", "hard")},
+        )
     return 0

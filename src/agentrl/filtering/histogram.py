@@ -13,9 +13,9 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; a cluster node has no display
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
 
 from agentrl.config import FilterConfig  # noqa: E402
 
@@ -52,14 +52,24 @@ def plot_pass_rate_histogram(
     easy_edge = _between(values, values < cfg.easy_min, cfg.easy_min)
     for edge in (hard_edge, easy_edge):
         ax.axvline(edge, color="grey", linestyle=":", linewidth=1)
-    for x, label in (((-spacing + hard_edge) / 2, f"hard\n(<= {cfg.hard_max:g})"), ((hard_edge + easy_edge) / 2, "medium"),
-                     ((easy_edge + 1 + spacing) / 2, f"easy\n(>= {cfg.easy_min:g})")):
+    for x, label in (
+        ((-spacing + hard_edge) / 2, f"hard\n(<= {cfg.hard_max:g})"),
+        ((hard_edge + easy_edge) / 2, "medium"),
+        ((easy_edge + 1 + spacing) / 2, f"easy\n(>= {cfg.easy_min:g})"),
+    ):
         ax.text(x, top * 0.97, label, ha="center", va="top", fontsize=8, color="dimgrey")
-    ax.legend(handles=[
-        Patch(color="#9ecae1", label=f"scored, in band {cfg.low:g} < pass rate < {cfg.high:g}"),
-        Patch(color="#fdae6b", label="scored, outside the band (dropped)"),
-        Patch(color="#08519c", label=f"selected for RL ({int(chosen.sum())} of {len(table)})"),
-    ], fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="problems", title_fontsize=8)
+    ax.legend(
+        handles=[
+            Patch(color="#9ecae1", label=f"scored, in band {cfg.low:g} < pass rate < {cfg.high:g}"),
+            Patch(color="#fdae6b", label="scored, outside the band (dropped)"),
+            Patch(color="#08519c", label=f"selected for RL ({int(chosen.sum())} of {len(table)})"),
+        ],
+        fontsize=8,
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        title="problems",
+        title_fontsize=8,
+    )
     ks = sorted({int(k) for k in table["k"]})
     ax.set_xlim(-spacing, 1 + spacing)
     ax.set_xticks(values, [f"{v:.3f}".rstrip("0").rstrip(".") for v in values])

@@ -19,8 +19,16 @@ from agentrl.data.records import Problem
 from agentrl.filtering.selection import check_pass_rate_table
 
 COLUMNS = (
-    "id", "data_source", "family", "level", "k", "correct", "pass_rate",
-    "mean_score", "mean_tool_calls", "mean_response_length",
+    "id",
+    "data_source",
+    "family",
+    "level",
+    "k",
+    "correct",
+    "pass_rate",
+    "mean_score",
+    "mean_tool_calls",
+    "mean_response_length",
 )
 
 
@@ -42,18 +50,20 @@ def pass_rate_table(problems: Sequence[Problem], rows: Sequence[Mapping[str, Any
             raise ValueError(f"problem {problem.id!r} has {len(samples)} scored samples, expected k = {k}")
         correct = sum(bool(s["acc"]) for s in samples)
         level = problem.extra.get("level")
-        records.append({
-            "id": problem.id,
-            "data_source": problem.data_source,
-            "family": problem.extra.get("family"),
-            "level": int(level) if isinstance(level, (int, float)) and not isinstance(level, bool) else None,
-            "k": k,
-            "correct": correct,
-            "pass_rate": correct / k,
-            "mean_score": sum(float(s["score"]) for s in samples) / k,
-            "mean_tool_calls": sum(int(s["tool_calls"]) for s in samples) / k,
-            "mean_response_length": sum(int(s["response_length"]) for s in samples) / k,
-        })
+        records.append(
+            {
+                "id": problem.id,
+                "data_source": problem.data_source,
+                "family": problem.extra.get("family"),
+                "level": int(level) if isinstance(level, (int, float)) and not isinstance(level, bool) else None,
+                "k": k,
+                "correct": correct,
+                "pass_rate": correct / k,
+                "mean_score": sum(float(s["score"]) for s in samples) / k,
+                "mean_tool_calls": sum(int(s["tool_calls"]) for s in samples) / k,
+                "mean_response_length": sum(int(s["response_length"]) for s in samples) / k,
+            }
+        )
     table = pd.DataFrame.from_records(records, columns=list(COLUMNS))
     table["level"] = table["level"].astype("Int64")  # nullable: the upstream pool has no levels
     return table

@@ -64,7 +64,9 @@ def check_thresholds(cfg: FilterConfig) -> None:
     if cfg.target_histogram is not None and cfg.target_pass_rates is not None:
         raise SelectionError("set filter.target_histogram or filter.target_pass_rates, not both")
     if cfg.target_size is not None and cfg.target_histogram is None and cfg.target_pass_rates is None:
-        raise SelectionError("filter.target_size needs a target histogram (filter.target_histogram or filter.target_pass_rates)")
+        raise SelectionError(
+            "filter.target_size needs a target histogram (filter.target_histogram or filter.target_pass_rates)"
+        )
 
 
 def bucket_of(pass_rates: pd.Series | np.ndarray, easy_min: float, hard_max: float) -> np.ndarray:
@@ -86,7 +88,9 @@ def bucket_counts(buckets: np.ndarray | pd.Series) -> dict[str, int]:
 def normalize_shares(shares: Mapping[str, float], origin: str) -> dict[str, float]:
     total = sum(float(shares[b]) for b in BUCKETS)
     if total <= 0:
-        raise SelectionError(f"{origin}: the target histogram {dict(shares)} has no mass; give at least one positive share")
+        raise SelectionError(
+            f"{origin}: the target histogram {dict(shares)} has no mass; give at least one positive share"
+        )
     return {b: float(shares[b]) / total for b in BUCKETS}
 
 
@@ -111,7 +115,9 @@ def largest_remainder(shares: Mapping[str, float], total: int) -> dict[str, int]
     return counts
 
 
-def resample_counts(available: Mapping[str, int], shares: Mapping[str, float], target_size: int | None) -> dict[str, int]:
+def resample_counts(
+    available: Mapping[str, int], shares: Mapping[str, float], target_size: int | None
+) -> dict[str, int]:
     """How many problems to draw per bucket, without replacement, for the target shares.
 
     The largest possible set is ``N = min_b floor(available_b / share_b)`` over buckets with a
@@ -199,7 +205,10 @@ def select_problems(
         "resampled_out": int(band.sum() - kept.sum()),
         "selected": {"total": int(kept.sum()), **after},
         "selected_shares": {b: after[b] / max(1, int(kept.sum())) for b in BUCKETS},
-        "per_data_source": {"scored": _per_source(table, np.ones(len(table), bool)), "selected": _per_source(table, kept)},
+        "per_data_source": {
+            "scored": _per_source(table, np.ones(len(table), bool)),
+            "selected": _per_source(table, kept),
+        },
     }
     ids = table.loc[kept, "id"].astype(str).tolist()
     buckets = dict(zip(ids, table.loc[kept, "bucket"]))

@@ -60,8 +60,9 @@ def save_checkpoint(
     return dse.save_checkpoint(engine, Path(root), step, state, ctx, keep)
 
 
-def resume(engine, root: str | Path, ctx: dse.DistributedContext,
-           fingerprint: Mapping[str, Any]) -> dict[str, Any] | None:
+def resume(
+    engine, root: str | Path, ctx: dse.DistributedContext, fingerprint: Mapping[str, Any]
+) -> dict[str, Any] | None:
     """The newest checkpoint's trainer state when it comes from this run setup, else None (step 0);
     see :func:`agentrl.training.deepspeed_engine.resume_if_same_run`, shared with SFT."""
     return dse.resume_if_same_run(engine, root, ctx, fingerprint, log)

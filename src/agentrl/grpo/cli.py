@@ -24,21 +24,35 @@ log = logging.getLogger("agentrl.grpo")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="agentrl grpo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="agentrl grpo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_config_arguments(parser)
     parser.add_argument("--model", type=Path, required=True, help="initial policy (the SFT model): Hugging Face folder")
     parser.add_argument("--train", type=Path, required=True, help="RL problems (results/filter/rl_train.parquet)")
-    parser.add_argument("--eval", type=Path, nargs="*", default=[],
-                        help="validation sets, one normalized problem parquet each (named by file stem)")
+    parser.add_argument(
+        "--eval",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="validation sets, one normalized problem parquet each (named by file stem)",
+    )
     parser.add_argument("--out", type=Path, required=True, help="final policy: Hugging Face folder")
     parser.add_argument("--metrics", type=Path, required=True, help="metrics, one JSON line per step")
-    parser.add_argument("--checkpoint-dir", type=Path, required=True,
-                        help="checkpoints; a rerun resumes from the newest one")
-    parser.add_argument("--deepspeed-config", type=Path, default=None,
-                        help="DeepSpeed JSON (default: configs/deepspeed/zero<grpo.deepspeed.zero_stage>.json)")
-    parser.add_argument("--nproc", default="auto",
-                        help="processes per node: a number (0 = one CPU process) or auto (GPUs granted, else 1)")
+    parser.add_argument(
+        "--checkpoint-dir", type=Path, required=True, help="checkpoints; a rerun resumes from the newest one"
+    )
+    parser.add_argument(
+        "--deepspeed-config",
+        type=Path,
+        default=None,
+        help="DeepSpeed JSON (default: configs/deepspeed/zero<grpo.deepspeed.zero_stage>.json)",
+    )
+    parser.add_argument(
+        "--nproc",
+        default="auto",
+        help="processes per node: a number (0 = one CPU process) or auto (GPUs granted, else 1)",
+    )
     parser.add_argument("--threads", type=int, help="CPU threads for torch per process (the rule's threads)")
     return parser
 
@@ -74,7 +88,11 @@ def main(argv: list[str]) -> int:
     deepspeed.utils.logger.setLevel(logging.WARNING)
     set_torch_threads(args.threads)
     paths = GrpoPaths(
-        model=args.model, train=args.train, eval_sets=tuple(args.eval), out=args.out, metrics=args.metrics,
+        model=args.model,
+        train=args.train,
+        eval_sets=tuple(args.eval),
+        out=args.out,
+        metrics=args.metrics,
         checkpoints=args.checkpoint_dir,
         deepspeed_config=args.deepspeed_config or find_deepspeed_config(cfg.grpo.deepspeed.zero_stage),
     )

@@ -70,8 +70,10 @@ def rollout_metrics(summaries: Sequence[TrajectorySummary], *, max_response_toke
         "rollout/finish_stop_share": _mean([float(s.finish_reason == "stop") for s in summaries]),
         "rollout/trajectories": float(len(summaries)),
         # Accuracy per data source (the embedded families, or upstream's math / code sources).
-        **{f"rollout/acc/{source}": _mean([float(s.acc) for s in summaries if s.data_source == source])
-           for source in sorted({s.data_source for s in summaries})},
+        **{
+            f"rollout/acc/{source}": _mean([float(s.acc) for s in summaries if s.data_source == source])
+            for source in sorted({s.data_source for s in summaries})
+        },
     }
 
 

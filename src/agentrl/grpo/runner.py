@@ -95,8 +95,9 @@ def run_fingerprint(cfg: Config, paths: GrpoPaths, world_size: int) -> dict[str,
             section = section[part]
         for key in keys:
             section.pop(key)
-    model_files = {p.name: [p.stat().st_size, p.stat().st_mtime_ns]
-                   for p in sorted(Path(paths.model).iterdir()) if p.is_file()}
+    model_files = {
+        p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(Path(paths.model).iterdir()) if p.is_file()
+    }
     fingerprint = {
         **sections,
         "seed": cfg.seed,
@@ -148,18 +149,28 @@ def load_model(model_dir: Path, device: torch.device, dtype: torch.dtype | None 
     return model.to(device)
 
 
-def build_engine(actor: torch.nn.Module, cfg: Config, paths: GrpoPaths, ctx: dse.DistributedContext,
-                 dtype: torch.dtype, steps: int):
+def build_engine(
+    actor: torch.nn.Module, cfg: Config, paths: GrpoPaths, ctx: dse.DistributedContext, dtype: torch.dtype, steps: int
+):
     """DeepSpeed around the actor: one sequence list per backward, boundaries set by the trainer."""
     grpo = cfg.grpo
     ds_config = dse.fill_deepspeed_config(
         dse.load_deepspeed_config(paths.deepspeed_config, grpo.deepspeed.zero_stage),
-        micro_batch_size=1, gradient_accumulation_steps=1, world_size=ctx.world_size, grad_clip=grpo.grad_clip,
-        dtype=dtype, hidden_size=actor.model.config.get_text_config().hidden_size, origin=str(paths.deepspeed_config),
+        micro_batch_size=1,
+        gradient_accumulation_steps=1,
+        world_size=ctx.world_size,
+        grad_clip=grpo.grad_clip,
+        dtype=dtype,
+        hidden_size=actor.model.config.get_text_config().hidden_size,
+        origin=str(paths.deepspeed_config),
     )
     optim = dse.OptimizerSettings(
-        lr=grpo.lr, betas=tuple(grpo.betas), weight_decay=grpo.weight_decay, schedule=grpo.lr_schedule,
-        warmup_steps=grpo.lr_warmup_steps, total_steps=steps * optimizer_steps_per_step(cfg),
+        lr=grpo.lr,
+        betas=tuple(grpo.betas),
+        weight_decay=grpo.weight_decay,
+        schedule=grpo.lr_schedule,
+        warmup_steps=grpo.lr_warmup_steps,
+        total_steps=steps * optimizer_steps_per_step(cfg),
     )
     return dse.build_engine(actor, ds_config, optim)
 
@@ -186,14 +197,24 @@ def build_components(cfg: Config, paths: GrpoPaths, ctx: dse.DistributedContext,
     reference = None
     if settings.uses_reference:
         ref_model = load_model(paths.model, ctx.device, dtype).eval().requires_grad_(False)
-        reference = ResponseLogProbs(ref_model, logit_chunk_tokens=cfg.grpo.logit_chunk_tokens,
-                                     temperature=cfg.rollout.temperature)
+        reference = ResponseLogProbs(
+            ref_model, logit_chunk_tokens=cfg.grpo.logit_chunk_tokens, temperature=cfg.rollout.temperature
+        )
     policy = engine.module.model
     rollout_engine = make_engine(cfg.rollout, str(paths.model), model=policy, tokenizer=tokenizer)
     loop = AgentLoop(rollout_engine, tokenizer, CodeInterpreter(sandbox, cfg.tool), cfg.rollout)
     reward_fn = RewardFunction(reward_config(cfg, settings), sandbox)
-    parts = Components(cfg=cfg, settings=settings, ctx=ctx, engine=engine, reference=reference,
-                       rollout_engine=rollout_engine, loop=loop, reward_fn=reward_fn, pad_token_id=int(pad_id))
+    parts = Components(
+        cfg=cfg,
+        settings=settings,
+        ctx=ctx,
+        engine=engine,
+        reference=reference,
+        rollout_engine=rollout_engine,
+        loop=loop,
+        reward_fn=reward_fn,
+        pad_token_id=int(pad_id),
+    )
     return parts, tokenizer
 
 
@@ -215,8 +236,9 @@ def train(cfg: Config, paths: GrpoPaths) -> int:
         log.setLevel(logging.WARNING)
     torch.manual_seed(derived_seed(cfg.seed, "grpo-torch", ctx.rank))
     problems = read_problems(paths.train)
-    eval_sets = [EvalSet(p.stem, limit_problems(read_problems(p), cfg.grpo.validation.max_problems))
-                 for p in paths.eval_sets]
+    eval_sets = [
+        EvalSet(p.stem, limit_problems(read_problems(p), cfg.grpo.validation.max_problems)) for p in paths.eval_sets
+    ]
     steps = total_steps(cfg, len(problems))
     sampler = PromptSampler(problems, derived_seed(cfg.seed, "grpo-data"))
     fingerprint = run_fingerprint(cfg, paths, ctx.world_size)
@@ -236,8 +258,15 @@ def train(cfg: Config, paths: GrpoPaths) -> int:
                 shutil.rmtree(tensorboard, ignore_errors=True)
             writer = MetricsWriter(paths.metrics, steps, tensorboard)
             writer.reset(records)
-        log.info("GRPO %s: %d problems, %d steps of %d prompts x %d, %d process(es)", cfg.grpo.variant,
-                 len(problems), steps, cfg.grpo.batch_prompts, cfg.grpo.n, ctx.world_size)
+        log.info(
+            "GRPO %s: %d problems, %d steps of %d prompts x %d, %d process(es)",
+            cfg.grpo.variant,
+            len(problems),
+            steps,
+            cfg.grpo.batch_prompts,
+            cfg.grpo.n,
+            ctx.world_size,
+        )
 
         def emit(record: dict) -> None:
             records.append(record)
@@ -259,11 +288,15 @@ def train(cfg: Config, paths: GrpoPaths) -> int:
             emit(record)
             if cfg.grpo.save_freq and (step % cfg.grpo.save_freq == 0 or step == steps):
                 save_checkpoint(
-                    parts.engine, paths.checkpoints, step,
+                    parts.engine,
+                    paths.checkpoints,
+                    step,
                     trainer_state={"sampler": sampler.state_dict(), "total_steps": steps, "variant": cfg.grpo.variant},
-                    fingerprint=fingerprint, metrics=records,
+                    fingerprint=fingerprint,
+                    metrics=records,
                     export_model=lambda folder: export_policy(policy, tokenizer, folder),
-                    ctx=ctx, keep=cfg.grpo.keep_checkpoints,
+                    ctx=ctx,
+                    keep=cfg.grpo.keep_checkpoints,
                 )
         dse.save_hf_model(parts.engine, policy, tokenizer, paths.out, ctx)
         if writer is not None:

@@ -93,9 +93,15 @@ def resolve_algorithm(cfg: GrpoConfig) -> AlgorithmSettings:
     assert not unknown, f"grpo.algorithm keys without a setting: {sorted(unknown)}"
     settings = dataclasses.replace(VARIANTS[cfg.variant], **overrides)
     if settings.clip_c is not None and settings.clip_c <= 1.0:
-        raise ConfigError(f"grpo.algorithm.clip_c = {settings.clip_c} must exceed 1 (or be 0 to turn the dual clip off)")
+        raise ConfigError(
+            f"grpo.algorithm.clip_c = {settings.clip_c} must exceed 1 (or be 0 to turn the dual clip off)"
+        )
     if settings.loss_agg_mode not in LOSS_AGGREGATIONS:
-        raise ConfigError(f"grpo.algorithm.loss_agg_mode = {settings.loss_agg_mode!r}; choose one of {sorted(LOSS_AGGREGATIONS)}")
+        raise ConfigError(
+            f"grpo.algorithm.loss_agg_mode = {settings.loss_agg_mode!r}; choose one of {sorted(LOSS_AGGREGATIONS)}"
+        )
     if settings.kl_estimator not in KL_ESTIMATORS:
-        raise ConfigError(f"grpo.algorithm.kl_estimator = {settings.kl_estimator!r}; choose one of {sorted(KL_ESTIMATORS)}")
+        raise ConfigError(
+            f"grpo.algorithm.kl_estimator = {settings.kl_estimator!r}; choose one of {sorted(KL_ESTIMATORS)}"
+        )
     return settings

@@ -53,8 +53,10 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int) -> PreTrainedTokeniz
     """Byte-level BPE over two-digit number chunks, wrapped as a transformers tokenizer."""
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(r"\d{1,2}"), behavior="isolated"),
-         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
+        [
+            pre_tokenizers.Split(Regex(r"\d{1,2}"), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
     )
     backend.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
@@ -128,7 +130,9 @@ def resolve_pretrained(base: str, out_dir: str | Path) -> Path:
     source = Path(base).expanduser()
     if source.is_dir():
         if not (source / "config.json").exists():
-            raise FileNotFoundError(f"model.base={base!r}: the folder has no config.json; is it a Hugging Face model folder?")
+            raise FileNotFoundError(
+                f"model.base={base!r}: the folder has no config.json; is it a Hugging Face model folder?"
+            )
         source = source.resolve()
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         tmp = out_dir.with_name(out_dir.name + ".tmp")

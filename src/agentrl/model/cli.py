@@ -24,8 +24,9 @@ def embedded_corpus(sft_path: Path, rl_pool_path: Path) -> Iterator[str]:
     for example in read_sft_examples(sft_path):
         yield renderer.apply_chat_template(example.messages, tools=example.tools, tokenize=False)
     for problem in read_problems(rl_pool_path):
-        yield renderer.apply_chat_template(problem.prompt, tools=[CODE_INTERPRETER_TOOL], tokenize=False,
-                                           add_generation_prompt=True)
+        yield renderer.apply_chat_template(
+            problem.prompt, tools=[CODE_INTERPRETER_TOOL], tokenize=False, add_generation_prompt=True
+        )
 
 
 def main(argv: list[str]) -> int:
@@ -47,8 +48,12 @@ def main(argv: list[str]) -> int:
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(args.out)
-        log.info("embedded Qwen3: %d parameters, vocab %d -> %s",
-                 build.count_parameters(model), model.config.vocab_size, args.out)
+        log.info(
+            "embedded Qwen3: %d parameters, vocab %d -> %s",
+            build.count_parameters(model),
+            model.config.vocab_size,
+            args.out,
+        )
     else:
         build.resolve_pretrained(cfg.model.base, args.out)
         log.info("model.base %s -> %s", cfg.model.base, args.out)

@@ -25,11 +25,20 @@ MODEL_DIGEST_KEY = "agentrl_model_sha256"
 # which are not the model and can be many times its size.
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
 # The tokenizer and generation files transformers writes beside the weights.
-MODEL_FILE_NAMES = frozenset({
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-    "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json",
-    "generation_config.json",
-})
+MODEL_FILE_NAMES = frozenset(
+    {
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "added_tokens.json",
+        "vocab.json",
+        "merges.txt",
+        "tokenizer.model",
+        "chat_template.jinja",
+        "chat_template.json",
+        "generation_config.json",
+    }
+)
 
 
 def model_digest(folder: str | Path) -> str:

@@ -71,8 +71,10 @@ def check_ablations(cfg: AblationsConfig) -> None:
     for question in QUESTIONS:
         unknown = [arm for arm in getattr(cfg.questions, question) if arm not in cfg.arms]
         if unknown:
-            raise ConfigError(f"ablations.questions.{question} names undefined arm(s) {unknown}; "
-                              f"defined under ablations.arms: {sorted(cfg.arms)}")
+            raise ConfigError(
+                f"ablations.questions.{question} names undefined arm(s) {unknown}; "
+                f"defined under ablations.arms: {sorted(cfg.arms)}"
+            )
 
 
 def locate(path: str | Path, kind: str) -> tuple[str, int, str | None]:
@@ -159,8 +161,9 @@ def run_metrics(run: Run, cfg: AblationsConfig) -> dict[str, float | None]:
         out[f"train/{name}_first"], out[f"train/{name}_last"] = float(smoothed[0]), float(smoothed[-1])
 
     records = [r for benchmark in run.evals for r in run.samples[benchmark]]
-    tool = tool_use_stats(records, max_calls=cfg.deliberative_max_calls,
-                          min_tokens_per_call=cfg.deliberative_min_tokens_per_call)
+    tool = tool_use_stats(
+        records, max_calls=cfg.deliberative_max_calls, min_tokens_per_call=cfg.deliberative_min_tokens_per_call
+    )
     out["eval/tool_calls_per_response"] = tool["tool_calls_per_response"]
     out["eval/tool_success_rate"] = tool["tool_success_rate"]
     for mode in ("deliberative", "reactive", "no_tool"):
@@ -186,7 +189,9 @@ def spread(values: Sequence[float | None]) -> Spread:
     if present.size == 0:
         return Spread(None, None, None, None, 0, len(values))
     std = float(present.std(ddof=1)) if present.size > 1 else None
-    return Spread(float(present.mean()), std, float(present.min()), float(present.max()), int(present.size), len(values))
+    return Spread(
+        float(present.mean()), std, float(present.min()), float(present.max()), int(present.size), len(values)
+    )
 
 
 def aggregate(per_seed: Mapping[str, Sequence[Mapping[str, float | None]]]) -> dict[str, dict[str, Spread]]:
@@ -200,7 +205,9 @@ def aggregate(per_seed: Mapping[str, Sequence[Mapping[str, float | None]]]) -> d
 
 # --------------------------------------------------------------------------- tables
 def _is_rate(metric: str) -> bool:
-    return not (metric == "steps_to_reach" or metric.startswith("train/tool_calls") or metric.startswith("eval/tool_calls"))
+    return not (
+        metric == "steps_to_reach" or metric.startswith("train/tool_calls") or metric.startswith("eval/tool_calls")
+    )
 
 
 def format_spread(s: Spread, percent: bool, digits: int | None = None, range_digits: int | None = None) -> str:
@@ -230,55 +237,129 @@ def _arm_label(arm: str, cfg: AblationsConfig) -> str:
     return f"{arm} ({a.sft_data} SFT, {'filtered' if a.rl_data == 'filtered' else 'unfiltered pool'}, {a.variant})"
 
 
-def question_markdown(question: str, arms: Sequence[str], table: Mapping[str, Mapping[str, Spread]],
-                      benchmarks: Sequence[str], n: int, cfg: AblationsConfig) -> str:
+def question_markdown(
+    question: str,
+    arms: Sequence[str],
+    table: Mapping[str, Mapping[str, Spread]],
+    benchmarks: Sequence[str],
+    n: int,
+    cfg: AblationsConfig,
+) -> str:
     """The markdown of one question: the final evaluation and training tables (data, algorithm), or tool use (reasoning)."""
     seeds = ", ".join(map(str, cfg.seeds))
     cell = lambda arm, metric: format_spread(table[arm][metric], _is_rate(metric))  # noqa: E731
-    parts = [f"# Ablation: {question}",
-             f"Mean ± sample std [min-max] over seeds {seeds}; rates in %. The first row is the reference arm."]
+    parts = [
+        f"# Ablation: {question}",
+        f"Mean ± sample std [min-max] over seeds {seeds}; rates in %. The first row is the reference arm.",
+    ]
     if question in ("data", "algorithm"):
-        header = ["arm", *(f"avg@{n} {b}" for b in benchmarks), f"avg@{n} mean",
-                  *(f"pass@{n} {b}" for b in benchmarks), f"pass@{n} mean"]
-        rows = [[_arm_label(a, cfg), *(cell(a, f"avg@n/{b}") for b in [*benchmarks, "mean"]),
-                 *(cell(a, f"pass@n/{b}") for b in [*benchmarks, "mean"])] for a in arms]
+        header = [
+            "arm",
+            *(f"avg@{n} {b}" for b in benchmarks),
+            f"avg@{n} mean",
+            *(f"pass@{n} {b}" for b in benchmarks),
+            f"pass@{n} mean",
+        ]
+        rows = [
+            [
+                _arm_label(a, cfg),
+                *(cell(a, f"avg@n/{b}") for b in [*benchmarks, "mean"]),
+                *(cell(a, f"pass@n/{b}") for b in [*benchmarks, "mean"]),
+            ]
+            for a in arms
+        ]
         parts += ["## Final evaluation", _markdown(header, rows)]
         threshold = f"{100 * cfg.accuracy_threshold:g} %"
-        header = ["arm", f"steps to training accuracy >= {threshold}", "final training accuracy",
-                  "tool calls / response (eval)", "tool success (eval)"]
-        rows = [[_arm_label(a, cfg), _steps_cell(table[a]["steps_to_reach"]), cell(a, "final_train_acc"),
-                 cell(a, "eval/tool_calls_per_response"), cell(a, "eval/tool_success_rate")] for a in arms]
-        parts += ["## Training", _markdown(header, rows),
-                  f"Training accuracy: rollout/acc_mean on the arm's own RL prompts, trailing mean over "
-                  f"{cfg.smoothing_window} steps."]
+        header = [
+            "arm",
+            f"steps to training accuracy >= {threshold}",
+            "final training accuracy",
+            "tool calls / response (eval)",
+            "tool success (eval)",
+        ]
+        rows = [
+            [
+                _arm_label(a, cfg),
+                _steps_cell(table[a]["steps_to_reach"]),
+                cell(a, "final_train_acc"),
+                cell(a, "eval/tool_calls_per_response"),
+                cell(a, "eval/tool_success_rate"),
+            ]
+            for a in arms
+        ]
+        parts += [
+            "## Training",
+            _markdown(header, rows),
+            f"Training accuracy: rollout/acc_mean on the arm's own RL prompts, trailing mean over "
+            f"{cfg.smoothing_window} steps.",
+        ]
     else:
-        header = ["arm", "tool calls / response", "tool success", "deliberative", "reactive", "no tool",
-                  f"avg@{n} mean", "train: tool calls first -> last", "train: tool success first -> last"]
-        rows = [[_arm_label(a, cfg), cell(a, "eval/tool_calls_per_response"), cell(a, "eval/tool_success_rate"),
-                 cell(a, "eval/deliberative_share"), cell(a, "eval/reactive_share"), cell(a, "eval/no_tool_share"),
-                 cell(a, "avg@n/mean"),
-                 f"{cell(a, 'train/tool_calls_first')} -> {cell(a, 'train/tool_calls_last')}",
-                 f"{cell(a, 'train/tool_success_first')} -> {cell(a, 'train/tool_success_last')}"] for a in arms]
-        parts += ["## Reasoning modes at evaluation and over training", _markdown(header, rows),
-                  f"Deliberative: at most {cfg.deliberative_max_calls} calls and at least "
-                  f"{cfg.deliberative_min_tokens_per_call} model tokens before each call on average; reactive: "
-                  f"every other response with calls (agentrl.evaluation.metrics.reasoning_mode). Tool calls, "
-                  f"success and modes are pooled over the benchmarks' samples; training values are smoothed over "
-                  f"{cfg.smoothing_window} steps (the GRPO log counts a step without any call as 0 % success)."]
+        header = [
+            "arm",
+            "tool calls / response",
+            "tool success",
+            "deliberative",
+            "reactive",
+            "no tool",
+            f"avg@{n} mean",
+            "train: tool calls first -> last",
+            "train: tool success first -> last",
+        ]
+        rows = [
+            [
+                _arm_label(a, cfg),
+                cell(a, "eval/tool_calls_per_response"),
+                cell(a, "eval/tool_success_rate"),
+                cell(a, "eval/deliberative_share"),
+                cell(a, "eval/reactive_share"),
+                cell(a, "eval/no_tool_share"),
+                cell(a, "avg@n/mean"),
+                f"{cell(a, 'train/tool_calls_first')} -> {cell(a, 'train/tool_calls_last')}",
+                f"{cell(a, 'train/tool_success_first')} -> {cell(a, 'train/tool_success_last')}",
+            ]
+            for a in arms
+        ]
+        parts += [
+            "## Reasoning modes at evaluation and over training",
+            _markdown(header, rows),
+            f"Deliberative: at most {cfg.deliberative_max_calls} calls and at least "
+            f"{cfg.deliberative_min_tokens_per_call} model tokens before each call on average; reactive: "
+            f"every other response with calls (agentrl.evaluation.metrics.reasoning_mode). Tool calls, "
+            f"success and modes are pooled over the benchmarks' samples; training values are smoothed over "
+            f"{cfg.smoothing_window} steps (the GRPO log counts a step without any call as 0 % success).",
+        ]
     return "\n\n".join(parts) + "\n"
 
 
-def question_frame(question: str, arms: Sequence[str], table: Mapping[str, Mapping[str, Spread]],
-                   per_seed: Mapping[str, Sequence[Mapping[str, float | None]]], cfg: AblationsConfig) -> pd.DataFrame:
+def question_frame(
+    question: str,
+    arms: Sequence[str],
+    table: Mapping[str, Mapping[str, Spread]],
+    per_seed: Mapping[str, Sequence[Mapping[str, float | None]]],
+    cfg: AblationsConfig,
+) -> pd.DataFrame:
     """Long format: one row per (arm, metric) with the spread and the per-seed values (fractions, not %)."""
     rows = []
     for arm in arms:
         a = cfg.arms[arm]
         for metric, s in table[arm].items():
-            rows.append({"question": question, "arm": arm, "sft_data": a.sft_data, "rl_data": a.rl_data,
-                         "variant": a.variant, "metric": metric, "mean": s.mean, "std": s.std, "min": s.min,
-                         "max": s.max, "seeds_with_value": s.count, "seeds": s.seeds,
-                         "values": json.dumps([r.get(metric) for r in per_seed[arm]])})
+            rows.append(
+                {
+                    "question": question,
+                    "arm": arm,
+                    "sft_data": a.sft_data,
+                    "rl_data": a.rl_data,
+                    "variant": a.variant,
+                    "metric": metric,
+                    "mean": s.mean,
+                    "std": s.std,
+                    "min": s.min,
+                    "max": s.max,
+                    "seeds_with_value": s.count,
+                    "seeds": s.seeds,
+                    "values": json.dumps([r.get(metric) for r in per_seed[arm]]),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -294,11 +375,26 @@ def seed_band(runs: Sequence[Run], key: str, window: int) -> tuple[np.ndarray, n
     return steps, np.array([np.mean(v) for v in at]), np.array([min(v) for v in at]), np.array([max(v) for v in at])
 
 
-def _curves(ax, runs_by_arm: Mapping[str, Sequence[Run]], arms: Sequence[str], colors: Mapping[str, str], key: str,
-            window: int, ylabel: str, title: str, scale: float = 1.0) -> None:
+def _curves(
+    ax,
+    runs_by_arm: Mapping[str, Sequence[Run]],
+    arms: Sequence[str],
+    colors: Mapping[str, str],
+    key: str,
+    window: int,
+    ylabel: str,
+    title: str,
+    scale: float = 1.0,
+) -> None:
     for arm in arms:
         steps, mean, low, high = seed_band(runs_by_arm[arm], key, window)
-        ax.plot(steps, scale * mean, color=colors[arm], linewidth=1.6, label=f"{arm} (mean of {len(runs_by_arm[arm])} seeds)")
+        ax.plot(
+            steps,
+            scale * mean,
+            color=colors[arm],
+            linewidth=1.6,
+            label=f"{arm} (mean of {len(runs_by_arm[arm])} seeds)",
+        )
         ax.fill_between(steps, scale * low, scale * high, color=colors[arm], alpha=0.2, linewidth=0)
     ax.set_xlabel("GRPO step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -307,9 +403,16 @@ def _curves(ax, runs_by_arm: Mapping[str, Sequence[Run]], arms: Sequence[str], c
     ax.grid(alpha=0.3)
 
 
-def plot_question(question: str, arms: Sequence[str], runs_by_arm: Mapping[str, Sequence[Run]],
-                  table: Mapping[str, Mapping[str, Spread]], benchmarks: Sequence[str], n: int,
-                  cfg: AblationsConfig, out: Path) -> None:
+def plot_question(
+    question: str,
+    arms: Sequence[str],
+    runs_by_arm: Mapping[str, Sequence[Run]],
+    table: Mapping[str, Mapping[str, Spread]],
+    benchmarks: Sequence[str],
+    n: int,
+    cfg: AblationsConfig,
+    out: Path,
+) -> None:
     """data / algorithm: training accuracy with seed bands and final avg@n per benchmark;
     reasoning: tool calls, tool success and accuracy over training, and the reasoning modes at evaluation."""
     w = cfg.smoothing_window
@@ -320,22 +423,39 @@ def plot_question(question: str, arms: Sequence[str], runs_by_arm: Mapping[str, 
     acc_title = f"training accuracy (mean of {w} steps; band: seed min-max)"
     if question != "reasoning":
         _curves(axes[0], runs_by_arm, arms, colors, ACC_KEY, w, "rollout/acc_mean (%)", acc_title, 100.0)
-        axes[0].axhline(100 * cfg.accuracy_threshold, color="grey", linestyle="--", linewidth=1,
-                        label=f"threshold {100 * cfg.accuracy_threshold:g} %")
+        axes[0].axhline(
+            100 * cfg.accuracy_threshold,
+            color="grey",
+            linestyle="--",
+            linewidth=1,
+            label=f"threshold {100 * cfg.accuracy_threshold:g} %",
+        )
         ax, names = axes[1], [*benchmarks, "mean"]
         x, width = np.arange(len(names)), 0.8 / len(arms)
         for i, arm in enumerate(arms):
             spreads = [table[arm][f"avg@n/{b}"] for b in names]
             mean = np.array([100 * s.mean for s in spreads])
             err = [mean - [100 * s.min for s in spreads], [100 * s.max for s in spreads] - mean]
-            ax.bar(x + (i - (len(arms) - 1) / 2) * width, mean, width, yerr=err, capsize=3, color=colors[arm], label=arm)
+            ax.bar(
+                x + (i - (len(arms) - 1) / 2) * width, mean, width, yerr=err, capsize=3, color=colors[arm], label=arm
+            )
         ax.set_xticks(x, names)
         ax.set_ylabel(f"avg@{n} (%)")
         ax.set_title(f"final evaluation: avg@{n} (bars: mean; whiskers: seed min-max)", fontsize=10)
         ax.grid(alpha=0.3, axis="y")
     else:
         _curves(axes[0], runs_by_arm, arms, colors, CALLS_KEY, w, "tool calls per response", "tool calls over training")
-        _curves(axes[1], runs_by_arm, arms, colors, SUCCESS_KEY, w, "successful calls (%)", "tool success over training", 100.0)
+        _curves(
+            axes[1],
+            runs_by_arm,
+            arms,
+            colors,
+            SUCCESS_KEY,
+            w,
+            "successful calls (%)",
+            "tool success over training",
+            100.0,
+        )
         _curves(axes[2], runs_by_arm, arms, colors, ACC_KEY, w, "rollout/acc_mean (%)", acc_title, 100.0)
         ax, bottom = axes[3], np.zeros(len(arms))
         for mode, color in (("deliberative", "#238b45"), ("reactive", "#fd8d3c"), ("no_tool", "#bdbdbd")):
@@ -371,7 +491,8 @@ def load_runs(training: Sequence[Path], eval_metrics: Sequence[Path], samples: S
     for path in samples:
         arm, seed, benchmark = locate(path, "eval")
         rows.setdefault((arm, seed), {})[benchmark] = [
-            SampleRecord.from_mapping(row, f"{path} row {i}") for i, row in enumerate(read_jsonl(path))]
+            SampleRecord.from_mapping(row, f"{path} row {i}") for i, row in enumerate(read_jsonl(path))
+        ]
     benchmark_sets = {key: sorted(v) for key, v in evals.items()}
     expected = next(iter(benchmark_sets.values()), None)
     for key in sorted(set(logs) | set(evals) | set(rows)):
@@ -379,12 +500,16 @@ def load_runs(training: Sequence[Path], eval_metrics: Sequence[Path], samples: S
         if key not in logs:
             raise ValueError(f"{where}: evaluation files but no GRPO log (<arm>/seed<k>/rl/metrics.jsonl)")
         if benchmark_sets.get(key) != expected or sorted(rows.get(key, {})) != expected:
-            raise ValueError(f"{where}: metrics.json for {benchmark_sets.get(key)} and samples.jsonl for "
-                             f"{sorted(rows.get(key, {}))}; every run needs both for {expected}")
+            raise ValueError(
+                f"{where}: metrics.json for {benchmark_sets.get(key)} and samples.jsonl for "
+                f"{sorted(rows.get(key, {}))}; every run needs both for {expected}"
+            )
     runs: dict[str, list[Run]] = {}
     for arm, seed in sorted(logs):
         records = read_metrics(logs[arm, seed])
-        runs.setdefault(arm, []).append(Run(arm, seed, records, str(logs[arm, seed]), evals[arm, seed], rows[arm, seed]))
+        runs.setdefault(arm, []).append(
+            Run(arm, seed, records, str(logs[arm, seed]), evals[arm, seed], rows[arm, seed])
+        )
     return runs
 
 
@@ -395,12 +520,18 @@ def write_ablations(cfg: AblationsConfig, runs_by_arm: Mapping[str, Sequence[Run
     missing = {arm: [s for s in cfg.seeds if s not in {r.seed for r in runs_by_arm.get(arm, [])}] for arm in wanted}
     missing = {arm: seeds for arm, seeds in missing.items() if seeds}
     if missing:
-        raise ValueError(f"runs missing for (arm: seeds) {missing}; the questions need seeds {list(cfg.seeds)} of every arm")
+        raise ValueError(
+            f"runs missing for (arm: seeds) {missing}; the questions need seeds {list(cfg.seeds)} of every arm"
+        )
     first = next(iter(runs_by_arm[sorted(wanted)[0]]))
     benchmarks = list(first.evals)
-    sample_counts = {int(m["samples_per_problem"]) for runs in runs_by_arm.values() for r in runs for m in r.evals.values()}
+    sample_counts = {
+        int(m["samples_per_problem"]) for runs in runs_by_arm.values() for r in runs for m in r.evals.values()
+    }
     if len(sample_counts) != 1:
-        raise ValueError(f"runs were evaluated with different samples per problem {sorted(sample_counts)}; avg@n needs one n")
+        raise ValueError(
+            f"runs were evaluated with different samples per problem {sorted(sample_counts)}; avg@n needs one n"
+        )
     n = sample_counts.pop()
     per_seed = {arm: [run_metrics(r, cfg) for r in runs_by_arm[arm] if r.seed in cfg.seeds] for arm in wanted}
     table = aggregate(per_seed)
@@ -417,17 +548,34 @@ def write_ablations(cfg: AblationsConfig, runs_by_arm: Mapping[str, Sequence[Run
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="agentrl report ablations", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="agentrl report ablations", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_config_arguments(parser)
-    parser.add_argument("--training", type=Path, nargs="+", required=True,
-                        help="GRPO logs, laid out as .../<arm>/seed<k>/rl/metrics.jsonl")
-    parser.add_argument("--eval-metrics", type=Path, nargs="+", required=True,
-                        help="evaluations, laid out as .../<arm>/seed<k>/eval/<benchmark>/metrics.json")
-    parser.add_argument("--samples", type=Path, nargs="+", required=True,
-                        help="their samples, .../<arm>/seed<k>/eval/<benchmark>/samples.jsonl")
-    parser.add_argument("--out-dir", type=Path, required=True,
-                        help="output folder: {data,algorithm,reasoning}.{md,csv,png}")
+    parser.add_argument(
+        "--training",
+        type=Path,
+        nargs="+",
+        required=True,
+        help="GRPO logs, laid out as .../<arm>/seed<k>/rl/metrics.jsonl",
+    )
+    parser.add_argument(
+        "--eval-metrics",
+        type=Path,
+        nargs="+",
+        required=True,
+        help="evaluations, laid out as .../<arm>/seed<k>/eval/<benchmark>/metrics.json",
+    )
+    parser.add_argument(
+        "--samples",
+        type=Path,
+        nargs="+",
+        required=True,
+        help="their samples, .../<arm>/seed<k>/eval/<benchmark>/samples.jsonl",
+    )
+    parser.add_argument(
+        "--out-dir", type=Path, required=True, help="output folder: {data,algorithm,reasoning}.{md,csv,png}"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     try:

@@ -41,7 +41,9 @@ def build_report(args: argparse.Namespace) -> None:
     plots.append(("reasoning modes", _relative(args.modes_plot, out_dir)))
     for stage, log_path, plot_path in (("SFT", args.sft_metrics, args.sft_plot), ("RL", args.rl_metrics, args.rl_plot)):
         if (log_path is None) != (plot_path is None):
-            raise SystemExit(f"agentrl report: give both --{stage.lower()}-metrics and --{stage.lower()}-plot, or neither")
+            raise SystemExit(
+                f"agentrl report: give both --{stage.lower()}-metrics and --{stage.lower()}-plot, or neither"
+            )
         if log_path is not None:
             drawn = plot_training_curves(log_path, plot_path, stage)
             log.info("%s curves: %s", stage, ", ".join(drawn))
@@ -62,14 +64,22 @@ def main(argv: list[str]) -> int:
         from agentrl.report import ablations
 
         return ablations.main(argv[1:])
-    parser = argparse.ArgumentParser(prog="agentrl report", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--metrics", type=Path, nargs="+", required=True,
-                        help="eval metrics.json files, laid out as .../<model>/<benchmark>/metrics.json")
+    parser = argparse.ArgumentParser(
+        prog="agentrl report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--metrics",
+        type=Path,
+        nargs="+",
+        required=True,
+        help="eval metrics.json files, laid out as .../<model>/<benchmark>/metrics.json",
+    )
     parser.add_argument("--sft-metrics", type=Path, help="SFT training log (metrics.jsonl)")
     parser.add_argument("--rl-metrics", type=Path, help="RL training log (metrics.jsonl)")
     parser.add_argument("--filter-stats", type=Path, help="the filter stage's stats.json")
-    parser.add_argument("--pass-rate-histogram", type=Path, help="the filter stage's histogram PNG (linked from the summary)")
+    parser.add_argument(
+        "--pass-rate-histogram", type=Path, help="the filter stage's histogram PNG (linked from the summary)"
+    )
     parser.add_argument("--table-md", type=Path, required=True, help="output: summary.md")
     parser.add_argument("--table-csv", type=Path, required=True, help="output: summary.csv")
     parser.add_argument("--accuracy-plot", type=Path, required=True, help="output: accuracy by model stage (PNG)")

@@ -21,8 +21,8 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; a cluster node has no display
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from agentrl.report.tables import PAPER_TABLE2, EvalResult  # noqa: E402
 
@@ -72,14 +72,26 @@ def plot_accuracy_by_stage(results: Sequence[EvalResult], out: Path) -> None:
         ci = np.array([[100 * v for v in r.metrics["ci"][f"avg@{k}"]] for r, k in zip(rows, n)])
         passes = [100 * r.metrics["pass@k"][str(k)] for r, k in zip(rows, n)]
         below, above = (avg - ci[:, 0]).clip(min=0), (ci[:, 1] - avg).clip(min=0)  # (M,) each
-        ax.bar(x, avg, 0.6, color=[MODEL_COLORS.get(m, "#807dba") for m in models],
-                      yerr=[below.tolist(), above.tolist()], capsize=4, label="avg@n (95 % CI)")
+        ax.bar(
+            x,
+            avg,
+            0.6,
+            color=[MODEL_COLORS.get(m, "#807dba") for m in models],
+            yerr=[below.tolist(), above.tolist()],
+            capsize=4,
+            label="avg@n (95 % CI)",
+        )
         ax.scatter(x, passes, marker="^", color="#d94801", zorder=3, label="pass@n (unbiased)")
         for name, numbers in PAPER_TABLE2.items():
             if benchmark in numbers:
                 style = "--" if name.startswith("DemyAgent") else ":"
-                ax.axhline(numbers[benchmark], color="grey", linestyle=style, linewidth=1,
-                           label=f"paper: {name.split(' (')[0]} {numbers[benchmark]:g}")
+                ax.axhline(
+                    numbers[benchmark],
+                    color="grey",
+                    linestyle=style,
+                    linewidth=1,
+                    label=f"paper: {name.split(' (')[0]} {numbers[benchmark]:g}",
+                )
         # The avg@n value goes under the model's name: above the bar it would collide with the CI.
         ax.set_xticks(x, [f"{m} (n={k})\navg {v:.1f}%" for m, k, v in zip(models, n, avg)])
         ax.set_ylim(0, 105)
@@ -173,8 +185,10 @@ def plot_training_curves(path: str | Path, out: Path, stage: str) -> list[str]:
     keys = list(dict.fromkeys(k for row in rows for k in row))
     panels = training_panels(keys, step_key)
     if not panels:
-        raise ValueError(f"{path}: none of the keys {keys} is a known training metric "
-                         f"(patterns: {[p for _, _, p in TRAINING_PANELS]})")
+        raise ValueError(
+            f"{path}: none of the keys {keys} is a known training metric "
+            f"(patterns: {[p for _, _, p in TRAINING_PANELS]})"
+        )
     fig, axes = _grid(len(panels))
     labels = {title: ylabel for title, ylabel, _ in TRAINING_PANELS}
     for ax, (title, members) in zip(axes, panels.items()):

@@ -20,9 +20,17 @@ import pandas as pd
 
 # Paper Table 2 (docs/recipe.md section 7): model -> benchmark -> accuracy in percent.
 PAPER_TABLE2: dict[str, dict[str, float]] = {
-    "DemyAgent-4B (paper; our rl)": {"aime2024": 72.6, "aime2025": 70.0, "gpqa_diamond": 58.5, "livecodebench_v6": 26.8},
+    "DemyAgent-4B (paper; our rl)": {
+        "aime2024": 72.6,
+        "aime2025": 70.0,
+        "gpqa_diamond": 58.5,
+        "livecodebench_v6": 26.8,
+    },
     "Qwen3-4B-Instruct-2507 agentic, no RL (paper; our base)": {
-        "aime2024": 17.9, "aime2025": 16.3, "gpqa_diamond": 44.3, "livecodebench_v6": 23.0,
+        "aime2024": 17.9,
+        "aime2025": 16.3,
+        "gpqa_diamond": 44.3,
+        "livecodebench_v6": 23.0,
     },
 }
 
@@ -90,8 +98,15 @@ def summary_frame(results: Sequence[EvalResult]) -> pd.DataFrame:
     for model, numbers in PAPER_TABLE2.items():
         for benchmark in benchmarks:
             if benchmark in numbers:
-                rows.append({"source": "paper Table 2", "model": model, "benchmark": benchmark, "n": 32,
-                             "avg@n": numbers[benchmark]})
+                rows.append(
+                    {
+                        "source": "paper Table 2",
+                        "model": model,
+                        "benchmark": benchmark,
+                        "n": 32,
+                        "avg@n": numbers[benchmark],
+                    }
+                )
     return pd.DataFrame(rows)
 
 
@@ -134,10 +149,17 @@ def headline_markdown(frame: pd.DataFrame) -> str:
 
 
 DETAIL_COLUMNS = (
-    ("model", "model"), ("n", "n"), ("avg@n", "avg@n"), ("pass@n", "pass@n (unbiased)"),
-    ("best@n_upstream", "pass@n (verl bootstrap)"), ("maj@n", "maj@n"),
-    ("tool_calls_per_response", "tool calls / response"), ("tool_success_rate", "tool success %"),
-    ("deliberative_share", "deliberative %"), ("reactive_share", "reactive %"), ("response_tokens", "response tokens"),
+    ("model", "model"),
+    ("n", "n"),
+    ("avg@n", "avg@n"),
+    ("pass@n", "pass@n (unbiased)"),
+    ("best@n_upstream", "pass@n (verl bootstrap)"),
+    ("maj@n", "maj@n"),
+    ("tool_calls_per_response", "tool calls / response"),
+    ("tool_success_rate", "tool success %"),
+    ("deliberative_share", "deliberative %"),
+    ("reactive_share", "reactive %"),
+    ("response_tokens", "response tokens"),
 )
 
 
@@ -156,13 +178,17 @@ def filter_markdown(stats: Mapping[str, Any]) -> str:
     stages = [("scored", stats["scored"]), ("in band", stats["in_band"]), ("selected", stats["selected"])]
     rows = [[name, c["total"], c["easy"], c["medium"], c["hard"]] for name, c in stages]
     t = stats["thresholds"]
-    note = (f"Band: {t['low']:g} < pass rate < {t['high']:g}; easy >= {t['easy_min']:g}, hard <= {t['hard_max']:g}. "
-            f"Dropped at or below the band: {stats['dropped_at_or_below_low']}, at or above: "
-            f"{stats['dropped_at_or_above_high']}, resampled out: {stats['resampled_out']}.")
+    note = (
+        f"Band: {t['low']:g} < pass rate < {t['high']:g}; easy >= {t['easy_min']:g}, hard <= {t['hard_max']:g}. "
+        f"Dropped at or below the band: {stats['dropped_at_or_below_low']}, at or above: "
+        f"{stats['dropped_at_or_above_high']}, resampled out: {stats['resampled_out']}."
+    )
     return markdown_table(["RL pool", "problems", "easy", "medium", "hard"], rows) + "\n\n" + note
 
 
-def summary_markdown(frame: pd.DataFrame, filter_stats: Mapping[str, Any] | None, plots: Sequence[tuple[str, str]]) -> str:
+def summary_markdown(
+    frame: pd.DataFrame, filter_stats: Mapping[str, Any] | None, plots: Sequence[tuple[str, str]]
+) -> str:
     """The whole summary.md: headline table, details, filtering counts, the plots by relative path."""
     n_values = sorted({int(v) for v in frame.loc[frame["source"] == "ours", "n"]})
     parts = [
@@ -171,8 +197,10 @@ def summary_markdown(frame: pd.DataFrame, filter_stats: Mapping[str, Any] | None
         headline_markdown(frame),
     ]
     if (frame["source"] != "ours").any():
-        parts.append("Rows in italics are the paper's Table 2 (mean accuracy of 32 samples); they compare with "
-                     "the paper preset's runs, not with the embedded tiny model.")
+        parts.append(
+            "Rows in italics are the paper's Table 2 (mean accuracy of 32 samples); they compare with "
+            "the paper preset's runs, not with the embedded tiny model."
+        )
     parts += [
         "## Metrics per benchmark",
         detail_markdown(frame),

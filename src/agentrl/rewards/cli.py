@@ -31,7 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     truth.add_argument("--ground-truth-file", type=Path, help="file holding the ground truth")
     parser.add_argument("--response-file", required=True, help="file with the response text ('-' = stdin)")
     parser.add_argument(
-        "--response-length", type=int, default=0,
+        "--response-length",
+        type=int,
+        default=0,
         help="response length in tokens, tool tokens included, for the overlong penalty (default 0: no penalty)",
     )
     parser.add_argument("--num-tool-calls", type=int, default=0, help="executed tool calls, for tool-call shaping")
@@ -54,9 +56,11 @@ def main(argv: list[str]) -> int:
     try:
         cfg = config_from_args(args)
         response = _read_text(args.response_file, "--response-file")
-        ground_truth = args.ground_truth if args.ground_truth is not None else _read_text(
-            args.ground_truth_file, "--ground-truth-file"
-        ).strip()
+        ground_truth = (
+            args.ground_truth
+            if args.ground_truth is not None
+            else _read_text(args.ground_truth_file, "--ground-truth-file").strip()
+        )
         if family_of(args.data_source) == "code":
             from agentrl.tools.sandbox import make_sandbox  # only code needs it
 

@@ -111,8 +111,11 @@ class FunctionalTests:
         return [
             (
                 _FUNCTIONAL_HARNESS.format(
-                    prelude=FUNCTIONAL_PRELUDE, source=code, fn_name=self.fn_name,
-                    args_json=json.dumps(args), marker=RESULT_MARKER,
+                    prelude=FUNCTIONAL_PRELUDE,
+                    source=code,
+                    fn_name=self.fn_name,
+                    args_json=json.dumps(args),
+                    marker=RESULT_MARKER,
                 ),
                 None,
             )
@@ -257,5 +260,9 @@ def _graded(code: str, tests: CodeTests, results: Sequence[ExecutionResult]) -> 
     failed = [index for index, outcome in enumerate(outcomes) if outcome != "pass"]
     if failed:
         first = results[failed[0]]
-        details["first_failure"] = {"case": failed[0], "outcome": outcomes[failed[0]], "stderr": _stderr_tail(first.stderr)}
+        details["first_failure"] = {
+            "case": failed[0],
+            "outcome": outcomes[failed[0]],
+            "stderr": _stderr_tail(first.stderr),
+        }
     return Verdict(score=passed / len(outcomes), acc=not failed, pred=code, details=details)

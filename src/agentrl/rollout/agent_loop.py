@@ -46,6 +46,7 @@ from agentrl.data.records import Problem, Trajectory
 from agentrl.rollout.engine import Engine, SamplingParams
 from agentrl.rollout.tool_parser import ToolCall, ToolTurnFormat, parse_tool_call
 
+
 @dataclass
 class _Rollout:
     """A trajectory being built."""

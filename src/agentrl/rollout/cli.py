@@ -32,7 +32,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--top-p", type=float, help="override rollout.top_p")
     parser.add_argument("--seed", type=int, help="sampling seed (default: the config's seed)")
     parser.add_argument("--limit", type=int, help="only the first LIMIT problems")
-    parser.add_argument("--threads", type=int, help="torch intra-op threads (1 is fastest for tiny models on a busy CPU)")
+    parser.add_argument(
+        "--threads", type=int, help="torch intra-op threads (1 is fastest for tiny models on a busy CPU)"
+    )
     add_config_arguments(parser)
     return parser
 
@@ -97,9 +99,7 @@ def _score(trajectories, problems_by_id, cfg, sandbox) -> None:
     from agentrl.rewards import RewardFunction
 
     reward_fn = RewardFunction(cfg.reward, sandbox)
-    items = [
-        (problems_by_id[t.problem_id], t.text, len(t.response_ids), len(t.tool_calls)) for t in trajectories
-    ]
+    items = [(problems_by_id[t.problem_id], t.text, len(t.response_ids), len(t.tool_calls)) for t in trajectories]
     for trajectory, result in zip(trajectories, reward_fn.score_many(items)):
         trajectory.reward = result.score
         trajectory.extra.update({"acc": result.acc, "pred": result.pred, "reward_details": result.details})
@@ -121,11 +121,18 @@ def _log_summary(trajectories, stats, elapsed: float) -> None:
     log.info(
         "%d trajectories in %.1f s (%.0f generated tokens/s); finish %s; %.2f turns and %.2f tool calls each, "
         "%.0f%% of calls failed",
-        len(trajectories), elapsed, stats.generated_tokens / max(elapsed, 1e-9), dict(reasons),
-        sum(t.num_turns for t in trajectories) / max(len(trajectories), 1), calls / max(len(trajectories), 1),
+        len(trajectories),
+        elapsed,
+        stats.generated_tokens / max(elapsed, 1e-9),
+        dict(reasons),
+        sum(t.num_turns for t in trajectories) / max(len(trajectories), 1),
+        calls / max(len(trajectories), 1),
         100.0 * failed / max(calls, 1),
     )
     scored = [t for t in trajectories if t.reward is not None]
     if scored:
-        log.info("mean reward %.3f, accuracy %.3f", sum(t.reward for t in scored) / len(scored),
-                 sum(bool(t.extra.get("acc")) for t in scored) / len(scored))
+        log.info(
+            "mean reward %.3f, accuracy %.3f",
+            sum(t.reward for t in scored) / len(scored),
+            sum(bool(t.extra.get("acc")) for t in scored) / len(scored),
+        )

@@ -116,7 +116,9 @@ class HFEngine:
         try:
             for start in range(0, len(order), self.batch_size):
                 chunk = order[start : start + self.batch_size]
-                batch = self._generate_batch([prompt_ids[i] for i in chunk], [caps[i] for i in chunk], params, generator)
+                batch = self._generate_batch(
+                    [prompt_ids[i] for i in chunk], [caps[i] for i in chunk], params, generator
+                )
                 for index, output in zip(chunk, batch):
                     outputs[index] = output
         finally:

@@ -43,8 +43,9 @@ class TokenizedExample:
         return sum(self.loss_mask[1:])
 
 
-def tokenize_examples(examples: Sequence[SftExample], tokenizer, max_length: int, truncation: str,
-                      source: str = "sft data") -> list[TokenizedExample]:
+def tokenize_examples(
+    examples: Sequence[SftExample], tokenizer, max_length: int, truncation: str, source: str = "sft data"
+) -> list[TokenizedExample]:
     """Render and mask every conversation; errors name the example (and ``source``)."""
     out: list[TokenizedExample] = []
     truncated = 0
@@ -55,8 +56,10 @@ def tokenize_examples(examples: Sequence[SftExample], tokenizer, max_length: int
             raise ValueError(f"{source}: row {row} (id {example.id!r}): {exc}") from exc
         if len(input_ids) > max_length:
             if truncation == "error":
-                raise ValueError(f"{source}: row {row} (id {example.id!r}) has {len(input_ids)} tokens, more "
-                                 f"than sft.max_length={max_length} (sft.truncation: error)")
+                raise ValueError(
+                    f"{source}: row {row} (id {example.id!r}) has {len(input_ids)} tokens, more "
+                    f"than sft.max_length={max_length} (sft.truncation: error)"
+                )
             input_ids, loss_mask = input_ids[:max_length], loss_mask[:max_length]
             truncated += 1
         out.append(TokenizedExample(example.id, input_ids, loss_mask))
@@ -71,8 +74,10 @@ def tokenize_examples(examples: Sequence[SftExample], tokenizer, max_length: int
 def steps_per_epoch(num_examples: int, global_batch_size: int) -> int:
     steps = num_examples // global_batch_size
     if steps == 0:
-        raise ValueError(f"sft.global_batch_size={global_batch_size} is larger than the data set "
-                         f"({num_examples} conversations): not one optimizer step fits")
+        raise ValueError(
+            f"sft.global_batch_size={global_batch_size} is larger than the data set "
+            f"({num_examples} conversations): not one optimizer step fits"
+        )
     return steps
 
 
@@ -81,15 +86,16 @@ def step_indices(step: int, num_examples: int, global_batch_size: int, seed: int
     per_epoch = steps_per_epoch(num_examples, global_batch_size)
     epoch, position = divmod(step, per_epoch)
     order = np.random.default_rng([seed, epoch]).permutation(num_examples)
-    return [int(i) for i in order[position * global_batch_size:(position + 1) * global_batch_size]]
+    return [int(i) for i in order[position * global_batch_size : (position + 1) * global_batch_size]]
 
 
 def _padded_cost(batch: list[int], lengths: Sequence[int]) -> int:
     return len(batch) * max(lengths[i] for i in batch)
 
 
-def pack_micro_batches(lengths: Sequence[int], micro_batch_size: int, micro_batch_tokens: int | None,
-                       num_ranks: int) -> list[list[list[int]]]:
+def pack_micro_batches(
+    lengths: Sequence[int], micro_batch_size: int, micro_batch_tokens: int | None, num_ranks: int
+) -> list[list[list[int]]]:
     """Split one step's sequences (given by their lengths) into micro-batches, per rank.
 
     Returns ``per_rank[r] = [micro_batch, ...]``, each micro-batch a list of positions into
@@ -97,8 +103,10 @@ def pack_micro_batches(lengths: Sequence[int], micro_batch_size: int, micro_batc
     """
     assert micro_batch_size >= 1 and num_ranks >= 1, "micro_batch_size and num_ranks must be >= 1"
     if len(lengths) % num_ranks:
-        raise ValueError(f"{len(lengths)} sequences per step cannot be split over {num_ranks} processes; "
-                         "make sft.global_batch_size a multiple of the process count")
+        raise ValueError(
+            f"{len(lengths)} sequences per step cannot be split over {num_ranks} processes; "
+            "make sft.global_batch_size a multiple of the process count"
+        )
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     batches: list[list[int]] = []
     for index in order:

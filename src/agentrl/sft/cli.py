@@ -22,19 +22,31 @@ log = logging.getLogger("agentrl.sft")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="agentrl sft", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="agentrl sft", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_config_arguments(parser)
     parser.add_argument("--model", type=Path, required=True, help="base model: Hugging Face folder")
     parser.add_argument("--data", type=Path, required=True, help="normalized SFT parquet (agentrl.data.records)")
     parser.add_argument("--out", type=Path, required=True, help="output Hugging Face model folder")
     parser.add_argument("--metrics", type=Path, required=True, help="metrics, one JSON line per optimizer step")
-    parser.add_argument("--checkpoint-dir", type=Path, required=True,
-                        help="DeepSpeed checkpoints; a rerun resumes from the newest one made by the same setup")
-    parser.add_argument("--deepspeed-config", type=Path, default=None,
-                        help="DeepSpeed JSON (default: configs/deepspeed/zero<sft.deepspeed.zero_stage>.json)")
-    parser.add_argument("--nproc", default="auto",
-                        help="processes per node: a number (0 = one CPU process) or auto (GPUs granted, else 1)")
+    parser.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        required=True,
+        help="DeepSpeed checkpoints; a rerun resumes from the newest one made by the same setup",
+    )
+    parser.add_argument(
+        "--deepspeed-config",
+        type=Path,
+        default=None,
+        help="DeepSpeed JSON (default: configs/deepspeed/zero<sft.deepspeed.zero_stage>.json)",
+    )
+    parser.add_argument(
+        "--nproc",
+        default="auto",
+        help="processes per node: a number (0 = one CPU process) or auto (GPUs granted, else 1)",
+    )
     parser.add_argument("--threads", type=int, help="CPU threads for torch per process (the rule's threads)")
     return parser
 
@@ -60,7 +72,13 @@ def main(argv: list[str]) -> int:
     from agentrl.sft.trainer import SftPaths, train_sft
 
     deepspeed_config = args.deepspeed_config or find_deepspeed_config(cfg.sft.deepspeed.zero_stage)
-    paths = SftPaths(model_dir=args.model, data=args.data, out_dir=args.out, metrics=args.metrics,
-                     checkpoint_dir=args.checkpoint_dir, deepspeed_config=deepspeed_config)
+    paths = SftPaths(
+        model_dir=args.model,
+        data=args.data,
+        out_dir=args.out,
+        metrics=args.metrics,
+        checkpoint_dir=args.checkpoint_dir,
+        deepspeed_config=deepspeed_config,
+    )
     train_sft(cfg.sft, cfg.seed, paths)
     return 0

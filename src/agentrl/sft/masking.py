@@ -30,10 +30,16 @@ END_OF_TURN = "<|im_end|>"
 ROLES = ("system", "user", "assistant", "tool")
 
 
-def _render(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None,
-            add_generation_prompt: bool) -> str:
+def _render(
+    tokenizer: Any,
+    messages: Sequence[dict[str, Any]],
+    tools: Sequence[dict[str, Any]] | None,
+    add_generation_prompt: bool,
+) -> str:
     return tokenizer.apply_chat_template(
-        list(messages), tools=list(tools) if tools else None, tokenize=False,
+        list(messages),
+        tools=list(tools) if tools else None,
+        tokenize=False,
         add_generation_prompt=add_generation_prompt,
     )
 
@@ -51,8 +57,9 @@ def _check_messages(messages: Sequence[dict[str, Any]]) -> None:
             raise ValueError(f"message {index}: an assistant turn with neither content nor tool_calls")
 
 
-def assistant_char_spans(tokenizer: Any, messages: Sequence[dict[str, Any]],
-                         tools: Sequence[dict[str, Any]] | None) -> tuple[str, list[tuple[int, int]]]:
+def assistant_char_spans(
+    tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None
+) -> tuple[str, list[tuple[int, int]]]:
     """The rendered text and the ``[start, end)`` character span of every trained assistant turn."""
     _check_messages(messages)
     full = _render(tokenizer, messages, tools, add_generation_prompt=False)
@@ -65,7 +72,8 @@ def assistant_char_spans(tokenizer: Any, messages: Sequence[dict[str, Any]],
         if not (full.startswith(header) and full.startswith(through) and len(through) > len(header)):
             raise ValueError(
                 f"message {index}: the chat template does not render this conversation incrementally "
-                "(an earlier prefix is not a prefix of the full text), so assistant turns cannot be located")
+                "(an earlier prefix is not a prefix of the full text), so assistant turns cannot be located"
+            )
         end = through.rfind(END_OF_TURN, len(header))
         if end < 0:
             raise ValueError(f"message {index}: the rendered assistant turn has no {END_OF_TURN}")
@@ -73,8 +81,9 @@ def assistant_char_spans(tokenizer: Any, messages: Sequence[dict[str, Any]],
     return full, spans
 
 
-def render_with_assistant_mask(tokenizer: Any, messages: Sequence[dict[str, Any]],
-                               tools: Sequence[dict[str, Any]] | None) -> tuple[list[int], list[int]]:
+def render_with_assistant_mask(
+    tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None
+) -> tuple[list[int], list[int]]:
     """Token ids of the rendered conversation and a 0/1 mask (1 = trained assistant token)."""
     text, spans = assistant_char_spans(tokenizer, messages, tools)
     input_ids: list[int] = []

@@ -67,10 +67,12 @@ class AssistantTokenNll(torch.nn.Module):
         logits = self.lm.get_output_embeddings()(hidden).float()  # (n, V)
         return F.cross_entropy(logits, targets, reduction="sum")
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden = self.lm.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
-                                       use_cache=False).last_hidden_state  # (B, T, H)
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = self.lm.get_decoder()(
+            input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+        ).last_hidden_state  # (B, T, H)
         trained = loss_mask[:, 1:].bool()  # (B, T-1): is token t+1 a trained target
         hidden_at = hidden[:, :-1][trained]  # (N, H), the positions that predict trained tokens
         targets = input_ids[:, 1:][trained]  # (N,)
@@ -110,8 +112,9 @@ class StepPlan:
 
 def plan_steps(cfg: SftConfig, num_examples: int, world_size: int) -> StepPlan:
     if cfg.global_batch_size % world_size:
-        raise ValueError(f"sft.global_batch_size={cfg.global_batch_size} must be a multiple of the "
-                         f"process count ({world_size})")
+        raise ValueError(
+            f"sft.global_batch_size={cfg.global_batch_size} must be a multiple of the process count ({world_size})"
+        )
     per_epoch = steps_per_epoch(num_examples, cfg.global_batch_size)
     total = per_epoch * cfg.epochs
     per_rank = cfg.global_batch_size // world_size
@@ -126,7 +129,8 @@ def run_fingerprint(cfg: SftConfig, seed: int, world_size: int, paths: SftPaths)
         settings.pop(key)
     model_files = sorted(
         (p.name, p.stat().st_size, p.stat().st_mtime_ns)
-        for p in Path(paths.model_dir).iterdir() if p.suffix in (".safetensors", ".bin", ".json")
+        for p in Path(paths.model_dir).iterdir()
+        if p.suffix in (".safetensors", ".bin", ".json")
     )
     return {
         "sft": settings,
@@ -177,8 +181,14 @@ def _load_model(model_dir: Path, dtype: torch.dtype, gradient_checkpointing: boo
     return lm
 
 
-def _run_step(engine, examples: list[TokenizedExample], indices: list[int], cfg: SftConfig,
-              ctx: dse.DistributedContext, pad_token_id: int) -> dict[str, float]:
+def _run_step(
+    engine,
+    examples: list[TokenizedExample],
+    indices: list[int],
+    cfg: SftConfig,
+    ctx: dse.DistributedContext,
+    pad_token_id: int,
+) -> dict[str, float]:
     """Forward/backward of this rank's micro-batches of one step, then the optimizer step."""
     lengths = [len(examples[i].input_ids) for i in indices]
     mine = pack_micro_batches(lengths, cfg.micro_batch_size, cfg.micro_batch_tokens, ctx.world_size)[ctx.rank]
@@ -192,12 +202,18 @@ def _run_step(engine, examples: list[TokenizedExample], indices: list[int], cfg:
         batch = {k: v.to(ctx.device) for k, v in collate([examples[indices[p]] for p in micro], pad_token_id).items()}
         nll_sum, _ = engine(batch["input_ids"], batch["attention_mask"], batch["loss_mask"])
         engine.backward(nll_sum * scale, scale_wrt_gas=False)
-        local += torch.tensor([float(nll_sum.detach()), float(batch["attention_mask"].sum()),
-                               float(batch["input_ids"].numel())], dtype=torch.float64)
+        local += torch.tensor(
+            [float(nll_sum.detach()), float(batch["attention_mask"].sum()), float(batch["input_ids"].numel())],
+            dtype=torch.float64,
+        )
     engine.step()
     torch.distributed.all_reduce(local)
-    return {"loss": float(local[0]) / max(step_targets, 1), "tokens": float(local[1]),
-            "padded_tokens": float(local[2]), "trained_tokens": float(step_targets)}
+    return {
+        "loss": float(local[0]) / max(step_targets, 1),
+        "tokens": float(local[1]),
+        "padded_tokens": float(local[2]),
+        "trained_tokens": float(step_targets),
+    }
 
 
 def train_sft(cfg: SftConfig, seed: int, paths: SftPaths) -> dict[str, Any]:
@@ -215,23 +231,42 @@ def train_sft(cfg: SftConfig, seed: int, paths: SftPaths) -> dict[str, Any]:
     torch.manual_seed(seed)
 
     tokenizer = AutoTokenizer.from_pretrained(paths.model_dir)
-    examples = tokenize_examples(read_sft_examples(paths.data), tokenizer, cfg.max_length, cfg.truncation,
-                                 source=str(paths.data))
+    examples = tokenize_examples(
+        read_sft_examples(paths.data), tokenizer, cfg.max_length, cfg.truncation, source=str(paths.data)
+    )
     plan = plan_steps(cfg, len(examples), ctx.world_size)
     dtype = dse.resolve_dtype(cfg.deepspeed.dtype, ctx.device)
     lm = _load_model(paths.model_dir, dtype, cfg.deepspeed.gradient_checkpointing)
     ds_config = dse.fill_deepspeed_config(
         dse.load_deepspeed_config(paths.deepspeed_config, cfg.deepspeed.zero_stage),
-        micro_batch_size=plan.micro_batch_size, gradient_accumulation_steps=plan.accumulation,
-        world_size=ctx.world_size, grad_clip=cfg.grad_clip, dtype=dtype,
-        hidden_size=lm.config.get_text_config().hidden_size, origin=str(paths.deepspeed_config))
-    optim = dse.OptimizerSettings(lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay,
-                                  schedule=cfg.lr_schedule, warmup_steps=plan.warmup_steps,
-                                  total_steps=plan.total_steps)
+        micro_batch_size=plan.micro_batch_size,
+        gradient_accumulation_steps=plan.accumulation,
+        world_size=ctx.world_size,
+        grad_clip=cfg.grad_clip,
+        dtype=dtype,
+        hidden_size=lm.config.get_text_config().hidden_size,
+        origin=str(paths.deepspeed_config),
+    )
+    optim = dse.OptimizerSettings(
+        lr=cfg.lr,
+        betas=tuple(cfg.betas),
+        weight_decay=cfg.weight_decay,
+        schedule=cfg.lr_schedule,
+        warmup_steps=plan.warmup_steps,
+        total_steps=plan.total_steps,
+    )
     engine = dse.build_engine(AssistantTokenNll(lm), ds_config, optim)
-    log.info("%d conversations, %d steps/epoch x %d epochs = %d steps (warmup %d), %d process(es), ZeRO-%d, %s",
-             len(examples), plan.steps_per_epoch, cfg.epochs, plan.total_steps, plan.warmup_steps,
-             ctx.world_size, cfg.deepspeed.zero_stage, dtype)
+    log.info(
+        "%d conversations, %d steps/epoch x %d epochs = %d steps (warmup %d), %d process(es), ZeRO-%d, %s",
+        len(examples),
+        plan.steps_per_epoch,
+        cfg.epochs,
+        plan.total_steps,
+        plan.warmup_steps,
+        ctx.world_size,
+        cfg.deepspeed.zero_stage,
+        dtype,
+    )
 
     fingerprint = _jsonable(run_fingerprint(cfg, seed, ctx.world_size, paths))
     start = _resume_or_reset(engine, paths.checkpoint_dir, fingerprint, ctx)
@@ -246,21 +281,35 @@ def train_sft(cfg: SftConfig, seed: int, paths: SftPaths) -> dict[str, Any]:
         stats = _run_step(engine, examples, indices, cfg, ctx, tokenizer.pad_token_id)
         elapsed = time.perf_counter() - step_started
         done = step + 1
-        record = {"step": done, "epoch": round(done / plan.steps_per_epoch, 4), "loss": stats["loss"], "lr": lr,
-                  "grad_norm": dse.global_grad_norm(engine), "tokens_per_s": stats["tokens"] / elapsed,
-                  "step_time_s": elapsed, "trained_tokens": stats["trained_tokens"],
-                  "pad_fraction": 1.0 - stats["tokens"] / stats["padded_tokens"]}
+        record = {
+            "step": done,
+            "epoch": round(done / plan.steps_per_epoch, 4),
+            "loss": stats["loss"],
+            "lr": lr,
+            "grad_norm": dse.global_grad_norm(engine),
+            "tokens_per_s": stats["tokens"] / elapsed,
+            "step_time_s": elapsed,
+            "trained_tokens": stats["trained_tokens"],
+            "pad_fraction": 1.0 - stats["tokens"] / stats["padded_tokens"],
+        }
         metrics.write(record)
         progress.update(1)
         progress.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{lr:.2e}")
         if cfg.save_every_steps and done % cfg.save_every_steps == 0 and done < plan.total_steps:
-            dse.save_checkpoint(engine, paths.checkpoint_dir, done, {"fingerprint": fingerprint}, ctx,
-                                cfg.keep_checkpoints)
+            dse.save_checkpoint(
+                engine, paths.checkpoint_dir, done, {"fingerprint": fingerprint}, ctx, cfg.keep_checkpoints
+            )
     progress.close()
     dse.save_hf_model(engine, engine.module.lm, tokenizer, paths.out_dir, ctx)
     wall = time.perf_counter() - started
-    log.info("SFT done: %d steps (%d this run) in %.1f s; final loss %s -> %s", plan.total_steps,
-             plan.total_steps - start, wall, record.get("loss"), paths.out_dir)
+    log.info(
+        "SFT done: %d steps (%d this run) in %.1f s; final loss %s -> %s",
+        plan.total_steps,
+        plan.total_steps - start,
+        wall,
+        record.get("loss"),
+        paths.out_dir,
+    )
     return {"steps": plan.total_steps, "resumed_from": start, "wall_s": wall, "final": record}
 
 

@@ -178,9 +178,7 @@ class Sandbox(abc.ABC):
     def run(self, code: str, stdin: str | None = None, timeout_s: float | None = None) -> ExecutionResult:
         """Run ``code`` with ``stdin``; ``timeout_s`` defaults to ``sandbox.timeout_s``."""
 
-    def run_many(
-        self, jobs: Sequence[tuple[str, str | None]], timeout_s: float | None = None
-    ) -> list[ExecutionResult]:
+    def run_many(self, jobs: Sequence[tuple[str, str | None]], timeout_s: float | None = None) -> list[ExecutionResult]:
         """Run ``(code, stdin)`` jobs concurrently; results in input order."""
         jobs = list(jobs)
         for index, job in enumerate(jobs):
@@ -382,8 +380,9 @@ class LocalSandbox(Sandbox):
                     "sandbox.network_isolation is 'required' but this host does not allow a network "
                     f"namespace ({notes}); set it to 'best_effort' to run without network isolation"
                 )
-            logger.warning("sandbox: network isolation is unavailable on this host, code can reach the network (%s)",
-                           notes)
+            logger.warning(
+                "sandbox: network isolation is unavailable on this host, code can reach the network (%s)", notes
+            )
         elif ready["notes"]:
             logger.info("sandbox: partial isolation: %s", notes)
         if ready["not_importable"]:
@@ -463,4 +462,3 @@ def make_sandbox(cfg: SandboxConfig) -> Sandbox:
 
         return SandboxFusionSandbox(cfg)
     raise ValueError(f"sandbox.backend = {cfg.backend!r} is not one of 'local', 'sandbox_fusion'")
-

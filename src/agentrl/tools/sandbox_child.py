@@ -108,7 +108,7 @@ def _processes_of(uid: int) -> int:
 
 
 def _fresh_streams() -> tuple:
-    stdin = open(0, "r", encoding="utf-8", errors="strict", closefd=False)  # noqa: SIM115 - lives as sys.stdin
+    stdin = open(0, encoding="utf-8", errors="strict", closefd=False)  # noqa: SIM115 - lives as sys.stdin
     stdout = open(1, "w", encoding="utf-8", errors="strict", closefd=False)  # noqa: SIM115
     stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1)  # noqa: SIM115
     return stdin, stdout, stderr

@@ -251,8 +251,14 @@ class _Zygote:
                 child = child or self._prepare()
                 answer = self._execute(child, request)
             except Exception as exc:  # noqa: BLE001 - one broken execution must not take the worker down
-                answer = {"status": "killed", "stdout": "", "stderr": f"sandbox error: {type(exc).__name__}: {exc}",
-                          "exit_code": None, "duration_s": 0.0, "truncated": False}
+                answer = {
+                    "status": "killed",
+                    "stdout": "",
+                    "stderr": f"sandbox error: {type(exc).__name__}: {exc}",
+                    "exit_code": None,
+                    "duration_s": 0.0,
+                    "truncated": False,
+                }
             write_frame(answers_fd, answer)
             # Cleaning up and forking the next child happen while the host handles the answer.
             try:

@@ -71,8 +71,15 @@ def init_distributed() -> DistributedContext:
     from deepspeed.accelerator import get_accelerator
 
     if "RANK" not in os.environ:
-        os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
-                           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())})
+        os.environ.update(
+            {
+                "RANK": "0",
+                "WORLD_SIZE": "1",
+                "LOCAL_RANK": "0",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(_free_port()),
+            }
+        )
     if not torch.distributed.is_initialized():
         deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name(), verbose=False)
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
@@ -100,8 +107,9 @@ def find_deepspeed_config(zero_stage: int) -> Path:
     for path in candidates:
         if path.is_file():
             return path
-    raise FileNotFoundError(f"no DeepSpeed config for ZeRO stage {zero_stage}: looked for "
-                            + ", ".join(str(p) for p in candidates))
+    raise FileNotFoundError(
+        f"no DeepSpeed config for ZeRO stage {zero_stage}: looked for " + ", ".join(str(p) for p in candidates)
+    )
 
 
 def load_deepspeed_config(path: str | Path, zero_stage: int) -> dict[str, Any]:
@@ -114,14 +122,24 @@ def load_deepspeed_config(path: str | Path, zero_stage: int) -> dict[str, Any]:
         raise ValueError(f"{path}: not valid JSON: {exc}") from None
     stage = template.get("zero_optimization", {}).get("stage", 0)
     if stage != zero_stage:
-        raise ValueError(f"{path} sets zero_optimization.stage={stage} but the config asks for "
-                         f"zero_stage={zero_stage}; use configs/deepspeed/zero{zero_stage}.json")
+        raise ValueError(
+            f"{path} sets zero_optimization.stage={stage} but the config asks for "
+            f"zero_stage={zero_stage}; use configs/deepspeed/zero{zero_stage}.json"
+        )
     return template
 
 
-def fill_deepspeed_config(template: dict[str, Any], *, micro_batch_size: int, gradient_accumulation_steps: int,
-                          world_size: int, grad_clip: float, dtype: torch.dtype, hidden_size: int,
-                          origin: str = "DeepSpeed config") -> dict[str, Any]:
+def fill_deepspeed_config(
+    template: dict[str, Any],
+    *,
+    micro_batch_size: int,
+    gradient_accumulation_steps: int,
+    world_size: int,
+    grad_clip: float,
+    dtype: torch.dtype,
+    hidden_size: int,
+    origin: str = "DeepSpeed config",
+) -> dict[str, Any]:
     """A copy of ``template`` with every ``"auto"`` replaced by the value our config implies."""
     values = {
         "train_micro_batch_size_per_gpu": micro_batch_size,
@@ -144,8 +162,9 @@ def fill_deepspeed_config(template: dict[str, Any], *, micro_batch_size: int, gr
                 fill(value, f"{path}.")
             elif value == "auto":
                 if path not in values:
-                    raise ValueError(f"{origin}: '{path}' is \"auto\" but nothing fills it; set a value "
-                                     f"(fillable: {sorted(values)})")
+                    raise ValueError(
+                        f"{origin}: '{path}' is \"auto\" but nothing fills it; set a value (fillable: {sorted(values)})"
+                    )
                 node[key] = values[path]
 
     fill(config, "")
@@ -169,16 +188,16 @@ def build_engine(model: torch.nn.Module, ds_config: dict[str, Any], optim: Optim
     import deepspeed
     from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps,
-                                  weight_decay=optim.weight_decay)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay
+    )
     if optim.schedule == "cosine":
         scheduler = get_cosine_schedule_with_warmup(optimizer, optim.warmup_steps, optim.total_steps)
     elif optim.schedule == "constant":
         scheduler = get_constant_schedule_with_warmup(optimizer, optim.warmup_steps)
     else:
         raise ValueError(f"unknown lr schedule {optim.schedule!r}; choose cosine or constant")
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
-                                           config=ds_config)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
     return engine
 
 
@@ -211,8 +230,14 @@ def _tag(step: int) -> str:
     return f"step_{step}"
 
 
-def save_checkpoint(engine, checkpoint_dir: str | Path, step: int, trainer_state: dict[str, Any],
-                    ctx: DistributedContext, keep: int | None) -> Path:
+def save_checkpoint(
+    engine,
+    checkpoint_dir: str | Path,
+    step: int,
+    trainer_state: dict[str, Any],
+    ctx: DistributedContext,
+    keep: int | None,
+) -> Path:
     """Save a resumable checkpoint after optimizer step ``step`` and point ``latest`` at it."""
     checkpoint_dir = Path(checkpoint_dir)
     tag_dir = checkpoint_dir / _tag(step)
@@ -234,8 +259,10 @@ def save_checkpoint(engine, checkpoint_dir: str | Path, step: int, trainer_state
 def _prune(checkpoint_dir: Path, keep: int | None) -> None:
     if keep is None:
         return
-    tags = sorted((p for p in checkpoint_dir.glob("step_*") if p.name.removeprefix("step_").isdigit()),
-                  key=lambda p: int(p.name.removeprefix("step_")))
+    tags = sorted(
+        (p for p in checkpoint_dir.glob("step_*") if p.name.removeprefix("step_").isdigit()),
+        key=lambda p: int(p.name.removeprefix("step_")),
+    )
     for stale in tags[:-keep]:
         shutil.rmtree(stale, ignore_errors=True)
 
@@ -272,7 +299,6 @@ def discard_checkpoints(checkpoint_dir: str | Path) -> None:
         shutil.rmtree(tag_dir, ignore_errors=True)
 
 
-
 MAX_NAMED_DIFFERENCES = 8
 
 
@@ -307,8 +333,13 @@ def _discard_reason(state: Mapping[str, Any], fingerprint: Mapping[str, Any]) ->
     return f"its run setup differs in {named}" + (f" and {more} more" if more > 0 else "")
 
 
-def resume_if_same_run(engine, checkpoint_dir: str | Path, ctx: DistributedContext, fingerprint: Mapping[str, Any],
-                       logger: logging.Logger = log) -> dict[str, Any] | None:
+def resume_if_same_run(
+    engine,
+    checkpoint_dir: str | Path,
+    ctx: DistributedContext,
+    fingerprint: Mapping[str, Any],
+    logger: logging.Logger = log,
+) -> dict[str, Any] | None:
     """Restore the newest checkpoint into ``engine`` (and this rank's RNG) when its trainer state
     carries ``fingerprint``; its trainer state, or None when the run starts from step 0.
 
@@ -331,11 +362,16 @@ def resume_if_same_run(engine, checkpoint_dir: str | Path, ctx: DistributedConte
     if action == "resume":
         return load_checkpoint(engine, checkpoint_dir, ctx)
     if action == "discard" and ctx.is_main:
-        logger.warning("the checkpoint in %s is not resumed (%s); deleting its checkpoints and the metrics "
-                       "they recorded, starting from step 0", checkpoint_dir, reason)
+        logger.warning(
+            "the checkpoint in %s is not resumed (%s); deleting its checkpoints and the metrics "
+            "they recorded, starting from step 0",
+            checkpoint_dir,
+            reason,
+        )
         discard_checkpoints(checkpoint_dir)
     torch.distributed.barrier()
     return None
+
 
 # --------------------------------------------------------------------------- final model
 def save_hf_model(engine, model: torch.nn.Module, tokenizer, out_dir: str | Path, ctx: DistributedContext) -> None:
