@@ -78,13 +78,7 @@ def graded_sample_rows(
         for index, start in enumerate(range(0, total, setup.problems_per_chunk)):
             chunk = list(problems[start : start + setup.problems_per_chunk])
             seed = derived_seed(setup.seed, setup.seed_tag, index)
-            params = SamplingParams(
-                temperature=setup.temperature,
-                top_p=setup.top_p,
-                top_k=cfg.rollout.top_k,
-                max_tokens=cfg.rollout.max_response_tokens,
-                seed=seed,
-            )
+            params = SamplingParams.from_config(cfg.rollout, seed, temperature=setup.temperature, top_p=setup.top_p)
             trajectories = loop.run(chunk, setup.n, params, seed)
             assert len(trajectories) == len(chunk) * setup.n, (
                 f"agent loop returned {len(trajectories)} trajectories for {len(chunk)} problems x n={setup.n}"

@@ -171,14 +171,7 @@ class GrpoStep:
     def _sampling_params(self, seed: int):
         from agentrl.rollout import SamplingParams
 
-        rollout = self.cfg.rollout
-        return SamplingParams(
-            temperature=rollout.temperature,
-            top_p=rollout.top_p,
-            top_k=rollout.top_k,
-            max_tokens=rollout.max_response_tokens,
-            seed=seed,
-        )
+        return SamplingParams.from_config(self.cfg.rollout, seed)
 
     # ------------------------------------------------------------------ batch preparation
     def advantages(self, groups: Sequence[Group]) -> list[list[float]]:

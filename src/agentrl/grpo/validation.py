@@ -49,13 +49,7 @@ def validate(
         seed = derived_seed(cfg.seed, f"grpo-val-{eval_set.name}", ctx.rank)
         rows: list[tuple[str, list[float], list[int], list[int]]] = []
         if local:
-            params = SamplingParams(
-                temperature=setup.temperature,
-                top_p=setup.top_p,
-                top_k=cfg.rollout.top_k,
-                max_tokens=cfg.rollout.max_response_tokens,
-                seed=seed,
-            )
+            params = SamplingParams.from_config(cfg.rollout, seed, temperature=setup.temperature, top_p=setup.top_p)
             trajectories = loop.run(local, n, params, seed)
             by_id = {p.id: p for p in local}
             results = reward_fn.score_many(

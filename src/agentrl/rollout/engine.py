@@ -52,11 +52,24 @@ class SamplingParams:
         assert self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}"
 
     @classmethod
-    def from_config(cls, cfg: RolloutConfig, seed: int | None = None) -> SamplingParams:
-        """The sampling settings of the ``rollout:`` config section; ``max_tokens`` is the response budget."""
+    def from_config(
+        cls,
+        cfg: RolloutConfig,
+        seed: int | None = None,
+        *,
+        temperature: float | None = None,
+        top_p: float | None = None,
+    ) -> SamplingParams:
+        """The sampling settings of the ``rollout:`` config section; ``max_tokens`` is the response budget.
+
+        ``temperature`` and ``top_p`` replace the section's values where a stage samples its own
+        way (evaluation, filter scoring, GRPO validation); top-k and the budget always come from
+        the section. Every caller goes through here, so the config's ``top_k: 0`` means "off"
+        everywhere.
+        """
         return cls(
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
+            temperature=cfg.temperature if temperature is None else temperature,
+            top_p=cfg.top_p if top_p is None else top_p,
             top_k=cfg.top_k if cfg.top_k > 0 else -1,  # the config also accepts vLLM's 0 for "off"
             max_tokens=cfg.max_response_tokens,
             seed=seed,
