@@ -10,7 +10,15 @@ rule prepare_data:
     conda:
         "../envs/data.yaml"
     params:
-        cfg=config_json("seed", "data", "sandbox", "tool"),
+        # reward.unknown_source only: every row is routed to a verifier here, before any rollout.
+        cfg=json.dumps(
+            {
+                **{key: config[key] for key in ("seed", "data", "sandbox", "tool")},
+                "reward": {"unknown_source": config["reward"]["unknown_source"]},
+            },
+            sort_keys=True,
+            separators=(",", ":"),
+        ),
         eval_dir=parent_dir("eval"),
     threads: 2
     shell:

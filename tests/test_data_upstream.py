@@ -77,7 +77,7 @@ def test_eval_files(bench_name, file, truth, data_source):
         assert content.endswith(prompts.GPQA_LETTER)
     if bench_name == "livecodebench_v6":
         assert content.startswith(prompts.LCB_INTRO) and content.endswith(prompts.CODE_SUBMIT)
-        assert "Input:3\n1 2 3\n" in content
+        assert "Input:['3\\n1 2 3\\n']" in content  # str() of the whole list, as upstream
         assert problem.extra["question_id"] == "abc301_a"  # the official evaluator matches on it
 
 

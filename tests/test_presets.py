@@ -46,7 +46,9 @@ def test_tool_reward_and_rollout(paper):
     assert paper.reward.math_mode == "strict" and paper.reward.strict_tail_chars == 100
     overlong = paper.reward.overlong
     assert (overlong.max_response_length, overlong.buffer_length, overlong.penalty_factor) == (20480, 4096, 1.0)
-    assert paper.reward.tool_call_shaping.enable is False  # as released
+    shaping = paper.reward.tool_call_shaping  # as released: k = -1, every wrong answer -1.1
+    assert (shaping.enable, shaping.call_count, shaping.correct_bonus) == (True, "released", False)
+    assert (paper.reward.choice_mode, paper.reward.unknown_source) == ("exact", "math")
     r = paper.rollout
     assert (r.max_turns, r.max_prompt_tokens, r.max_response_tokens) == (16, 2560, 20480)
     assert (r.temperature, r.top_p) == (1.0, 1.0)

@@ -73,13 +73,16 @@ def test_tool_call_shaping_for_wrong_answers(raw, acc, calls, expected):
 
 
 def test_upstream_released_runs_scored_every_wrong_answer_minus_1_1():
-    # Upstream computes k = (num_turns - 2) / 2 and never receives num_turns (default 0): k = -1.
-    # The same formula with that k gives -1.1; we count real calls, which cannot be negative.
-    cfg = reward_cfg(tool_call_shaping=UPSTREAM_TOOL_SHAPING).tool_call_shaping
-    upstream_k = (0 - 2) // 2
-    assert min(cfg.cap, -1.0 + cfg.per_call * upstream_k) == pytest.approx(-1.1)
+    # Upstream computes k = (num_turns - 2) / 2 and never receives num_turns (default 0): k = -1,
+    # so min(-0.6, -1 + 0.1 * -1) = -1.1 whatever the response did; call_count: released does that.
+    released = reward_cfg(tool_call_shaping={**UPSTREAM_TOOL_SHAPING, "call_count": "released"})
+    for calls in (0, 1, 4, 7):
+        assert tool_call_shaped_score(-1.0, False, calls, released.tool_call_shaping) == pytest.approx(-1.1)
+    # code that fails every case scores 0: not negative, not shaped; correct answers untouched
+    assert tool_call_shaped_score(0.0, False, 3, released.tool_call_shaping) == 0.0
+    assert tool_call_shaped_score(1.0, True, 3, released.tool_call_shaping) == 1.0
     with pytest.raises(ValueError, match="num_tool_calls"):
-        tool_call_shaped_score(-1.0, False, upstream_k, cfg)
+        tool_call_shaped_score(-1.0, False, -1, released.tool_call_shaping)
 
 
 def test_tool_call_shaping_disabled_leaves_scores_alone():

@@ -57,6 +57,7 @@ class UpstreamDataConfig:
     eval: dict[str, SourceConfig]
     max_sft_rows: int | None
     max_rl_rows: int | None
+    rl_prompt_wrapping: Literal["per_row", "per_file"]
 
 
 @dataclass(frozen=True)
@@ -126,11 +127,14 @@ class ToolCallShapingConfig:
     per_call: float
     cap: float
     correct_bonus: bool
+    call_count: Literal["counted", "released"]
 
 
 @dataclass(frozen=True)
 class RewardConfig:
     math_mode: Literal["strict", "math_verify"]
+    choice_mode: Literal["letter", "exact"]
+    unknown_source: Literal["error", "math"]
     strict_tail_chars: int
     code_case_timeout_s: float
     overlong: OverlongConfig
@@ -150,7 +154,9 @@ class RolloutConfig:
     engine: Literal["hf", "vllm"]
     max_turns: int
     max_prompt_tokens: int
+    prompt_length_with_tools: bool
     max_response_tokens: int
+    tool_response_over_budget: Literal["cut", "drop"]
     temperature: float
     top_p: float
     top_k: int
@@ -204,6 +210,7 @@ class EvalConfig:
     n: int
     temperature: float
     top_p: float
+    max_prompt_tokens: int
     models: tuple[str, ...]
     checkpoints: dict[str, str]
 

@@ -7,7 +7,7 @@ import json
 import logging
 from pathlib import Path
 
-from agentrl.config import Config, add_config_arguments, config_from_args
+from agentrl.config import Config, RewardConfig, add_config_arguments, config_from_args
 from agentrl.data import upstream
 from agentrl.data.records import write_records
 
@@ -46,6 +46,22 @@ def _embedded(cfg: Config):
         )
 
 
+def route_sources(problem_sets: dict[str, list], reward: RewardConfig) -> dict[str, dict[str, int]]:
+    """``{family: {data_source: rows}}`` of every problem; an unroutable source fails here, before any rollout."""
+    from agentrl.rewards.registry import UnknownDataSourceError, family_of
+
+    routes: dict[str, dict[str, int]] = {}
+    for name, problems in problem_sets.items():
+        for problem in problems:
+            try:
+                family = family_of(problem.data_source, reward.unknown_source)
+            except UnknownDataSourceError as exc:
+                raise UnknownDataSourceError(f"{name}: problem {problem.id!r}: {exc}") from None
+            by_source = routes.setdefault(family, {})
+            by_source[problem.data_source] = by_source.get(problem.data_source, 0) + 1
+    return routes
+
+
 def prepare(cfg: Config, sft_out: Path, rl_out: Path, eval_dir: Path) -> dict[str, int]:
     if cfg.data.source == "embedded":
         dataset = _embedded(cfg)
@@ -53,11 +69,15 @@ def prepare(cfg: Config, sft_out: Path, rl_out: Path, eval_dir: Path) -> dict[st
     else:
         up = cfg.data.upstream
         sft = upstream.normalize_sft(upstream.read_rows(up.sft, up.max_sft_rows), upstream.source_name(up.sft))
-        rl_pool = upstream.normalize_rl(upstream.read_rows(up.rl, up.max_rl_rows), upstream.source_name(up.rl))
+        rl_pool = upstream.normalize_rl(
+            upstream.read_rows(up.rl, up.max_rl_rows), upstream.source_name(up.rl), up.rl_prompt_wrapping
+        )
         eval_sets = {
             name: upstream.normalize_eval(name, upstream.read_rows(source), upstream.source_name(source))
             for name, source in up.eval.items()
         }
+    routes = route_sources({"rl_pool": rl_pool, **{f"eval/{k}": v for k, v in eval_sets.items()}}, cfg.reward)
+    log.info("reward routing (data_source -> verifier family, rows): %s", json.dumps(routes, sort_keys=True))
     write_records(sft, sft_out)
     write_records(rl_pool, rl_out)
     for name, problems in eval_sets.items():

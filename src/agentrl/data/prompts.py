@@ -87,14 +87,37 @@ def lcb_prompt(problem: str, example_inputs: Any, example_outputs: Any) -> str:
     )
 
 
+UNITS_ONLY_SOURCES = ("math_dapo", "mega-science")
+
+
 def rl_prompt(content: str, data_source: str) -> str:
-    """Wrap an RL-pool user message as upstream's training script does, by data source."""
+    """Wrap an RL-pool user message by its own data source (``rl_prompt_wrapping: per_row``)."""
     source = data_source.lower()
     if "code" in source:
         return content + AGENT_PROMPT + CODE_SUBMIT
-    if source in ("math_dapo", "mega-science"):
+    if source in UNITS_ONLY_SOURCES:
         return content + UNITS_SENTENCE
     return aime_prompt(content) + UNITS_SENTENCE_OTHER_MATH
+
+
+def rl_file_wrapper(first_data_source: str):
+    """Upstream's wrapping of a whole RL file (``rl_prompt_wrapping: per_file``).
+
+    Upstream's ``CustomRLHFDataset`` picks one mapping per parquet file from the ``data_source``
+    of its first row: ``math_dapo`` / ``mega-science`` first -> every row (code rows too) gets
+    only the units sentence; anything else -> each row is wrapped by whether its own source
+    contains ``code`` (case-sensitive there, unlike the reward routing) or else the AIME wrapping
+    plus the units sentence. Returns ``wrap(content, data_source) -> str``.
+    """
+    if first_data_source in UNITS_ONLY_SOURCES:
+        return lambda content, data_source: content + UNITS_SENTENCE
+
+    def wrap(content: str, data_source: str) -> str:
+        if "code" in data_source:
+            return content + AGENT_PROMPT + CODE_SUBMIT
+        return aime_prompt(content) + UNITS_SENTENCE_OTHER_MATH
+
+    return wrap
 
 
 # --------------------------------------------------------------------------- embedded task

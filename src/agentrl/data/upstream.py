@@ -167,7 +167,25 @@ def _ground_truth(row: _Row, data_source: str, value: Any) -> str | dict[str, An
     return str(value)
 
 
-def normalize_rl(rows: list[dict[str, Any]], origin: str) -> list[Problem]:
+EVAL_SOURCES = ("AIME2024", "AIME2025", "gpqa_diamond", "LiveCodeBench_v6")
+
+
+def _rl_wrapper(rows: list[dict[str, Any]], origin: str, wrapping: str):
+    """``wrap(content, data_source)`` of ``data.upstream.rl_prompt_wrapping``."""
+    if wrapping == "per_row" or not rows:
+        return prompts.rl_prompt
+    first = _Row(origin, 0, rows[0]).get("data_source", str)
+    if first in EVAL_SOURCES:  # upstream would map the file with that benchmark's eval columns
+        raise DataFormatError(
+            f"{origin}: row 0, column 'data_source': {first!r} is an eval benchmark's source; with "
+            "data.upstream.rl_prompt_wrapping: per_file the first row picks the wrapping of the whole RL file"
+        )
+    return prompts.rl_file_wrapper(first)
+
+
+def normalize_rl(rows: list[dict[str, Any]], origin: str, wrapping: str = "per_row") -> list[Problem]:
+    """RL-pool rows -> problems; ``wrapping`` is ``data.upstream.rl_prompt_wrapping``."""
+    wrap = _rl_wrapper(rows, origin, wrapping)
     problems = []
     for row in _iter_rows(rows, origin):
         data_source = row.get("data_source", str)
@@ -186,7 +204,7 @@ def normalize_rl(rows: list[dict[str, Any]], origin: str) -> list[Problem]:
             Problem(
                 id=f"{data_source}-{index}",
                 data_source=data_source,
-                prompt=[{"role": "user", "content": prompts.rl_prompt(content, data_source)}],
+                prompt=[{"role": "user", "content": wrap(content, data_source)}],
                 ability=str(row.row.get("ability") or ""),
                 ground_truth=_ground_truth(row, data_source, reward_model["ground_truth"]),
                 extra=extra if isinstance(extra, dict) else {"extra_info": extra},
@@ -227,8 +245,8 @@ def _livecodebench(row: _Row):
     truth = row.json("reward_model", truth) if isinstance(truth, str) else truth
     if not isinstance(truth, dict) or not truth.get("inputs") or "outputs" not in truth:
         raise row.error("reward_model", "expected ground_truth.inputs / ground_truth.outputs")
-    # Upstream shows the first test case as the example (the released prompts do the same).
-    content = prompts.lcb_prompt(row.get("problem", str), truth["inputs"][0], truth["outputs"][0])
+    # Upstream's map_lcb writes str() of the whole ground_truth.inputs / .outputs lists.
+    content = prompts.lcb_prompt(row.get("problem", str), truth["inputs"], truth["outputs"])
     return content, truth, "code"
 
 

@@ -16,7 +16,8 @@ Chen et al. 2021 (:func:`pass_at_k_unbiased`), a plain maj@k over the first k sa
 
 Departures from upstream, with reasons:
 
-- verl's bootstrap counts a missing prediction (``pred`` None) as one more answer in the vote;
+- verl's bootstrap counts a missing prediction as one more answer in the vote, the same answer
+  as an empty ``\\boxed{}`` (upstream's ``compute_score`` turns a ``pred`` None into ``""``);
   :func:`bootstrap_best_and_maj` keeps that for parity, :func:`maj_at_k` does not (an
   unparsable answer is not a consensus).
 - verl accepts problems with different sample counts; :func:`summarize_benchmark` refuses them,
@@ -203,7 +204,8 @@ def bootstrap_best_and_maj(
     2. ``n_boot`` (1000) times, draw k indices out of the n samples *with replacement*
        (``np.random.choice(n, size=k, replace=True)``);
     3. best = max of ``acc`` over the draw; maj = majority vote over ``pred`` in the draw,
-       ties to the answer seen first in the draw, None counted as an answer of its own, scored
+       ties to the answer seen first in the draw, None counted as the answer ``""`` (so a missing
+       box and an empty ``\\boxed{}`` are one vote, as upstream's ``compute_score`` makes them), scored
        by the ``acc`` of the first drawn sample with that answer;
     4. report the mean over the draws (verl also reports the std).
 
@@ -228,7 +230,7 @@ def bootstrap_best_and_maj(
         return best, None
     assert len(preds) == n, f"{len(preds)} preds for {n} samples"
     code_of: dict[Hashable | None, int] = {}
-    codes = np.array([code_of.setdefault(p, len(code_of)) for p in preds])  # None is a code too
+    codes = np.array([code_of.setdefault("" if p is None else p, len(code_of)) for p in preds])
     drawn_codes = codes[draws]  # (R, k)
     rows = np.broadcast_to(np.arange(n_boot)[:, None], draws.shape)
     positions = np.broadcast_to(np.arange(k)[None, :], draws.shape)

@@ -1,8 +1,9 @@
 """Multiple choice (GPQA-Diamond, the embedded ``choice`` task): the boxed option letter.
 
-Upstream grades GPQA with the same strict box check as math: the last ``\\boxed{...}`` in the
-last 100 characters must equal the letter exactly, so ``\\boxed{(B)}`` or ``\\boxed{b}`` score
--1. Deliberate departure: the box's content is reduced to a letter first, tolerating
+``reward.choice_mode: exact`` is upstream: GPQA is graded with the same strict box check as
+math, the last ``\\boxed{...}`` in the last 100 characters must equal the letter exactly, so
+``\\boxed{(B)}`` or ``\\boxed{b}`` score -1 (the paper presets). ``choice_mode: letter`` (the
+embedded default) is a deliberate departure: the box's content is reduced to a letter first, tolerating
 ``\\boxed{B}``, ``\\boxed{(B)}``, ``\\boxed{\\text{B}}``, ``\\boxed{\\textbf{B}}``,
 ``\\boxed{B.}``, ``\\boxed{[B]}`` and lower case, because the prompt asks for "the final
 uppercase letter option" and a wrapper around the right letter is not a wrong answer. Anything
@@ -54,16 +55,20 @@ class ChoiceVerifier:
 
     def __init__(self, cfg: RewardConfig):
         self.tail_chars = cfg.strict_tail_chars
+        self.mode = cfg.choice_mode
 
     def prepare(self, response: str, ground_truth: Any) -> PendingVerdict:
         expected = ground_truth_letter(ground_truth)
         boxed = last_boxed_content(strict_tail(response, self.tail_chars))
-        letter = option_letter(boxed) if boxed is not None else None
+        if self.mode == "exact":
+            letter = boxed if boxed is not None and boxed == expected else None
+        else:
+            letter = option_letter(boxed) if boxed is not None else None
         correct = letter == expected
         verdict = Verdict(
             score=1.0 if correct else -1.0,
             acc=correct,
             pred=letter if letter is not None else boxed,
-            details={"boxed": boxed, "expected": expected},
+            details={"boxed": boxed, "expected": expected, "mode": self.mode},
         )
         return PendingVerdict.ready(verdict)

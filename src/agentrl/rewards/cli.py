@@ -61,7 +61,7 @@ def main(argv: list[str]) -> int:
             if args.ground_truth is not None
             else _read_text(args.ground_truth_file, "--ground-truth-file").strip()
         )
-        if family_of(args.data_source) == "code":
+        if family_of(args.data_source, cfg.reward.unknown_source) == "code":
             from agentrl.tools.sandbox import make_sandbox  # only code needs it
 
             sandbox = make_sandbox(cfg.sandbox)

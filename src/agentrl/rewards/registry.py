@@ -12,6 +12,9 @@
 
 An unknown source is an error (:class:`UnknownDataSourceError`), never a silent zero reward:
 a typo in a data file would otherwise train on a constant reward without anyone noticing.
+``prepare-data`` routes every row when the data is prepared, so the error comes before any
+rollout. ``reward.unknown_source: math`` is upstream's rule instead (its ``compute_score``
+grades every source without ``code`` as strict-box math); the paper presets use it.
 """
 
 from __future__ import annotations
@@ -84,12 +87,18 @@ def unregister_source(pattern: str) -> None:
     _USER_SOURCE_RULES[:] = [rule for rule in _USER_SOURCE_RULES if rule.pattern != pattern.lower()]
 
 
-def family_of(data_source: str) -> str:
-    """The verifier family of a data source: ``'math'``, ``'multiple_choice'`` or ``'code'``."""
+def family_of(data_source: str, unknown: str = "error") -> str:
+    """The verifier family of a data source: ``'math'``, ``'multiple_choice'`` or ``'code'``.
+
+    ``unknown`` is ``reward.unknown_source``: ``"error"`` raises for a source no rule matches,
+    ``"math"`` grades it as math (upstream).
+    """
     name = str(data_source).lower()
     for rule in source_rules():
         if fnmatch.fnmatchcase(name, rule.pattern):
             return rule.family
+    if unknown == "math":
+        return "math"
     raise UnknownDataSourceError(
         f"no reward verifier for data_source {data_source!r}; known families: {sorted(VERIFIER_FACTORIES)}; "
         f"routing patterns (first match wins): {[f'{r.pattern} -> {r.family}' for r in source_rules()]}; "

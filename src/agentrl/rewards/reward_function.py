@@ -42,7 +42,7 @@ class RewardFunction:
 
     def score_many(self, items: Sequence[ScoreItem]) -> list[RewardResult]:
         """Score a batch; the code cases of all items run concurrently in the sandbox pool."""
-        families = [family_of(problem.data_source) for problem, *_ in items]
+        families = [family_of(problem.data_source, self.cfg.unknown_source) for problem, *_ in items]
         pending = [self._prepare(family, problem, text) for family, (problem, text, *_) in zip(families, items)]
         jobs = [job for entry in pending for job in entry.jobs]
         results: list[Any] = []

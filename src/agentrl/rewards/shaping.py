@@ -7,9 +7,12 @@ Two terms, applied in the order upstream applies them:
    per_call 0.1), so a wrong answer that used tools is punished less, but never above ``cap``.
    Upstream derives ``k`` from ``num_turns = 2k + 2`` and its DAPO reward manager never passes
    ``num_turns``: the default 0 gives ``k = -1``, so in the released runs every wrong answer
-   scored ``-1 - 0.1 = -1.1`` and the shaping never rewarded tool use. Here ``k`` is the real
-   number of executed tool calls, counted by the agent loop (deliberate departure: the term
-   then does what its code says it is for). ``correct_bonus`` adds the paper's eq. 8 instead
+   scored ``-1 - 0.1 = -1.1`` and the shaping never rewarded tool use.
+   ``call_count: released`` reproduces that (``k = -1`` whatever the response did; the paper
+   presets); ``call_count: counted`` uses the real number of executed tool calls, counted by
+   the agent loop (the term then does what its code says it is for). A code answer scoring
+   ``0`` (code that fails every case) is not negative and is not shaped, as upstream.
+   ``correct_bonus`` adds the paper's eq. 8 instead
    of (or besides) it: a correct answer with ``n`` tool calls scores ``s + per_call * n``
    (``1 + 0.1 n``). The two switches are independent: ``enable`` turns on the wrong-answer
    term, ``correct_bonus`` the correct-answer term.
@@ -55,6 +58,9 @@ def overlong_penalty(response_length: int, cfg: OverlongConfig) -> float:
     return min(-exceed / cfg.buffer_length * cfg.penalty_factor, 0.0)
 
 
+RELEASED_CALL_COUNT = -1  # upstream: (num_turns - 2) / 2 with num_turns never passed (0)
+
+
 def tool_call_shaped_score(raw_score: float, acc: bool, num_tool_calls: int, cfg: ToolCallShapingConfig) -> float:
     """The score after tool-call shaping (see the module docstring for both terms)."""
     if num_tool_calls < 0:
@@ -64,7 +70,8 @@ def tool_call_shaped_score(raw_score: float, acc: bool, num_tool_calls: int, cfg
             return raw_score + cfg.per_call * num_tool_calls
         return raw_score
     if cfg.enable and raw_score < 0:
-        return min(cfg.cap, raw_score + cfg.per_call * num_tool_calls)
+        k = RELEASED_CALL_COUNT if cfg.call_count == "released" else num_tool_calls
+        return min(cfg.cap, raw_score + cfg.per_call * k)
     return raw_score
 
 
