@@ -187,6 +187,7 @@ class SftConfig:
     betas: tuple[float, ...]
     grad_clip: float
     save_every_steps: int
+    save_every_minutes: float | None
     keep_checkpoints: int | None
     deepspeed: SftDeepSpeedConfig
 
@@ -275,6 +276,7 @@ class GrpoConfig:
     val_before_train: bool
     validation: GrpoValidationConfig
     save_freq: int
+    save_every_minutes: float | None
     keep_checkpoints: int | None
     deepspeed: GrpoDeepSpeedConfig
     tensorboard: bool

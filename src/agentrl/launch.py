@@ -249,4 +249,7 @@ def relaunch_if_needed(stage: str, argv: Sequence[str], nproc_arg: str, env: Map
         logging.getLogger(f"agentrl.{stage}").info("launching: %s", " ".join(command))
         sys.stdout.flush()
         sys.stderr.flush()
+        from agentrl.training.preemption import ignore_stop_signals_in_launcher
+
+        ignore_stop_signals_in_launcher()  # torchrun survives SIGUSR1; the workers checkpoint and stop
         os.execvp(command[0], command)

@@ -84,6 +84,7 @@ def main(argv: list[str]) -> int:
     from agentrl.evaluation.sampling import set_torch_threads
     from agentrl.grpo.runner import GrpoPaths, train
     from agentrl.training.deepspeed_engine import find_deepspeed_config
+    from agentrl.training.preemption import EXIT_CODE, StoppedForRetry
 
     deepspeed.utils.logger.setLevel(logging.WARNING)
     set_torch_threads(args.threads)
@@ -96,5 +97,9 @@ def main(argv: list[str]) -> int:
         checkpoints=args.checkpoint_dir,
         deepspeed_config=args.deepspeed_config or find_deepspeed_config(cfg.grpo.deepspeed.zero_stage),
     )
-    train(cfg, paths)
+    try:
+        train(cfg, paths)
+    except StoppedForRetry as stopped:
+        log.warning("%s", stopped)
+        return EXIT_CODE
     return 0

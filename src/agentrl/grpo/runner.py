@@ -40,6 +40,7 @@ from agentrl.grpo.validation import EvalSet, limit_problems, validate
 from agentrl.grpo.variants import AlgorithmSettings, resolve_algorithm
 from agentrl.model.folder import stamp_model_digest
 from agentrl.training import deepspeed_engine as dse
+from agentrl.training.preemption import CheckpointClock, StepBoundary, StoppedForRetry, stop_on_signals
 
 log = logging.getLogger("agentrl.grpo")
 
@@ -61,7 +62,7 @@ class GrpoPaths:
 # Every other key of the sections below is in, the validation settings too: the checkpoint carries
 # the metric records, and a resumed run must not mix validations made two ways in one file.
 NOT_IN_FINGERPRINT = {
-    "grpo": ("save_freq", "keep_checkpoints", "tensorboard"),
+    "grpo": ("save_freq", "save_every_minutes", "keep_checkpoints", "tensorboard"),
     "sandbox": ("workers", "sandbox_fusion_url"),  # parallelism and the service's address
     "rollout.vllm": ("gpu_memory_utilization", "max_num_seqs", "enforce_eager"),  # memory and speed
 }
@@ -227,7 +228,16 @@ def export_policy(model, tokenizer, folder: Path) -> None:
 
 
 def train(cfg: Config, paths: GrpoPaths) -> int:
-    """Run (or resume) the GRPO stage; returns the number of steps trained by this call."""
+    """Run (or resume) the GRPO stage; returns the number of steps trained by this call.
+
+    A SIGUSR1 or SIGTERM makes the running step the last: its checkpoint is written and
+    :class:`~agentrl.training.preemption.StoppedForRetry` is raised (:mod:`agentrl.training.preemption`).
+    """
+    with stop_on_signals() as stop:
+        return _train(cfg, paths, stop)
+
+
+def _train(cfg: Config, paths: GrpoPaths, stop) -> int:
     from agentrl.tools.sandbox import make_sandbox
 
     check_config(cfg)
@@ -280,24 +290,38 @@ def train(cfg: Config, paths: GrpoPaths) -> int:
 
         if start == 0 and cfg.grpo.val_before_train and eval_sets:
             emit({"step": 0, **run_validation()})
+
+        def save(step: int) -> None:
+            save_checkpoint(
+                parts.engine,
+                paths.checkpoints,
+                step,
+                trainer_state={"sampler": sampler.state_dict(), "total_steps": steps, "variant": cfg.grpo.variant},
+                fingerprint=fingerprint,
+                metrics=records,
+                export_model=lambda folder: export_policy(policy, tokenizer, folder),
+                ctx=ctx,
+                keep=cfg.grpo.keep_checkpoints,
+            )
+
         stepper = GrpoStep(parts)
+        boundary = StepBoundary(stop, CheckpointClock(cfg.grpo.save_every_minutes), ctx.device)
         for step in range(start + 1, steps + 1):
             record = stepper.run(step, sampler)
             if eval_sets and cfg.grpo.test_freq and (step % cfg.grpo.test_freq == 0 or step == steps):
                 record.update(run_validation())
             emit(record)
-            if cfg.grpo.save_freq and (step % cfg.grpo.save_freq == 0 or step == steps):
-                save_checkpoint(
-                    parts.engine,
-                    paths.checkpoints,
-                    step,
-                    trainer_state={"sampler": sampler.state_dict(), "total_steps": steps, "variant": cfg.grpo.variant},
-                    fingerprint=fingerprint,
-                    metrics=records,
-                    export_model=lambda folder: export_policy(policy, tokenizer, folder),
-                    ctx=ctx,
-                    keep=cfg.grpo.keep_checkpoints,
-                )
+            freq = cfg.grpo.save_freq
+            decision = boundary.decide(
+                step_interval_due=bool(freq) and (step % freq == 0 or step == steps), last_step=step == steps
+            )
+            if decision.save:
+                save(step)
+                boundary.saved()
+            if decision.stop:
+                if writer is not None:
+                    writer.close()
+                raise StoppedForRetry("grpo", step, paths.checkpoints, decision.reason)
         dse.save_hf_model(parts.engine, policy, tokenizer, paths.out, ctx)
         if writer is not None:
             writer.close()

@@ -67,6 +67,7 @@ def main(argv: list[str]) -> int:
 
     from agentrl.evaluation.sampling import set_torch_threads
     from agentrl.training.deepspeed_engine import find_deepspeed_config
+    from agentrl.training.preemption import EXIT_CODE, StoppedForRetry
 
     set_torch_threads(args.threads)
     from agentrl.sft.trainer import SftPaths, train_sft
@@ -80,5 +81,9 @@ def main(argv: list[str]) -> int:
         checkpoint_dir=args.checkpoint_dir,
         deepspeed_config=deepspeed_config,
     )
-    train_sft(cfg.sft, cfg.seed, paths)
+    try:
+        train_sft(cfg.sft, cfg.seed, paths)
+    except StoppedForRetry as stopped:
+        logging.getLogger("agentrl.sft").warning("%s", stopped)
+        return EXIT_CODE
     return 0

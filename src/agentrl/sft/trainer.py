@@ -48,6 +48,7 @@ from agentrl.sft.batching import (
     tokenize_examples,
 )
 from agentrl.training import deepspeed_engine as dse
+from agentrl.training.preemption import CheckpointClock, StepBoundary, StoppedForRetry, stop_on_signals
 
 log = logging.getLogger("agentrl.sft")
 
@@ -125,7 +126,7 @@ def plan_steps(cfg: SftConfig, num_examples: int, world_size: int) -> StepPlan:
 def run_fingerprint(cfg: SftConfig, seed: int, world_size: int, paths: SftPaths) -> dict[str, Any]:
     """What a checkpoint must share with this run to be resumed."""
     settings = dataclasses.asdict(cfg)
-    for key in ("save_every_steps", "keep_checkpoints"):
+    for key in ("save_every_steps", "save_every_minutes", "keep_checkpoints"):
         settings.pop(key)
     model_files = sorted(
         (p.name, p.stat().st_size, p.stat().st_mtime_ns)
@@ -217,7 +218,16 @@ def _run_step(
 
 
 def train_sft(cfg: SftConfig, seed: int, paths: SftPaths) -> dict[str, Any]:
-    """Train ``paths.model_dir`` on ``paths.data``; write the HF folder and metrics. Returns a summary."""
+    """Train ``paths.model_dir`` on ``paths.data``; write the HF folder and metrics. Returns a summary.
+
+    A SIGUSR1 or SIGTERM makes the running step the last: its checkpoint is written and
+    :class:`~agentrl.training.preemption.StoppedForRetry` is raised (:mod:`agentrl.training.preemption`).
+    """
+    with stop_on_signals() as stop:
+        return _train_sft(cfg, seed, paths, stop)
+
+
+def _train_sft(cfg: SftConfig, seed: int, paths: SftPaths, stop) -> dict[str, Any]:
     import deepspeed
     from tqdm import tqdm
     from transformers import AutoTokenizer
@@ -274,6 +284,7 @@ def train_sft(cfg: SftConfig, seed: int, paths: SftPaths) -> dict[str, Any]:
     progress = tqdm(total=plan.total_steps, initial=start, disable=not ctx.is_main, desc="sft", mininterval=2.0)
     started = time.perf_counter()
     record: dict[str, Any] = {}
+    boundary = StepBoundary(stop, CheckpointClock(cfg.save_every_minutes), ctx.device)
     for step in range(start, plan.total_steps):
         step_started = time.perf_counter()
         lr = dse.current_lr(engine)
@@ -295,10 +306,19 @@ def train_sft(cfg: SftConfig, seed: int, paths: SftPaths) -> dict[str, Any]:
         metrics.write(record)
         progress.update(1)
         progress.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{lr:.2e}")
-        if cfg.save_every_steps and done % cfg.save_every_steps == 0 and done < plan.total_steps:
+        last = done == plan.total_steps
+        decision = boundary.decide(
+            step_interval_due=bool(cfg.save_every_steps) and done % cfg.save_every_steps == 0 and not last,
+            last_step=last,
+        )
+        if decision.save:
             dse.save_checkpoint(
                 engine, paths.checkpoint_dir, done, {"fingerprint": fingerprint}, ctx, cfg.keep_checkpoints
             )
+            boundary.saved()
+        if decision.stop:
+            progress.close()
+            raise StoppedForRetry("sft", done, paths.checkpoint_dir, decision.reason)
     progress.close()
     dse.save_hf_model(engine, engine.module.lm, tokenizer, paths.out_dir, ctx)
     wall = time.perf_counter() - started
