@@ -270,7 +270,7 @@ CASES = [
         LEETCODE_MAX,
         fenced("class Solution:\n    def maxValue(self, nums):\n        return nums[0]"),
         "strict",
-        0.0,
+        0.5,  # upstream's credit per assert: [-2] holds, [1, 5, 3] does not
         False,
         ANY,
     ),

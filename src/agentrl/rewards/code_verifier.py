@@ -21,24 +21,38 @@ of tests (the ground truth is a dict, or its JSON string):
   The return value travels back as JSON (tuples become lists) and is compared on the host:
   equal to the expected value, or to the single element of a one-element expected list (the
   APPS/TACO convention of wrapping outputs).
-- LeetCode ``{"entry_point", "import_prefix", "test_code"}``: ``import_prefix + code +
-  test_code + check(entry_point)`` is one case; it passes when it exits cleanly.
+- LeetCode ``{"entry_point", "import_prefix", "test_code"}``: credit per assert, as upstream:
+  ``test_code`` is split into its non-empty lines; the first (``def check(candidate):``) joined
+  with each later line is one case (``check`` with one assert, called on ``entry_point``), and
+  the score is the fraction of cases that hold (3 of 4 asserts: 0.75).
 
-The grader decides correctness on the host from the run's status and output; the solution's
-own prints during a functional call are captured so they cannot fake a result line.
+The grader decides correctness on the host from the run's status and output. A pass is never
+"the program exited cleanly": a stdin case must print the expected output, a functional case
+must print its return value, which the host compares, and a LeetCode case passes only when the
+check process of :mod:`agentrl.rewards.leetcode_harness` ran the assert to its end and printed
+its pass line, on a stdout the solution's process does not hold; the solution runs in a process
+of its own and hands back return values as plain data only. So ``os._exit(0)``,
+``sys.exit(0)``, ``atexit`` hooks, a redefined ``check`` or ``AssertionError``, patched builtins
+and always-equal objects score as failures. (Departure: upstream runs ``prefix + solution +
+check`` as one program and pays any exit status 0; docs/fidelity.md.) The solution's own
+prints during a functional call are captured so they cannot fake a result line.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentrl.config import RewardConfig
+from agentrl.rewards import leetcode_harness
 from agentrl.rewards.base import InvalidGroundTruthError, Job, PendingVerdict, Verdict
+from agentrl.rewards.leetcode_harness import PASSED as LEETCODE_PASSED
 
 if TYPE_CHECKING:
     from agentrl.tools.sandbox import ExecutionResult
@@ -136,19 +150,44 @@ class FunctionalTests:
 
 @dataclass(frozen=True)
 class CheckHarness:
+    """LeetCode-style tests: one case per assert line of ``test_code`` (upstream's split)."""
+
     entry_point: str
     import_prefix: str
-    test_code: str
+    check_header: str
+    assert_lines: tuple[str, ...]
 
     def __len__(self) -> int:
-        return 1
+        return len(self.assert_lines)
 
     def jobs(self, code: str) -> list[Job]:
-        program = f"{self.import_prefix}\n{code}\n\n{self.test_code}\n\ncheck({self.entry_point})\n"
-        return [(program, None)]
+        return [(self.program(code, line), None) for line in self.assert_lines]
+
+    def program(self, code: str, assert_line: str) -> str:
+        """The harness (the check process) with this case's data: the solution never runs in it."""
+        spec = {
+            "import_prefix": self.import_prefix,
+            "solution": code,
+            "check": self.check_header + assert_line,  # upstream's join: "def check(c):    assert ..."
+            "entry_point": self.entry_point,
+        }
+        return f"{_leetcode_harness_source()}\nrun({spec!r})\n"
 
     def outcome(self, index: int, result: ExecutionResult) -> str:
-        return "pass" if result.status == "ok" else result.status
+        if result.status != "ok":
+            return self._failure(result)
+        lines = result.stdout.rstrip("\n").split("\n")
+        return "pass" if lines[-1] == LEETCODE_PASSED else "error"
+
+    @staticmethod
+    def _failure(result: ExecutionResult) -> str:
+        last = result.stderr.rstrip("\n").rsplit("\n", 1)[-1]
+        return "wrong_answer" if result.status == "error" and last.startswith("AssertionError") else result.status
+
+
+@functools.cache
+def _leetcode_harness_source() -> str:
+    return Path(leetcode_harness.__file__).read_text(encoding="utf-8")
 
 
 CodeTests = StdioTests | FunctionalTests | CheckHarness
@@ -183,6 +222,25 @@ def _expected_value(value: Any, what: str) -> Any:
         raise InvalidGroundTruthError(f"{what} is not JSON ({exc}): {value[:80]!r}") from None
 
 
+def _check_harness(ground_truth: dict[str, Any]) -> CheckHarness:
+    lines = [line for line in str(ground_truth["test_code"]).split("\n") if line != ""]
+    if len(lines) < 2:
+        raise InvalidGroundTruthError(
+            f"code ground truth test_code needs a check definition and at least one assert line, got {lines!r}"
+        )
+    entry_point = str(ground_truth["entry_point"])
+    try:
+        ast.parse(entry_point, mode="eval")
+    except SyntaxError:
+        raise InvalidGroundTruthError(f"code ground truth entry_point {entry_point!r} is not an expression") from None
+    return CheckHarness(
+        entry_point=entry_point,
+        import_prefix=str(ground_truth.get("import_prefix") or ""),
+        check_header=lines[0],
+        assert_lines=tuple(lines[1:]),
+    )
+
+
 def parse_code_tests(ground_truth: Any) -> CodeTests:
     """The tests a code ground truth (dict or JSON string) describes; see the module docstring."""
     if isinstance(ground_truth, str):
@@ -193,11 +251,7 @@ def parse_code_tests(ground_truth: Any) -> CodeTests:
     if not isinstance(ground_truth, dict):
         raise InvalidGroundTruthError(f"code ground truth must be a dict, got {type(ground_truth).__name__}")
     if {"entry_point", "test_code"} <= ground_truth.keys():
-        return CheckHarness(
-            entry_point=str(ground_truth["entry_point"]),
-            import_prefix=str(ground_truth.get("import_prefix") or ""),
-            test_code=str(ground_truth["test_code"]),
-        )
+        return _check_harness(ground_truth)
     if not {"inputs", "outputs"} <= ground_truth.keys():
         raise InvalidGroundTruthError(
             "code ground truth must have keys {inputs, outputs[, fn_name]} or {entry_point, import_prefix, "

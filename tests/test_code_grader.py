@@ -1,0 +1,190 @@
+"""The code grader cannot be fooled: each known trick scores as a failure, for every kind of test.
+
+A pass must mean that the test ran to its end: an exit status 0 pays nothing by itself. The
+tricks (``os._exit(0)``, ``sys.exit(0)``, an ``atexit`` hook, a redefined ``check`` or
+``AssertionError``, patched builtins, always-equal return values, writing the pass line, reaching
+the checker's stdout through ``/proc``, killing the checker) are each run against stdin,
+functional and LeetCode ground truths in the real sandbox. LeetCode rows get upstream's credit
+per assert (``test_code`` split into lines, one program per assert): a solution right on 3 of 4
+asserts scores 0.75 with or without a trick added.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from agentrl.config import load_config
+from agentrl.data.records import Problem
+from agentrl.rewards import InvalidGroundTruthError, RewardFunction
+from agentrl.rewards.code_verifier import parse_code_tests
+from agentrl.rewards.leetcode_harness import PASSED
+from agentrl.tools.sandbox import LocalSandbox
+
+NO_SHAPING = {"overlong": {"enable": False}, "tool_call_shaping": {"enable": False, "correct_bonus": False}}
+
+STDIO = {"inputs": ["1 2\n", "10 -3\n"], "outputs": ["3\n", "7\n"]}
+STDIO_WRONG = "print(0)\n"
+FUNCTIONAL = {"fn_name": "maxValue", "inputs": ["[1, 5, 3]", "[-2]"], "outputs": ["5", "-2"]}
+FUNCTIONAL_WRONG = "class Solution:\n    def maxValue(self, nums):\n        return 0\n"
+LEETCODE = {
+    "entry_point": "Solution().maxValue",
+    "import_prefix": "from typing import List\n",
+    "test_code": (
+        "def check(candidate):\n"
+        "    assert candidate([1, 5, 3]) == 5\n"
+        "    assert candidate([-2]) == -2\n"
+        "    assert candidate([4, 4]) == 4\n"
+        "    assert candidate(nums=[0, 9]) == 9\n"
+    ),
+}
+LEETCODE_WRONG = "class Solution:\n    def maxValue(self, nums: List[int]) -> int:\n        return 0\n"
+# Right on the first three asserts, wrong on [0, 9]: upstream's per-assert credit gives 0.75.
+LEETCODE_THREE_OF_FOUR = "class Solution:\n    def maxValue(self, nums: List[int]) -> int:\n        return 0 if nums == [0, 9] else max(nums)\n"
+
+# Each trick is prepended to a wrong (or 3-of-4) solution.
+TRICKS = {
+    "os._exit": "import os\nos._exit(0)\n",
+    "sys.exit": "import sys\nsys.exit(0)\n",
+    "atexit": "import atexit, os\natexit.register(lambda: os._exit(0))\n",
+    "atexit-prints-pass": f"import atexit\natexit.register(lambda: print({PASSED!r}))\n",
+    "redefine-check": "def check(candidate):\n    return None\n",
+    "redefine-AssertionError": (
+        "import builtins\nclass AssertionError(Exception):\n    pass\nbuiltins.AssertionError = AssertionError\n"
+    ),
+    "patch-builtins": "import builtins\nbuiltins.max = lambda *a, **k: 0\nbuiltins.print = lambda *a, **k: None\n",
+    "settrace-skips-lines": (
+        "import sys\n"
+        "def _skip(frame, event, arg):\n"
+        "    if event == 'line' and frame.f_code.co_name == 'check':\n"
+        "        raise SystemExit(0)\n"
+        "    return _skip\n"
+        "sys.settrace(_skip)\n"
+    ),
+    "prints-pass-line": f"import os\nos.write(1, b{(PASSED + chr(10))!r})\nprint({PASSED!r})\n",
+    "writes-checker-stdout": (
+        "import os\n"
+        "try:\n"
+        f"    os.write(os.open(f'/proc/{{os.getppid()}}/fd/1', os.O_WRONLY), b{(PASSED + chr(10))!r})\n"
+        "except OSError:\n"
+        "    pass\n"
+    ),
+    "kills-checker": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n",
+}
+ALWAYS_EQUAL = "class _Equal:\n    def __eq__(self, other):\n        return True\n"
+ALWAYS_EQUAL_INT = "class _Equal(int):\n    def __eq__(self, other):\n        return True\n"
+
+
+@pytest.fixture(scope="module")
+def reward_fn():
+    cfg = load_config({"reward": {**NO_SHAPING, "code_case_timeout_s": 5}, "sandbox": {"workers": 2}})
+    with LocalSandbox(cfg.sandbox) as sandbox:
+        yield RewardFunction(cfg.reward, sandbox)
+
+
+def score(reward_fn, ground_truth, code, source="train-code-leetcode-Medium"):
+    response = f"My solution:\n```python\n{code}\n```\n"
+    result = reward_fn.score(Problem("p", source, [], "", ground_truth), response, response_length=0, num_tool_calls=0)
+    return result.score, result.details
+
+
+@pytest.mark.parametrize("trick", sorted(TRICKS))
+def test_tricks_fail_on_stdin_tests(reward_fn, trick):
+    value, details = score(reward_fn, STDIO, TRICKS[trick] + STDIO_WRONG, source="embedded-code")
+    assert value == 0.0, details
+
+
+@pytest.mark.parametrize("trick", sorted(TRICKS))
+def test_tricks_fail_on_functional_tests(reward_fn, trick):
+    value, details = score(reward_fn, FUNCTIONAL, TRICKS[trick] + FUNCTIONAL_WRONG, source="LiveCodeBench_v6")
+    assert value == 0.0, details
+
+
+@pytest.mark.parametrize("trick", sorted(TRICKS))
+def test_tricks_fail_on_leetcode_tests(reward_fn, trick):
+    value, details = score(reward_fn, LEETCODE, TRICKS[trick] + LEETCODE_WRONG)
+    assert value == 0.0, details
+
+
+@pytest.mark.parametrize("trick", ["atexit", "atexit-prints-pass", "redefine-check", "prints-pass-line"])
+def test_a_trick_adds_nothing_to_upstreams_per_assert_credit(reward_fn, trick):
+    """Tricks that leave the solution able to answer: the score is what the answers earn, 3 of 4."""
+    assert score(reward_fn, LEETCODE, LEETCODE_THREE_OF_FOUR)[0] == pytest.approx(0.75)
+    value, details = score(reward_fn, LEETCODE, TRICKS[trick] + LEETCODE_THREE_OF_FOUR)
+    assert value == pytest.approx(0.75), details
+    assert details["case_outcomes"][:3] == ["pass"] * 3
+
+
+@pytest.mark.parametrize("equal_class", [ALWAYS_EQUAL, ALWAYS_EQUAL_INT], ids=["object", "int-subclass"])
+def test_always_equal_return_values_fail(reward_fn, equal_class):
+    leetcode = equal_class + "class Solution:\n    def maxValue(self, nums):\n        return _Equal()\n"
+    assert score(reward_fn, LEETCODE, leetcode)[0] == 0.0
+    functional = equal_class + "class Solution:\n    def maxValue(self, nums):\n        return _Equal()\n"
+    assert score(reward_fn, FUNCTIONAL, functional, source="LiveCodeBench_v6")[0] == 0.0
+
+
+def test_leetcode_credit_is_per_assert_line_as_upstream(reward_fn):
+    tests = parse_code_tests(LEETCODE)
+    assert len(tests) == 4
+    value, details = score(reward_fn, LEETCODE, LEETCODE_THREE_OF_FOUR)
+    assert value == pytest.approx(0.75)
+    assert details["case_outcomes"] == ["pass", "pass", "pass", "wrong_answer"]
+    assert "AssertionError" in details["first_failure"]["stderr"]
+    right = "class Solution:\n    def maxValue(self, nums: List[int]) -> int:\n        return max(nums)\n"
+    assert score(reward_fn, LEETCODE, right)[0] == 1.0
+
+
+LINKED_LIST_PREFIX = """\
+from typing import List, Optional
+class ListNode:
+    def __init__(self, val=0, next=None):
+        self.val = val
+        self.next = next
+def list_node(values):
+    head = None
+    for value in reversed(values):
+        head = ListNode(value, head)
+    return head
+def is_same_list(a, b):
+    while a and b:
+        if a.val != b.val:
+            return False
+        a, b = a.next, b.next
+    return a is None and b is None
+"""
+
+
+def test_leetcode_objects_and_in_place_changes_cross_the_process_boundary(reward_fn):
+    """ListNode arguments and results travel as the prefix's class; an in-place change is seen."""
+    truth = {
+        "entry_point": "Solution().reverseList",
+        "import_prefix": LINKED_LIST_PREFIX,
+        "test_code": (
+            "def check(candidate):\n"
+            "    assert is_same_list(candidate(head=list_node([1, 2, 3])), list_node([3, 2, 1]))\n"
+            "    assert is_same_list(candidate(list_node(list(range(3000)))), list_node(list(range(2999, -1, -1))))\n"
+            "    assert candidate(head=None) is None\n"
+        ),
+    }
+    solution = (
+        "class Solution:\n"
+        "    def reverseList(self, head: Optional[ListNode]) -> Optional[ListNode]:\n"
+        "        previous = None\n"
+        "        while head:\n"
+        "            head.next, previous, head = previous, head, head.next\n"
+        "        return previous\n"
+    )
+    value, details = score(reward_fn, truth, solution)
+    assert value == 1.0, details
+    in_place = {
+        "entry_point": "Solution().sortColors",
+        "import_prefix": "from typing import List\n",
+        "test_code": "def check(candidate):\n    nums = [2, 0, 1]; candidate(nums); assert nums == [0, 1, 2]\n",
+    }
+    sort_in_place = "class Solution:\n    def sortColors(self, nums: List[int]) -> None:\n        nums.sort()\n"
+    assert score(reward_fn, in_place, sort_in_place)[0] == 1.0
+    assert score(reward_fn, in_place, sort_in_place.replace("nums.sort()", "sorted(nums)"))[0] == 0.0
+
+
+def test_leetcode_ground_truth_without_an_assert_line_is_invalid():
+    with pytest.raises(InvalidGroundTruthError, match="at least one assert"):
+        parse_code_tests({**LEETCODE, "test_code": "def check(candidate):\n"})
