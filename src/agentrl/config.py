@@ -1,14 +1,17 @@
 """Configuration: one JSON schema, validated once, turned into frozen dataclasses.
 
 The schema (``workflow/schemas/config.schema.yaml``) is the single source of keys, types and
-defaults. Snakemake validates the workflow's config against it at load time
-(``snakemake.utils.validate``); every stage CLI validates again with :func:`load_config`, so a
-stage run by hand gets the same defaults and the same errors. The dataclasses below declare no
-defaults of their own: a value missing from the schema's defaults is a bug caught at build time.
+defaults, and its defaults are ``config.yaml``'s values (a test compares them), so a stage run
+without ``--config`` runs the default recipe. The workflow checks its config at load time with
+:func:`check_workflow_config` (strings read as the schema's types, defaults filled, the
+dataclasses built); every stage CLI validates again with :func:`load_config`, so a stage run by
+hand gets the same defaults and the same errors. The dataclasses below declare no defaults of
+their own: a value missing from the schema's defaults is a bug caught at build time.
 
 Stage CLIs accept ``--config FILE`` (YAML/JSON, the whole config) and ``--config-json STR``
-(what the Snakemake rules pass: only the sections the stage reads, so that a change in another
-section does not re-run it).
+(what the Snakemake rules pass: only the sections the stage reads). Keys marked ``x-rerun:
+false`` in the schema change speed or bookkeeping only; :func:`rerun_keys` leaves them out of
+what the rules compare (rules/common.smk).
 """
 
 from __future__ import annotations
@@ -16,8 +19,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+import re
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -386,16 +392,34 @@ def _describe(error: jsonschema.ValidationError) -> str:
     return f"'{key}': {error.message}"
 
 
-def validate_and_fill(raw: dict[str, Any], origin: str = "config") -> dict[str, Any]:
-    """Validate ``raw`` against the schema, filling defaults in place; raise ConfigError with every problem."""
+def validate_and_fill(
+    raw: dict[str, Any], origin: str = "config", source_of: Callable[[tuple[str, ...]], str] | None = None
+) -> dict[str, Any]:
+    """Validate ``raw`` against the schema, filling defaults in place; raise ConfigError with every problem.
+
+    ``source_of`` names where the value at a key path came from (a file, ``--config``); each
+    problem is then prefixed by it.
+    """
     if not isinstance(raw, dict):
         raise ConfigError(f"{origin}: the config must be a mapping, got {type(raw).__name__}")
-    validator = _DefaultFillingValidator(load_schema())
+    schema = load_schema()
+    coerce_to_schema(raw, schema, schema)
+    validator = _DefaultFillingValidator(schema)
     errors = sorted(validator.iter_errors(raw), key=lambda e: list(e.absolute_path))
     if errors:
-        lines = "\n".join(f"  - {_describe(e)}" for e in errors)
+        lines = "\n".join(f"  - {_source_prefix(e, source_of)}{_describe(e)}" for e in errors)
         raise ConfigError(f"{origin}: invalid configuration\n{lines}")
     return raw
+
+
+def _source_prefix(error: jsonschema.ValidationError, source_of: Callable[[tuple[str, ...]], str] | None) -> str:
+    if source_of is None:
+        return ""
+    path = tuple(str(p) for p in error.absolute_path)
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        allowed = error.schema.get("properties", {})
+        path += tuple(sorted(k for k in error.instance if k not in allowed))[:1]
+    return f"{source_of(path)}: "
 
 
 def _build(cls: Any, value: Any, key: str) -> Any:
@@ -460,3 +484,152 @@ def config_from_args(args: argparse.Namespace) -> Config:
     if getattr(args, "config", None):
         return load_config_file(args.config)
     return load_config({})
+
+
+# --------------------------------------------------------------------------- coercion
+# YAML 1.2 core-schema scalars. Snakemake reads a nested ``--config key='{a: 2e-4}'`` with YAML's
+# BaseLoader (every scalar a string), and PyYAML (YAML 1.1) reads ``1e-5`` (no dot) as a string.
+_INTEGER = re.compile(r"[-+]?[0-9]+")
+_FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)")
+
+
+def _schema_node(node: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
+    """``node`` with a local ``$ref`` (``#/$defs/...``) resolved."""
+    ref = node.get("$ref")
+    if not ref:
+        return node
+    target: Any = root
+    for part in ref.removeprefix("#/").split("/"):
+        target = target[part]
+    return {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+
+
+def _child_node(node: dict[str, Any], key: str) -> dict[str, Any]:
+    """The schema of ``key`` inside the object schema ``node`` (empty when the schema does not say)."""
+    if key in node.get("properties", {}):
+        return node["properties"][key]
+    extra = node.get("additionalProperties")
+    return extra if isinstance(extra, dict) else {}
+
+
+def _coerce_scalar(text: str, types_: set[str]) -> Any:
+    """``text`` read as the first of the declared types it spells (YAML 1.2 core); else unchanged."""
+    if "null" in types_ and text in ("null", "Null", "NULL", "~"):
+        return None
+    if "string" in types_:
+        return text
+    if "boolean" in types_ and text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    if types_ & {"integer", "number"} and _INTEGER.fullmatch(text):
+        return int(text)
+    if "number" in types_ and _FLOAT.fullmatch(text):
+        return float(text.lower().replace(".inf", "inf").replace(".nan", "nan"))
+    return text
+
+
+def coerce_to_schema(value: Any, node: dict[str, Any], root: dict[str, Any]) -> Any:
+    """``value`` with each string read as its schema's declared type: ``'2e-4'`` at a number key is 2e-4.
+
+    Only keys the schema types as non-strings change (a string key keeps ``'123'``); a string that
+    spells none of its key's types stays a string for validation to report. Mappings and lists are
+    changed in place (Snakemake's ``config`` is one shared dict).
+    """
+    node = _schema_node(node, root)
+    if isinstance(value, dict):
+        for key in value:
+            value[key] = coerce_to_schema(value[key], _child_node(node, str(key)), root)
+    elif isinstance(value, list):
+        items = node.get("items", {})
+        for index, item in enumerate(value):
+            value[index] = coerce_to_schema(item, items if isinstance(items, dict) else {}, root)
+    elif isinstance(value, str) and "type" in node:
+        declared = node["type"]
+        return _coerce_scalar(value, {declared} if isinstance(declared, str) else set(declared))
+    return value
+
+
+# --------------------------------------------------------------------------- the workflow's check
+def config_sources(configfiles: list[str | Path], overrides: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Where the workflow's config came from, in the order Snakemake merged it: files, then ``--config``."""
+    sources = []
+    for path in map(Path, configfiles):
+        name = os.path.relpath(path) if path.is_absolute() and path.is_relative_to(Path.cwd()) else str(path)
+        try:
+            with open(path, encoding="utf-8") as fh:
+                sources.append((name, yaml.safe_load(fh) or {}))
+        except (OSError, yaml.YAMLError):
+            sources.append((name, {}))
+    if overrides:
+        sources.append(("--config", dict(overrides)))
+    return sources
+
+
+def _source_of(sources: list[tuple[str, dict[str, Any]]]) -> Callable[[tuple[str, ...]], str]:
+    """A function naming the last source that set a key path (or its nearest parent), else the schema."""
+
+    def holds(mapping: Any, path: tuple[str, ...]) -> bool:
+        for part in path:
+            if not isinstance(mapping, dict) or part not in mapping:
+                return False
+            mapping = mapping[part]
+        return True
+
+    def source_of(path: tuple[str, ...]) -> str:
+        for length in range(len(path), 0, -1):
+            for name, mapping in reversed(sources):
+                if holds(mapping, path[:length]):
+                    return name
+        return "schema default"
+
+    return source_of
+
+
+def check_workflow_config(config: dict[str, Any], sources: list[tuple[str, dict[str, Any]]]) -> Config:
+    """What the Snakefile runs at load: coerce and validate ``config`` in place (defaults filled),
+    then build it as every stage does, so the cross-key checks of :func:`load_config` run before
+    any job. Errors name the source of each bad key (``config_sources``)."""
+    origin = "config (" + " + ".join(name for name, _ in sources) + ")" if sources else "config"
+    validate_and_fill(config, origin, _source_of(sources))
+    return load_config(config, origin)
+
+
+# --------------------------------------------------------------------------- what re-runs
+def rerun_keys(values: dict[str, Any], schema: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The key paths of ``values`` whose change re-runs a stage, each with its value.
+
+    A key marked ``x-rerun: false`` in the schema (speed, parallelism, bookkeeping) is left out,
+    with everything under it. A mapping of fixed keys is walked into; any other value (a list,
+    a mapping of free names such as ``eval.checkpoints``) is one key.
+    """
+    root = schema or load_schema()
+    found: dict[str, Any] = {}
+
+    def walk(value: Any, node: dict[str, Any], path: str) -> None:
+        node = _schema_node(node, root)
+        if node.get("x-rerun") is False:
+            return
+        if isinstance(value, dict) and "properties" in node:
+            for key in sorted(value):
+                walk(value[key], _child_node(node, key), f"{path}.{key}" if path else key)
+        else:
+            found[path] = value
+
+    walk(values, root, "")
+    return found
+
+
+def rerun_free_keys(schema: dict[str, Any] | None = None) -> list[str]:
+    """The key paths the schema marks ``x-rerun: false`` (changing them re-runs nothing)."""
+    root = schema or load_schema()
+    found = []
+
+    def walk(node: dict[str, Any], path: str) -> None:
+        node = _schema_node(node, root)
+        if node.get("x-rerun") is False:
+            found.append(path)
+            return
+        for key, sub in node.get("properties", {}).items():
+            walk(sub, f"{path}.{key}" if path else key)
+
+    walk(root, "")
+    return found

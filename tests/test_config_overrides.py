@@ -1,0 +1,192 @@
+"""Overrides as a user types them: strings read as the schema's types, one source of defaults, and
+the workflow's short message for a bad key.
+
+Snakemake reads a nested ``--config grpo='{lr: 2e-4}'`` with YAML's BaseLoader (every scalar a
+string) and PyYAML reads ``lr: 1e-5`` as a string; agentrl.config.coerce_to_schema reads them as
+the type the schema declares for the key, and only then.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agentrl.config import (
+    ConfigError,
+    check_workflow_config,
+    coerce_to_schema,
+    config_sources,
+    load_config,
+    load_config_file,
+    load_schema,
+    validate_and_fill,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def coerced(raw: dict) -> dict:
+    schema = load_schema()
+    return coerce_to_schema(raw, schema, schema)
+
+
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ({"grpo": {"lr": "2e-4"}}, {"grpo": {"lr": 2e-4}}),  # number, YAML 1.2 exponent without a dot
+        ({"grpo": {"lr": "1.0e-6"}}, {"grpo": {"lr": 1e-6}}),
+        ({"sandbox": {"timeout_s": "3"}}, {"sandbox": {"timeout_s": 3}}),  # number written as an integer
+        ({"rollout": {"max_turns": "4"}}, {"rollout": {"max_turns": 4}}),  # integer
+        ({"grpo": {"val_before_train": "false"}}, {"grpo": {"val_before_train": False}}),  # boolean
+        ({"reward": {"overlong": {"enable": "True"}}}, {"reward": {"overlong": {"enable": True}}}),
+        ({"grpo": {"max_steps": "null"}}, {"grpo": {"max_steps": None}}),  # [integer, null]
+        ({"grpo": {"max_steps": "7"}}, {"grpo": {"max_steps": 7}}),
+        ({"grpo": {"algorithm": {"clip_high": "0.28"}}}, {"grpo": {"algorithm": {"clip_high": 0.28}}}),
+        ({"grpo": {"algorithm": {"kl_estimator": "null"}}}, {"grpo": {"algorithm": {"kl_estimator": None}}}),
+        ({"sft": {"betas": ["0.9", "0.99"]}}, {"sft": {"betas": [0.9, 0.99]}}),  # array items
+        ({"ablations": {"seeds": ["4", "5"]}}, {"ablations": {"seeds": [4, 5]}}),
+        ({"filter": {"target_histogram": {"easy": "1", "medium": "0.5", "hard": "0"}}},
+         {"filter": {"target_histogram": {"easy": 1, "medium": 0.5, "hard": 0}}}),  # [object, null]
+        ({"data": {"upstream": {"eval": {"aime2024": {"id": "x", "file": "null"}}}}},
+         {"data": {"upstream": {"eval": {"aime2024": {"id": "x", "file": None}}}}}),  # through $ref
+    ],
+)  # fmt: skip
+def test_strings_are_read_as_the_declared_type(raw, expected):
+    assert coerced(raw) == expected
+    load_config(raw)  # and the result validates
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"model": {"base": "123"}},  # a string key keeps a number-like value
+        {"results_dir": "1e-5"},
+        {"sandbox": {"sandbox_fusion_url": "true"}},
+        {"eval": {"checkpoints": {"step40": "0.5"}}},  # free names: the declared value type is string
+        {"rollout": {"dtype": "float32"}},
+    ],
+)
+def test_a_string_key_stays_a_string(raw):
+    assert coerced(json.loads(json.dumps(raw))) == raw
+
+
+def test_a_string_of_no_declared_type_is_reported_as_given():
+    with pytest.raises(ConfigError, match=r"'rollout\.max_turns' = '4\.5' has the wrong type; expected integer"):
+        load_config({"rollout": {"max_turns": "4.5"}})
+    with pytest.raises(ConfigError, match=r"'grpo\.val_before_train' = 'yes' has the wrong type; expected boolean"):
+        load_config({"grpo": {"val_before_train": "yes"}})  # YAML 1.2: yes is a string
+
+
+def test_an_overlay_with_an_exponent_loads(tmp_path):
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text("sft:\n  lr: 1e-5\ngrpo:\n  lr: 2E-6\n  algorithm:\n    clip_high: .315\n")
+    assert yaml.safe_load(overlay.read_text())["sft"]["lr"] == "1e-5"  # what PyYAML gives
+    cfg = load_config_file(overlay)
+    assert (cfg.sft.lr, cfg.grpo.lr, cfg.grpo.algorithm.clip_high) == (1e-5, 2e-6, 0.315)
+
+
+# --------------------------------------------------------------------------- one source of defaults
+def _leaves(mapping: dict, prefix: str = "") -> dict[str, object]:
+    out = {}
+    for key, value in mapping.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(_leaves(value, f"{path}."))
+        else:
+            out[path] = value
+    return out
+
+
+def test_config_yaml_values_are_the_schema_defaults():
+    """A stage CLI without --config runs what `snakemake` runs: config.yaml is the schema's defaults."""
+    listed = _leaves(coerced(yaml.safe_load((ROOT / "config.yaml").read_text())))
+    defaults = _leaves(validate_and_fill({}))
+    differing = {
+        key: (value, defaults.get(key, "<no default>")) for key, value in listed.items() if value != defaults.get(key)
+    }
+    differing |= {key: ("<not listed>", value) for key, value in defaults.items() if key not in listed}
+    assert differing == {}, "config.yaml value vs schema default; set both to the same value:\n" + "\n".join(
+        f"  {key}: {pair[0]!r} vs {pair[1]!r}" for key, pair in sorted(differing.items())
+    )
+
+
+def test_a_stage_without_config_runs_the_default_recipe():
+    assert load_config({}) == load_config_file(ROOT / "config.yaml")
+
+
+# --------------------------------------------------------------------------- the workflow's check
+def test_errors_name_the_source_of_each_bad_key(tmp_path):
+    base = tmp_path / "config.yaml"
+    base.write_text("seed: 0\ngrpo:\n  lr: 1.0e-4\n")
+    preset = tmp_path / "preset.yaml"
+    preset.write_text("sft:\n  epochs: many\n")
+    overrides = {"grpo": {"lr": "abc", "lrr": "1"}}
+    config = {"seed": 0, "grpo": {"lr": "abc", "lrr": "1"}, "sft": {"epochs": "many"}}
+    with pytest.raises(ConfigError) as error:
+        check_workflow_config(config, config_sources([base, preset], overrides))
+    lines = str(error.value).splitlines()
+    assert lines[0] == f"config ({base} + {preset} + --config): invalid configuration"
+    assert lines[1].startswith("  - --config: unknown key(s) ['lrr'] under 'grpo'; allowed keys: ['algorithm',")
+    assert lines[2] == "  - --config: 'grpo.lr' = 'abc' has the wrong type; expected number"
+    assert lines[3] == f"  - {preset}: 'sft.epochs' = 'many' has the wrong type; expected integer"
+    assert len(lines) == 4
+
+
+def dry_run(workdir: Path, *args: str) -> subprocess.CompletedProcess:
+    (workdir / "config.yaml").write_text((ROOT / "config.yaml").read_text())
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "-n",
+        "--cores",
+        "2",
+        "-p",
+        "-s",
+        str(ROOT / "workflow" / "Snakefile"),
+    ]
+    return subprocess.run(
+        [*command, *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=workdir,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )
+
+
+def stage_configs(listing: str, stage: str) -> list[dict]:
+    """The --config-json of every planned `python -m agentrl <stage>` command of a dry run."""
+    configs = []
+    for line in listing.splitlines():
+        if f"-m agentrl {stage} " in line and "--config-json" in line:
+            words = shlex.split(line[line.index("python -m agentrl") :])
+            configs.append(json.loads(words[words.index("--config-json") + 1]))
+    return configs
+
+
+def test_workflow_takes_nested_numbers_from_the_command_line(tmp_path):
+    done = dry_run(tmp_path, "--config", "grpo={lr: 2e-4, max_steps: 3}", "rollout={max_turns: 4}", "seed=5")
+    assert done.returncode == 0, done.stderr[-3000:]
+    (grpo,) = stage_configs(done.stdout, "grpo")
+    assert (grpo["grpo"]["lr"], grpo["grpo"]["max_steps"], grpo["rollout"]["max_turns"], grpo["seed"]) == (
+        2e-4,
+        3,
+        4,
+        5,
+    )
+    assert grpo["grpo"]["batch_prompts"] == 32, "the rest of grpo comes from config.yaml"
+
+
+def test_workflow_reports_a_bad_key_with_the_short_message(tmp_path):
+    done = dry_run(tmp_path, "--config", "grpo={lr: fast}")
+    assert done.returncode != 0
+    assert "--config: 'grpo.lr' = 'fast' has the wrong type; expected number" in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.splitlines()) < 6, done.stderr
