@@ -32,7 +32,38 @@ def config_json(*sections):
 
 
 def final_targets():
-    return [result("models/base/config.json"), *REPORT_TARGETS, *LIVECODEBENCH_EXPORTS]
+    # The base model is a target of its own (a run of the embedded default always shows it), except
+    # where nothing reads it: a run that starts from released models and does not evaluate base.
+    base = [] if SFT_FROM is not None and "base" not in config["eval"]["models"] else [result("models/base/config.json")]
+    return [*base, *REPORT_TARGETS, *LIVECODEBENCH_EXPORTS]
+
+
+# --------------------------------------------------------------------------- released models
+# sft.from and the eval.checkpoints given as {id, revision} name models that local rules link or
+# download (rules/model.smk), instead of a stage training them.
+def model_source(value):
+    """{id, revision} of a model source in the config (a plain string: an id at the hub's main)."""
+    return {"id": value, "revision": None} if isinstance(value, str) else {"revision": None, **value}
+
+
+def local_model_input(source):
+    """A local folder's config.json as an input (a re-stamped folder re-runs its link); none for a hub id."""
+    folder = Path(source["id"]).expanduser()
+    return [str(folder / "config.json")] if folder.is_dir() else []
+
+
+SFT_FROM = None if config["sft"]["from"] is None else model_source(config["sft"]["from"])
+# eval.checkpoints: a string is a local folder read where it is; {id, revision} is fetched here.
+FETCHED_CHECKPOINTS = {
+    name: model_source(value) for name, value in config["eval"]["checkpoints"].items() if not isinstance(value, str)
+}
+
+
+def checkpoint_config(name):
+    """The config.json that tracks the eval.checkpoints entry ``name``."""
+    if name in FETCHED_CHECKPOINTS:
+        return result(f"models/checkpoints/{name}/config.json")
+    return f"{config['eval']['checkpoints'][name]}/config.json"
 
 
 def parent_dir(output_key):

@@ -26,9 +26,7 @@ rule evaluate:
     input:
         # A model folder is tracked by its config.json: the stage's output, or the checkpoint's.
         model=lambda w: (
-            f"{EVAL_CHECKPOINTS[w.model]}/config.json"
-            if w.model in EVAL_CHECKPOINTS
-            else result(f"models/{w.model}/config.json")
+            checkpoint_config(w.model) if w.model in EVAL_CHECKPOINTS else result(f"models/{w.model}/config.json")
         ),
         problems=result("data/eval/{benchmark}.parquet"),
     output:

@@ -1,3 +1,6 @@
+import re
+
+
 rule base_model:
     input:
         sft=result("data/sft.parquet"),
@@ -17,3 +20,53 @@ rule base_model:
     shell:
         "python -m agentrl base-model --config-json {params.cfg:q} "
         "--sft {input.sft} --rl-pool {input.rl_pool} --out {params.out_dir} > {log} 2>&1"
+
+
+# A released SFT model (sft.from) in place of the sft job: results/models/sft/ links (or downloads)
+# it, so filtering, GRPO and evaluation read it as they read a trained one. Local rules: a hub
+# download needs the network of the submitting host.
+if SFT_FROM is not None:
+
+    ruleorder: released_sft > sft
+
+    rule released_sft:
+        input:
+            local_model_input(SFT_FROM),
+        output:
+            model=result("models/sft/config.json"),
+        log:
+            f"{LOGS}/released_sft.log",
+        localrule: True
+        conda:
+            "../envs/train.yaml"
+        params:
+            id=SFT_FROM["id"],
+            revision=SFT_FROM["revision"] or "",
+            out_dir=parent_dir("model"),
+        threads: 1
+        shell:
+            "python -m agentrl fetch-model --key sft.from --id {params.id:q} --revision {params.revision:q} "
+            "--out {params.out_dir} > {log} 2>&1"
+
+
+# eval.checkpoints given as {id, revision}: one local job per model, under results/models/checkpoints/.
+rule fetch_checkpoint:
+    input:
+        lambda w: local_model_input(FETCHED_CHECKPOINTS[w.name]),
+    output:
+        model=result("models/checkpoints/{name}/config.json"),
+    log:
+        f"{LOGS}/fetch_checkpoint/{{name}}.log",
+    localrule: True
+    conda:
+        "../envs/train.yaml"
+    wildcard_constraints:
+        name="|".join(map(re.escape, FETCHED_CHECKPOINTS)) or "(?!)",
+    params:
+        id=lambda w: FETCHED_CHECKPOINTS[w.name]["id"],
+        revision=lambda w: FETCHED_CHECKPOINTS[w.name]["revision"] or "",
+        out_dir=parent_dir("model"),
+    threads: 1
+    shell:
+        "python -m agentrl fetch-model --key eval.checkpoints.{wildcards.name} --id {params.id:q} "
+        "--revision {params.revision:q} --out {params.out_dir} > {log} 2>&1"

@@ -3,7 +3,10 @@
 #
 # Optional inputs exist by configuration, not by chance: a training stage's log is plotted when
 # its model is evaluated, and the filter stats when the RL model is (the RL data exists then).
-REPORT_TRAINING_STAGES = [stage for stage in ("sft", "rl") if stage in config["eval"]["models"]]
+# A released SFT model (sft.from) has no training log.
+REPORT_TRAINING_STAGES = [
+    stage for stage in ("sft", "rl") if stage in config["eval"]["models"] and not (stage == "sft" and SFT_FROM)
+]
 REPORT_INPUTS = {
     "metrics": expand(result("eval/{model}/{benchmark}/metrics.json"), model=EVAL_MODELS, benchmark=benchmarks()),
     **{f"{stage}_log": result(f"{stage}/metrics.jsonl") for stage in REPORT_TRAINING_STAGES},

@@ -13,6 +13,7 @@ import sys
 STAGES: dict[str, tuple[str, str]] = {
     "prepare-data": ("agentrl.data.cli", "write the normalized SFT, RL-pool and eval parquet files"),
     "base-model": ("agentrl.model.cli", "build the embedded tiny model or resolve a hub id / path"),
+    "fetch-model": ("agentrl.model.fetch", "link a local model folder or download a hub model at a revision"),
     "sandbox": ("agentrl.tools.cli", "run a Python file in the sandbox and print the result as JSON"),
     "reward": ("agentrl.rewards.cli", "score one response with the reward registry"),
     "rollout": ("agentrl.rollout.cli", "multi-turn agentic rollouts of a model on a problem file"),

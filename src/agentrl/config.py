@@ -93,6 +93,17 @@ class EmbeddedModelConfig:
 
 
 @dataclass(frozen=True)
+class ModelSourceConfig:
+    """A model to link or download: a hub id or a local folder, and a hub revision (None: main).
+
+    The schema also takes a plain string, read as ``{id: <string>, revision: null}``.
+    """
+
+    id: str
+    revision: str | None
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     base: str
     embedded: EmbeddedModelConfig
@@ -196,6 +207,8 @@ class SftConfig:
     save_every_minutes: float | None
     keep_checkpoints: int | None
     deepspeed: SftDeepSpeedConfig
+    # the config key is ``sft.from`` (a Python keyword): see _config_key
+    from_: ModelSourceConfig | None = dataclasses.field(metadata={"config_key": "from"})
 
 
 @dataclass(frozen=True)
@@ -219,7 +232,8 @@ class EvalConfig:
     top_p: float
     max_prompt_tokens: int
     models: tuple[str, ...]
-    checkpoints: dict[str, str]
+    checkpoints: dict[str, ModelSourceConfig]
+    published: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -378,6 +392,14 @@ def _key_path(error: jsonschema.ValidationError) -> str:
 
 
 def _describe(error: jsonschema.ValidationError) -> str:
+    if error.validator in ("oneOf", "anyOf") and error.context:
+        # "not valid under any of the given schemas" says nothing; the branch of the right type
+        # does (a wrong key in an object), else the list of types that would do
+        specific = [e for e in error.context if e.validator != "type"]
+        if specific:
+            return _describe(max(specific, key=lambda e: len(e.absolute_path)))
+        types_ = [e.validator_value for e in error.context]
+        return f"'{_key_path(error)}' = {error.instance!r} has the wrong type; expected one of {types_}"
     key = _key_path(error)
     if error.validator == "additionalProperties":
         allowed = sorted(error.schema.get("properties", {}))
@@ -425,14 +447,17 @@ def _source_prefix(error: jsonschema.ValidationError, source_of: Callable[[tuple
 def _build(cls: Any, value: Any, key: str) -> Any:
     """Turn validated plain data into the (possibly nested) dataclass ``cls``."""
     origin = typing.get_origin(cls)
+    if cls is ModelSourceConfig and isinstance(value, str):
+        value = {"id": value, "revision": None}
     if dataclasses.is_dataclass(cls):
         hints = typing.get_type_hints(cls)
         kwargs = {}
         for field in dataclasses.fields(cls):
-            sub_key = f"{key}.{field.name}" if key else field.name
-            if field.name not in value:
+            name = field.metadata.get("config_key", field.name)
+            sub_key = f"{key}.{name}" if key else name
+            if name not in value:
                 raise ConfigError(f"missing config key '{sub_key}' (and the schema has no default for it)")
-            kwargs[field.name] = _build(hints[field.name], value[field.name], sub_key)
+            kwargs[field.name] = _build(hints[field.name], value[name], sub_key)
         return cls(**kwargs)
     if origin is tuple:
         (item_type, _ellipsis) = typing.get_args(cls)

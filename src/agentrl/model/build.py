@@ -15,15 +15,16 @@ a transformer copies with ("find where this token was, emit what followed") is a
 Over a 100-token alphabet the lookup is nearly unambiguous and the same model learns to copy.
 (Llama 3 and GPT-4 tokenizers chunk digits in threes for related reasons.)
 
-Presets: ``model.base`` is a hub id (downloaded with ``huggingface_hub.snapshot_download`` when
-the rule runs, never at DAG-build time) or a local folder (its files linked, its config.json
-copied and stamped with the model's digest: :mod:`agentrl.model.folder`).
+Presets: ``model.base`` (and ``sft.from``, and an ``eval.checkpoints`` entry given as ``{id,
+revision}``) is a hub id (downloaded into the Hugging Face cache with
+``huggingface_hub.snapshot_download`` when the rule runs, never at DAG-build time) or a local
+folder; either way the stage's folder links the model's files and holds a copy of its config.json
+stamped with the model's digest (:mod:`agentrl.model.folder`) and its source.
 """
 
 from __future__ import annotations
 
 import itertools
-import os
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
@@ -33,6 +34,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_token
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from agentrl.config import EmbeddedModelConfig
+from agentrl.model.folder import resolve_pretrained as resolve_pretrained  # re-export: base-model's hub id / folder
 from agentrl.model.folder import stamp_model_digest
 
 CHAT_TEMPLATE = (Path(__file__).parent / "chat_template.jinja").read_text(encoding="utf-8")
@@ -115,47 +117,6 @@ def save_embedded_model(corpus: Iterable[str], cfg: EmbeddedModelConfig, seed: i
     stamp_model_digest(tmp)
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)
-    return out_dir
-
-
-def resolve_pretrained(base: str, out_dir: str | Path) -> Path:
-    """Make ``out_dir`` hold the model named by ``base`` (a local folder or a hub id).
-
-    A local folder is not copied: ``out_dir`` gets a symlink to each of its entries, except
-    ``config.json``, which is copied and stamped with the model's digest
-    (:mod:`agentrl.model.folder`), so that pointing ``model.base`` at another checkpoint of the
-    same architecture re-runs what reads the base model. The user's folder is never written to.
-    """
-    out_dir = Path(out_dir)
-    source = Path(base).expanduser()
-    if source.is_dir():
-        if not (source / "config.json").exists():
-            raise FileNotFoundError(
-                f"model.base={base!r}: the folder has no config.json; is it a Hugging Face model folder?"
-            )
-        source = source.resolve()
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out_dir.with_name(out_dir.name + ".tmp")
-        for stale in (tmp, out_dir):
-            if stale.is_symlink():
-                stale.unlink()
-            else:
-                shutil.rmtree(stale, ignore_errors=True)
-        tmp.mkdir()
-        for entry in source.iterdir():
-            if entry.name == "config.json":
-                shutil.copyfile(entry, tmp / entry.name)
-            else:
-                os.symlink(entry, tmp / entry.name, target_is_directory=entry.is_dir())
-        stamp_model_digest(tmp)
-        tmp.rename(out_dir)
-        return out_dir
-    if base.count("/") != 1 or base.startswith((".", "/")):
-        raise FileNotFoundError(f"model.base={base!r} is neither an existing folder nor a hub id 'org/name'")
-    from huggingface_hub import snapshot_download  # only needed when a hub model is asked for
-
-    snapshot_download(repo_id=base, local_dir=str(out_dir))
-    stamp_model_digest(out_dir)
     return out_dir
 
 

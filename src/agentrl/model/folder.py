@@ -11,6 +11,11 @@ model's weights depend only on the seed: new data trains a new tokenizer into a 
 byte-identical weights, and its consumers must re-run all the same. New files give a new
 ``config.json`` and every consumer re-runs; an unchanged model keeps its checksum. Transformers
 and vLLM load the key as an inert config attribute.
+
+A model that is not trained here (``model.base``, ``sft.from``, a released ``eval.checkpoints``
+entry) is linked into the stage's folder, never copied: :func:`resolve_pretrained` links a local
+folder, or the Hugging Face cache's snapshot of a hub id at a revision, and records the source
+(``agentrl_source``: id, revision, the commit it resolved to) beside the digest.
 """
 
 from __future__ import annotations
@@ -18,9 +23,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 MODEL_DIGEST_KEY = "agentrl_model_sha256"
+# Where a linked or downloaded model came from (resolve_pretrained): id, revision asked for, commit.
+MODEL_SOURCE_KEY = "agentrl_source"
 # Hugging Face weight files only: a GRPO checkpoint folder also holds DeepSpeed states (*.pt),
 # which are not the model and can be many times its size.
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
@@ -72,3 +80,73 @@ def stamp_model_digest(folder: str | Path) -> str:
     tmp.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, config_path)
     return config[MODEL_DIGEST_KEY]
+
+
+def _link_model_folder(source: Path, out_dir: Path) -> None:
+    """``out_dir`` := a symlink to each entry of ``source``, except ``config.json``, copied and stamped.
+
+    The model is not copied (a 4B model is 8 GB) and ``source`` is never written to; the stamp
+    (:mod:`agentrl.model.folder`) makes another model at the same path re-run its consumers.
+    """
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    for stale in (tmp, out_dir):
+        if stale.is_symlink():
+            stale.unlink()
+        else:
+            shutil.rmtree(stale, ignore_errors=True)
+    tmp.mkdir()
+    for entry in source.iterdir():
+        if entry.name == "config.json":
+            shutil.copyfile(entry, tmp / entry.name)
+        else:
+            os.symlink(entry.resolve(), tmp / entry.name, target_is_directory=entry.is_dir())
+    stamp_model_digest(tmp)
+    tmp.rename(out_dir)
+
+
+def is_hub_id(name: str) -> bool:
+    """``org/name`` as the hub spells a repository (a path such as ``./a/b`` or ``/a/b`` is not one)."""
+    return name.count("/") == 1 and not name.startswith((".", "/", "~")) and all(name.split("/"))
+
+
+def resolve_pretrained(base: str, out_dir: str | Path, revision: str | None = None, key: str = "model.base") -> Path:
+    """Make ``out_dir`` hold the model named by ``base``: a local folder or a hub id at ``revision``.
+
+    A local folder is linked (:func:`_link_model_folder`); a ``revision`` for it is refused, since
+    nothing could check it. A hub id is downloaded into the Hugging Face cache
+    (``snapshot_download``; ``HF_HUB_OFFLINE=1`` reads a pre-filled cache) and its snapshot folder,
+    named by the commit it resolved, is linked the same way. ``config.json`` records the source
+    under ``agentrl_source`` (id, revision asked for, commit), so a run states which commit it used.
+    ``key`` names the config key in error messages.
+    """
+    out_dir = Path(out_dir)
+    source = Path(base).expanduser()
+    if source.is_dir():
+        if revision is not None:
+            raise ValueError(f"{key}={base!r} is a local folder: a revision ({revision!r}) pins a hub id only")
+        if not (source / "config.json").exists():
+            raise FileNotFoundError(
+                f"{key}={base!r}: the folder has no config.json; is it a Hugging Face model folder?"
+            )
+        record = {"id": str(source.resolve()), "revision": None, "commit": None}
+        source = source.resolve()
+    elif is_hub_id(base):
+        from huggingface_hub import snapshot_download  # only needed when a hub model is asked for
+
+        source = Path(snapshot_download(repo_id=base, revision=revision))
+        record = {"id": base, "revision": revision, "commit": source.name}
+    else:
+        raise FileNotFoundError(f"{key}={base!r} is neither an existing folder nor a hub id 'org/name'")
+    _link_model_folder(source, out_dir)
+    _record_source(out_dir, record)
+    return out_dir
+
+
+def _record_source(folder: Path, record: dict[str, str | None]) -> None:
+    config_path = folder / "config.json"
+    config = json.loads(config_path.read_text())
+    config[MODEL_SOURCE_KEY] = record
+    tmp = config_path.with_name(config_path.name + ".tmp")
+    tmp.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, config_path)
