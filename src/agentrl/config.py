@@ -205,6 +205,7 @@ class SftConfig:
     grad_clip: float
     save_every_steps: int
     save_every_minutes: float | None
+    collective_timeout_minutes: float
     keep_checkpoints: int | None
     deepspeed: SftDeepSpeedConfig
     # the config key is ``sft.from`` (a Python keyword): see _config_key
@@ -297,6 +298,7 @@ class GrpoConfig:
     validation: GrpoValidationConfig
     save_freq: int
     save_every_minutes: float | None
+    collective_timeout_minutes: float
     keep_checkpoints: int | None
     deepspeed: GrpoDeepSpeedConfig
     tensorboard: bool

@@ -44,6 +44,8 @@ from agentrl.training.preemption import CheckpointClock, StepBoundary, StoppedFo
 
 log = logging.getLogger("agentrl.grpo")
 
+TIMEOUT_KEY = "grpo.collective_timeout_minutes"
+
 
 @dataclass(frozen=True)
 class GrpoPaths:
@@ -62,7 +64,7 @@ class GrpoPaths:
 # Every other key of the sections below is in, the validation settings too: the checkpoint carries
 # the metric records, and a resumed run must not mix validations made two ways in one file.
 NOT_IN_FINGERPRINT = {
-    "grpo": ("save_freq", "save_every_minutes", "keep_checkpoints", "tensorboard"),
+    "grpo": ("save_freq", "save_every_minutes", "collective_timeout_minutes", "keep_checkpoints", "tensorboard"),
     "sandbox": ("workers", "sandbox_fusion_url"),  # parallelism and the service's address
     "rollout.vllm": ("gpu_memory_utilization", "max_num_seqs", "enforce_eager"),  # memory and speed
 }
@@ -233,7 +235,8 @@ def train(cfg: Config, paths: GrpoPaths) -> int:
     A SIGUSR1 or SIGTERM makes the running step the last: its checkpoint is written and
     :class:`~agentrl.training.preemption.StoppedForRetry` is raised (:mod:`agentrl.training.preemption`).
     """
-    with stop_on_signals() as stop:
+    timeout = cfg.grpo.collective_timeout_minutes
+    with stop_on_signals() as stop, dse.collective_timeout_named(TIMEOUT_KEY, timeout):
         return _train(cfg, paths, stop)
 
 
@@ -241,9 +244,12 @@ def _train(cfg: Config, paths: GrpoPaths, stop) -> int:
     from agentrl.tools.sandbox import make_sandbox
 
     check_config(cfg)
-    ctx = dse.init_distributed()
+    ctx = dse.init_distributed(cfg.grpo.collective_timeout_minutes)
     if not ctx.is_main:
         log.setLevel(logging.WARNING)
+    log.info(
+        "collectives wait up to %s minutes for the slowest rank (%s)", cfg.grpo.collective_timeout_minutes, TIMEOUT_KEY
+    )
     torch.manual_seed(derived_seed(cfg.seed, "grpo-torch", ctx.rank))
     problems = read_problems(paths.train)
     eval_sets = [

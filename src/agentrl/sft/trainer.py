@@ -126,7 +126,7 @@ def plan_steps(cfg: SftConfig, num_examples: int, world_size: int) -> StepPlan:
 def run_fingerprint(cfg: SftConfig, seed: int, world_size: int, paths: SftPaths) -> dict[str, Any]:
     """What a checkpoint must share with this run to be resumed."""
     settings = dataclasses.asdict(cfg)
-    for key in ("save_every_steps", "save_every_minutes", "keep_checkpoints"):
+    for key in ("save_every_steps", "save_every_minutes", "collective_timeout_minutes", "keep_checkpoints"):
         settings.pop(key)
     model_files = sorted(
         (p.name, p.stat().st_size, p.stat().st_mtime_ns)
@@ -223,7 +223,8 @@ def train_sft(cfg: SftConfig, seed: int, paths: SftPaths) -> dict[str, Any]:
     A SIGUSR1 or SIGTERM makes the running step the last: its checkpoint is written and
     :class:`~agentrl.training.preemption.StoppedForRetry` is raised (:mod:`agentrl.training.preemption`).
     """
-    with stop_on_signals() as stop:
+    timeout_named = dse.collective_timeout_named("sft.collective_timeout_minutes", cfg.collective_timeout_minutes)
+    with stop_on_signals() as stop, timeout_named:
         return _train_sft(cfg, seed, paths, stop)
 
 
@@ -234,7 +235,7 @@ def _train_sft(cfg: SftConfig, seed: int, paths: SftPaths, stop) -> dict[str, An
 
     # DeepSpeed's ZeRO calls a torch collective that torch has deprecated; nothing for us to act on
     warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*", category=FutureWarning)
-    ctx = dse.init_distributed()
+    ctx = dse.init_distributed(cfg.collective_timeout_minutes)
     if not ctx.is_main:
         log.setLevel(logging.WARNING)
     deepspeed.utils.logger.setLevel(logging.WARNING)

@@ -23,6 +23,7 @@ Choices, and why:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -30,7 +31,7 @@ import os
 import random
 import shutil
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,8 +66,16 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def init_distributed() -> DistributedContext:
-    """Join the launcher's process group (or make a one-process one); pick the device."""
+def init_distributed(timeout_minutes: float | None = None) -> DistributedContext:
+    """Join the launcher's process group (or make a one-process one); pick the device.
+
+    ``timeout_minutes`` bounds how long a collective waits for the slowest rank (torch's and
+    DeepSpeed's default is 10 minutes). GRPO ranks meet at collectives after rollouts whose
+    length differs from rank to rank by up to a whole 16-turn, 20K-token trajectory, and after
+    validation, so the stages pass their ``collective_timeout_minutes`` (hours).
+    """
+    import datetime
+
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
@@ -81,7 +90,9 @@ def init_distributed() -> DistributedContext:
             }
         )
     if not torch.distributed.is_initialized():
-        deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name(), verbose=False)
+        timeout = datetime.timedelta(minutes=timeout_minutes or 10)
+        backend = get_accelerator().communication_backend_name()
+        deepspeed.init_distributed(dist_backend=backend, verbose=False, timeout=timeout)
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
@@ -90,6 +101,30 @@ def init_distributed() -> DistributedContext:
     else:
         device = torch.device("cpu")
     return DistributedContext(rank=rank, world_size=world, local_rank=local_rank, device=device)
+
+
+class CollectiveTimeout(RuntimeError):
+    """A collective waited longer than the configured timeout for another rank."""
+
+
+_TIMEOUT_MARKERS = ("timed out", "timeout")
+
+
+@contextlib.contextmanager
+def collective_timeout_named(key: str, minutes: float) -> Iterator[None]:
+    """Re-raise a collective's timeout (gloo raises it in Python) as :class:`CollectiveTimeout`
+    naming the config ``key`` that sets it, so the fix is in the message. NCCL's watchdog aborts
+    the process instead; the stage logs ``key`` and its value at start for that case."""
+    try:
+        yield
+    except RuntimeError as exc:
+        if isinstance(exc, CollectiveTimeout) or not any(m in str(exc).lower() for m in _TIMEOUT_MARKERS):
+            raise
+        raise CollectiveTimeout(
+            f"a collective operation waited more than {key} = {minutes} minutes for another rank "
+            f"(one rank's rollouts, validation or checkpoint took longer); raise {key} if that is "
+            f"expected, else look for the rank that hung. Original error: {exc}"
+        ) from exc
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
