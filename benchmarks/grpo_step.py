@@ -68,10 +68,11 @@ def main() -> None:
     from agentrl.config import load_config
     from agentrl.data.records import read_problems
     from agentrl.grpo.prompts import PromptSampler
-    from agentrl.grpo.runner import GrpoPaths, build_components, load_model
+    from agentrl.grpo.runner import GrpoPaths, build_components
     from agentrl.grpo.trainer import GrpoStep
     from agentrl.tools.sandbox import make_sandbox
     from agentrl.training import deepspeed_engine as dse
+    from agentrl.training.model import load_causal_lm
 
     cfg = load_config(
         {
@@ -103,7 +104,7 @@ def main() -> None:
 
     input_tokens = sum(len(s.input_ids) for s in samples) * cfg.grpo.ppo_epochs
     plain_s = plain_update(
-        load_model(args.model, torch.device("cpu")),
+        load_causal_lm(args.model, device=torch.device("cpu")),
         samples,
         plan,
         parts.pad_token_id,

@@ -195,44 +195,15 @@ def test_token_weighted_stats_merge_over_ranks():
     assert TokenWeightedStats.merge([a.state(), b.state()]) == {"x": 1.5, "m": 5.0}
 
 
-def test_metrics_file_is_rewritten_on_reset_and_appended_per_step(tmp_path):
-    from agentrl.grpo.metrics import MetricsWriter, read_metrics
-
-    path = tmp_path / "rl" / "metrics.jsonl"
-    writer = MetricsWriter(path, total_steps=3)
-    for step in range(3):
-        writer.write({"step": step, "rollout/reward_mean": 0.1 * step})
-    writer.reset(read_metrics(path)[:2])  # a resume from the checkpoint of step 1
-    writer.write({"step": 2, "rollout/reward_mean": 0.5})
-    assert [(r["step"], r["rollout/reward_mean"]) for r in read_metrics(path)] == [(0, 0.0), (1, 0.1), (2, 0.5)]
-    path.write_text(path.read_text() + "{not json\n")
-    with pytest.raises(ValueError, match="line 4"):
-        read_metrics(path)
-
-
-def test_tensorboard_without_the_package_fails_naming_the_key(tmp_path):
-    from agentrl.grpo.metrics import MetricsWriter
-
-    try:
-        import torch.utils.tensorboard  # noqa: F401
-    except ImportError:
-        with pytest.raises(RuntimeError, match="grpo.tensorboard"):
-            MetricsWriter(tmp_path / "metrics.jsonl", 1, tmp_path / "tb")
-    else:
-        writer = MetricsWriter(tmp_path / "metrics.jsonl", 1, tmp_path / "tb")
-        writer.write({"step": 1, "actor/lr": 1e-3})
-        writer.close()
-        assert any((tmp_path / "tb").iterdir())
-
-
 # --------------------------------------------------------------------------- the update on DeepSpeed
 def _update_with(model_dir: Path, samples, budget: int, overrides: dict, monkeypatch=None):
     """One GRPO update of ``samples`` on DeepSpeed; returns (plan, stats, grad norms, params, cfg,
     the gradients of the first optimizer step as DeepSpeed is about to apply them)."""
     from agentrl.grpo import trainer
-    from agentrl.grpo.runner import GrpoPaths, build_engine, load_model
+    from agentrl.grpo.runner import GrpoPaths, build_engine
     from agentrl.grpo.trainer import Components, GrpoStep
     from agentrl.training import deepspeed_engine as dse
+    from agentrl.training.model import load_causal_lm
 
     first_grads = {}
     if monkeypatch is not None:
@@ -271,12 +242,14 @@ def _update_with(model_dir: Path, samples, budget: int, overrides: dict, monkeyp
         Path("-"),
         dse.find_deepspeed_config(cfg.grpo.deepspeed.zero_stage),
     )
-    actor = ResponseLogProbs(load_model(model_dir, ctx.device), logit_chunk_tokens=7, temperature=1.0)
+    actor = ResponseLogProbs(load_causal_lm(model_dir, device=ctx.device), logit_chunk_tokens=7, temperature=1.0)
     engine = build_engine(actor, cfg, paths, ctx, torch.float32, steps=1)
     settings = resolve_algorithm(cfg.grpo)
     reference = None
     if settings.uses_reference:
-        reference = ResponseLogProbs(load_model(model_dir, ctx.device).eval(), logit_chunk_tokens=7, temperature=1.0)
+        reference = ResponseLogProbs(
+            load_causal_lm(model_dir, device=ctx.device).eval(), logit_chunk_tokens=7, temperature=1.0
+        )
     parts = Components(cfg, settings, ctx, engine, reference, None, None, None, pad_token_id=0)
     step = GrpoStep(parts)
     samples = copy.deepcopy(samples)
@@ -289,9 +262,9 @@ def _update_with(model_dir: Path, samples, budget: int, overrides: dict, monkeyp
 
 def _reference_update(model_dir: Path, samples, cfg):
     """The same update in plain torch: one forward of the whole mini-batch, token mean, clip, AdamW."""
-    from agentrl.grpo.runner import load_model
+    from agentrl.training.model import load_causal_lm
 
-    model = load_model(model_dir, torch.device("cpu"))
+    model = load_causal_lm(model_dir, device=torch.device("cpu"))
     actor = ResponseLogProbs(model, logit_chunk_tokens=10_000, temperature=1.0)
     batch = collate(samples, pad_token_id=0)
     logp, _ = actor(batch)

@@ -19,7 +19,7 @@ from agentrl.sft.batching import (
     steps_per_epoch,
     tokenize_examples,
 )
-from agentrl.sft.trainer import AssistantTokenNll, MetricsWriter, plan_steps
+from agentrl.sft.trainer import AssistantTokenNll, plan_steps
 from agentrl.training.deepspeed_engine import fill_deepspeed_config, find_deepspeed_config, load_deepspeed_config
 
 LENGTHS = [50, 400, 120, 30, 390, 200, 60, 45]
@@ -183,16 +183,6 @@ def test_deepspeed_configs_fill_every_auto():
             dtype=torch.float32,
             hidden_size=8,
         )
-
-
-def test_metrics_writer_drops_steps_after_the_resumed_checkpoint(tmp_path):
-    path = tmp_path / "metrics.jsonl"
-    path.write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(1, 6)) + '{"step": 6, "lo')
-    writer = MetricsWriter(path, resume_step=3, enabled=True)
-    writer.write({"step": 4, "loss": 0.5})
-    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3, 4]
-    MetricsWriter(path, resume_step=0, enabled=True)
-    assert path.read_text() == ""
 
 
 def test_sft_config_section_and_paper_preset():

@@ -113,7 +113,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if args.command == "run":
-        from agentrl.evaluation.sampling import set_torch_threads
+        from agentrl.training.threads import set_torch_threads
 
         set_torch_threads(args.threads)
         benchmark = args.benchmark or args.problems.stem

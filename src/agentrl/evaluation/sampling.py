@@ -13,7 +13,6 @@ chunk's index, so a run is reproducible for a given config and progress is logge
 from __future__ import annotations
 
 import logging
-import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +21,7 @@ from agentrl.config import Config
 from agentrl.data.records import Problem
 from agentrl.evaluation.samples import sample_row
 from agentrl.rewards import RewardFunction
+from agentrl.training.seeds import derived_seed
 
 log = logging.getLogger("agentrl.sampling")
 
@@ -36,21 +36,6 @@ class SamplingSetup:
     seed: int
     seed_tag: str
     problems_per_chunk: int = 256
-
-
-def derived_seed(seed: int, tag: str, index: int = 0) -> int:
-    """A 31-bit seed for (global seed, stage tag, chunk index): stable across runs and machines."""
-    return zlib.crc32(f"{seed}:{tag}:{index}".encode()) & 0x7FFFFFFF
-
-
-def set_torch_threads(threads: int | None) -> None:
-    """Use the CPU threads the job was given (Snakemake's ``threads``): more intra-op threads
-    than cores makes every small matmul of CPU decoding several times slower under load."""
-    if threads is not None:
-        import torch
-
-        assert threads >= 1, f"--threads must be >= 1, got {threads}"
-        torch.set_num_threads(threads)
 
 
 def load_tokenizer(model_dir: str) -> Any:

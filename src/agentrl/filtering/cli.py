@@ -130,7 +130,7 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     cfg = config_from_args(args)
     if args.command == "score":
-        from agentrl.evaluation.sampling import set_torch_threads
+        from agentrl.training.threads import set_torch_threads
 
         set_torch_threads(args.threads)
         score(cfg, args.model, args.pool, args.out, args.samples)

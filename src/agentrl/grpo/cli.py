@@ -81,10 +81,10 @@ def main(argv: list[str]) -> int:
 
     import deepspeed
 
-    from agentrl.evaluation.sampling import set_torch_threads
     from agentrl.grpo.runner import GrpoPaths, train
     from agentrl.training.deepspeed_engine import find_deepspeed_config
     from agentrl.training.preemption import EXIT_CODE, StoppedForRetry
+    from agentrl.training.threads import set_torch_threads
 
     deepspeed.utils.logger.setLevel(logging.WARNING)
     set_torch_threads(args.threads)

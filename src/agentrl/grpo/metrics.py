@@ -1,8 +1,8 @@
 """Per-step metrics of GRPO: what the rollouts looked like, what the update did, where time went.
 
 One JSON line per step in ``results/rl/metrics.jsonl`` (``step`` 0 holds the validation before
-training), one short line on the console, and TensorBoard scalars when ``grpo.tensorboard`` is
-on. Keys are grouped by prefix: ``rollout/`` (rewards, lengths, tools), ``actor/`` (the
+training; written by :class:`agentrl.training.metrics.MetricsWriter`), one short line on the
+console (:func:`console_line`), and TensorBoard scalars when ``grpo.tensorboard`` is on. Keys are grouped by prefix: ``rollout/`` (rewards, lengths, tools), ``actor/`` (the
 update), ``timing/`` (seconds), ``val/`` (validation, ``val/<set>/avg@<n>``).
 
 Only rank 0 writes; the trainer gathers the other ranks' numbers first.
@@ -10,11 +10,8 @@ Only rank 0 writes; the trainer gathers the other ranks' numbers first.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -128,61 +125,3 @@ def console_line(record: Mapping[str, Any], total_steps: int) -> str:
     val = {k: v for k, v in record.items() if k.startswith("val/mean/")}
     parts += [f"{k} {v:.4g}" for k, v in val.items()]
     return " | ".join(parts)
-
-
-class MetricsWriter:
-    """Appends step records to a JSON-lines file (flushed and synced per step) and echoes them."""
-
-    def __init__(self, path: str | Path, total_steps: int, tensorboard_dir: str | Path | None = None) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.total_steps = total_steps
-        self.tensorboard = None
-        if tensorboard_dir is not None:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError as exc:
-                raise RuntimeError(
-                    f"grpo.tensorboard is on but TensorBoard cannot be imported ({exc}); "
-                    "pip install tensorboard, or set grpo.tensorboard: false"
-                ) from None
-            self.tensorboard = SummaryWriter(str(tensorboard_dir))
-
-    def reset(self, records: Sequence[Mapping[str, Any]]) -> None:
-        """Replace the file's content by ``records`` (on resume: the lines up to the checkpoint)."""
-        tmp = self.path.with_suffix(self.path.suffix + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as fh:
-            for record in records:
-                fh.write(json.dumps(record, sort_keys=True) + "\n")
-        tmp.replace(self.path)
-
-    def write(self, record: Mapping[str, Any]) -> None:
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(record, sort_keys=True) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        log.info(console_line(record, self.total_steps))
-        if self.tensorboard is not None:
-            for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)):
-                    self.tensorboard.add_scalar(key, value, record["step"])
-            self.tensorboard.flush()
-
-    def close(self) -> None:
-        if self.tensorboard is not None:
-            self.tensorboard.close()
-
-
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    path = Path(path)
-    if not path.exists():
-        return []
-    records = []
-    with open(path, encoding="utf-8") as fh:
-        for number, line in enumerate(fh, 1):
-            if line.strip():
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path} line {number}: not JSON ({exc})") from None
-    return records

@@ -16,8 +16,6 @@ this process has run, which is what makes a resumed run continue rather than res
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import logging
 import shutil
 import time
@@ -29,10 +27,9 @@ import torch
 
 from agentrl.config import Config
 from agentrl.data.records import read_problems
-from agentrl.evaluation.sampling import derived_seed
 from agentrl.grpo.checkpoint import resume, save_checkpoint
 from agentrl.grpo.distributed import barrier
-from agentrl.grpo.metrics import MetricsWriter
+from agentrl.grpo.metrics import console_line
 from agentrl.grpo.policy import ResponseLogProbs
 from agentrl.grpo.prompts import PromptSampler
 from agentrl.grpo.trainer import Components, GrpoStep
@@ -40,7 +37,11 @@ from agentrl.grpo.validation import EvalSet, limit_problems, validate
 from agentrl.grpo.variants import AlgorithmSettings, resolve_algorithm
 from agentrl.model.folder import stamp_model_digest
 from agentrl.training import deepspeed_engine as dse
+from agentrl.training.fingerprint import fingerprint_of, without_keys
+from agentrl.training.metrics import MetricsWriter
+from agentrl.training.model import load_causal_lm
 from agentrl.training.preemption import CheckpointClock, StepBoundary, StoppedForRetry, stop_on_signals
+from agentrl.training.seeds import derived_seed
 
 log = logging.getLogger("agentrl.grpo")
 
@@ -74,43 +75,23 @@ NOT_IN_FINGERPRINT = {
 FINGERPRINT_SECTIONS = ("grpo", "rollout", "reward", "tool", "sandbox")
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def run_fingerprint(cfg: Config, paths: GrpoPaths, world_size: int) -> dict[str, Any]:
-    """What a checkpoint must share with this run to be resumed (JSON values, compared by ``==``).
-
-    The config sections that shape training (less ``NOT_IN_FINGERPRINT``), the seed, the process
-    count (rank r's rollouts are seeded by r), and the inputs: the RL and validation parquets and
-    the DeepSpeed config by content, the initial model's files by size and mtime (as SFT does:
-    hashing a 4B model's weights on every start costs more than it protects; a retrained SFT model
-    is a new folder with new mtimes).
-    """
+    """What a checkpoint must share with this run to be resumed (:mod:`agentrl.training.fingerprint`):
+    the config sections that shape training (less ``NOT_IN_FINGERPRINT``), the seed, the process
+    count (rank r's rollouts are seeded by r), the RL and validation parquets and the DeepSpeed
+    config by content, the initial model's files by size and mtime."""
     sections = {name: dataclasses.asdict(getattr(cfg, name)) for name in FINGERPRINT_SECTIONS}
-    for dotted, keys in NOT_IN_FINGERPRINT.items():
-        section = sections
-        for part in dotted.split("."):
-            section = section[part]
-        for key in keys:
-            section.pop(key)
-    model_files = {
-        p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(Path(paths.model).iterdir()) if p.is_file()
-    }
-    fingerprint = {
-        **sections,
-        "seed": cfg.seed,
-        "world_size": world_size,
-        "model_files": model_files,
-        "train_sha256": _sha256(Path(paths.train)),
-        "eval_sha256": {Path(p).stem: _sha256(Path(p)) for p in paths.eval_sets},
-        "deepspeed_config_sha256": _sha256(Path(paths.deepspeed_config)),
-    }
-    return json.loads(json.dumps(fingerprint))  # tuples as lists: equal to what a checkpoint reads back
+    return fingerprint_of(
+        without_keys(sections, NOT_IN_FINGERPRINT),
+        seed=cfg.seed,
+        world_size=world_size,
+        model_dir=paths.model,
+        files={
+            "train": paths.train,
+            "eval": {Path(p).stem: p for p in paths.eval_sets},
+            "deepspeed_config": paths.deepspeed_config,
+        },
+    )
 
 
 def total_steps(cfg: Config, num_problems: int) -> int:
@@ -141,15 +122,6 @@ def reward_config(cfg: Config, settings: AlgorithmSettings):
     """The reward section with overlong shaping switched by the variant."""
     overlong = dataclasses.replace(cfg.reward.overlong, enable=settings.overlong_shaping)
     return dataclasses.replace(cfg.reward, overlong=overlong)
-
-
-def load_model(model_dir: Path, device: torch.device, dtype: torch.dtype | None = None):
-    from transformers import AutoModelForCausalLM
-
-    if not (model_dir / "config.json").exists():
-        raise FileNotFoundError(f"{model_dir}: not a Hugging Face model folder (no config.json)")
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype or torch.float32)
-    return model.to(device)
 
 
 def build_engine(
@@ -192,14 +164,14 @@ def build_components(cfg: Config, paths: GrpoPaths, ctx: dse.DistributedContext,
         raise ValueError(f"{paths.model}: the tokenizer has no chat template; the agent loop needs one")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     dtype = dse.resolve_dtype(cfg.grpo.deepspeed.dtype, ctx.device)
-    model = load_model(paths.model, ctx.device)
-    if cfg.grpo.deepspeed.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = load_causal_lm(
+        paths.model, device=ctx.device, gradient_checkpointing=cfg.grpo.deepspeed.gradient_checkpointing
+    )
     actor = ResponseLogProbs(model, logit_chunk_tokens=cfg.grpo.logit_chunk_tokens, temperature=cfg.rollout.temperature)
     engine = build_engine(actor, cfg, paths, ctx, dtype, steps)
     reference = None
     if settings.uses_reference:
-        ref_model = load_model(paths.model, ctx.device, dtype).eval().requires_grad_(False)
+        ref_model = load_causal_lm(paths.model, dtype=dtype, device=ctx.device).eval().requires_grad_(False)
         reference = ResponseLogProbs(
             ref_model, logit_chunk_tokens=cfg.grpo.logit_chunk_tokens, temperature=cfg.rollout.temperature
         )
@@ -272,7 +244,7 @@ def _train(cfg: Config, paths: GrpoPaths, stop) -> int:
             tensorboard = paths.metrics.parent / "tensorboard" if cfg.grpo.tensorboard else None
             if tensorboard is not None and start == 0:  # a run from step 0 replaces the curves, as the file
                 shutil.rmtree(tensorboard, ignore_errors=True)
-            writer = MetricsWriter(paths.metrics, steps, tensorboard)
+            writer = MetricsWriter(paths.metrics, lambda r: log.info(console_line(r, steps)), tensorboard)
             writer.reset(records)
         log.info(
             "GRPO %s: %d problems, %d steps of %d prompts x %d, %d process(es)",

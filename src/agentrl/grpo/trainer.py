@@ -44,13 +44,13 @@ import torch
 
 from agentrl.config import Config
 from agentrl.data.records import Problem, Trajectory
-from agentrl.evaluation.sampling import derived_seed
 from agentrl.grpo import algorithm as alg
 from agentrl.grpo.batching import MicroBatch, PolicySample, collate, pack_micro_batches, unpad_response
 from agentrl.grpo.distributed import all_gather, all_reduce, step_with_grad_norm
 from agentrl.grpo.metrics import TokenWeightedStats, TrajectorySummary, rollout_metrics
 from agentrl.grpo.variants import AlgorithmSettings
 from agentrl.training.deepspeed_engine import DistributedContext
+from agentrl.training.seeds import derived_seed
 
 log = logging.getLogger("agentrl.grpo")
 

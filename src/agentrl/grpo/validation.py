@@ -20,11 +20,11 @@ import numpy as np
 from agentrl.config import Config
 from agentrl.data.records import Problem
 from agentrl.evaluation.metrics import avg_at_k
-from agentrl.evaluation.sampling import derived_seed
 from agentrl.grpo.distributed import all_gather
 from agentrl.rewards import RewardFunction
 from agentrl.rollout import AgentLoop, SamplingParams
 from agentrl.training.deepspeed_engine import DistributedContext
+from agentrl.training.seeds import derived_seed
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from agentrl.config import AblationsConfig, ConfigError, add_config_arguments, config_from_args  # noqa: E402
 from agentrl.evaluation.metrics import SampleRecord, tool_use_stats  # noqa: E402
 from agentrl.evaluation.samples import read_jsonl  # noqa: E402
-from agentrl.grpo.metrics import read_metrics  # noqa: E402
+from agentrl.training.metrics import read_metrics  # noqa: E402
 
 log = logging.getLogger("agentrl.report.ablations")
 

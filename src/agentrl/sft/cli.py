@@ -65,9 +65,9 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         parser.error(str(exc))
 
-    from agentrl.evaluation.sampling import set_torch_threads
     from agentrl.training.deepspeed_engine import find_deepspeed_config
     from agentrl.training.preemption import EXIT_CODE, StoppedForRetry
+    from agentrl.training.threads import set_torch_threads
 
     set_torch_threads(args.threads)
     from agentrl.sft.trainer import SftPaths, train_sft

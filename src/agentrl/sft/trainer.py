@@ -17,6 +17,8 @@ Deliberate departures from upstream (verl's SFT trainer), with reasons:
 Resume: a checkpoint every ``save_every_steps`` steps; the data order is a pure function of
 (seed, epoch, step) and the checkpoint restores model, optimizer, scheduler and RNG states, so a
 restarted run continues at the next step and ends with the same model as an uninterrupted one.
+The checkpoint also carries the metric records of its steps, from which a resumed run rewrites
+the metrics file (the resume rule of :mod:`agentrl.training.metrics`, shared with GRPO).
 Checkpoints made by a different run setup (config, data, base model, process count) are discarded
 with a warning rather than resumed.
 """
@@ -24,8 +26,6 @@ with a warning rather than resumed.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import logging
 import time
 import warnings
@@ -48,6 +48,9 @@ from agentrl.sft.batching import (
     tokenize_examples,
 )
 from agentrl.training import deepspeed_engine as dse
+from agentrl.training.fingerprint import fingerprint_of, without_keys
+from agentrl.training.metrics import MetricsWriter
+from agentrl.training.model import load_causal_lm
 from agentrl.training.preemption import CheckpointClock, StepBoundary, StoppedForRetry, stop_on_signals
 
 log = logging.getLogger("agentrl.sft")
@@ -123,63 +126,23 @@ def plan_steps(cfg: SftConfig, num_examples: int, world_size: int) -> StepPlan:
     return StepPlan(per_epoch, total, int(total * cfg.warmup_ratio), micro, per_rank // micro)
 
 
+# sft keys that change how checkpoints are kept or how long collectives wait, not what a step computes.
+NOT_IN_FINGERPRINT = {
+    "sft": ("save_every_steps", "save_every_minutes", "collective_timeout_minutes", "keep_checkpoints")
+}
+
+
 def run_fingerprint(cfg: SftConfig, seed: int, world_size: int, paths: SftPaths) -> dict[str, Any]:
-    """What a checkpoint must share with this run to be resumed."""
-    settings = dataclasses.asdict(cfg)
-    for key in ("save_every_steps", "save_every_minutes", "collective_timeout_minutes", "keep_checkpoints"):
-        settings.pop(key)
-    model_files = sorted(
-        (p.name, p.stat().st_size, p.stat().st_mtime_ns)
-        for p in Path(paths.model_dir).iterdir()
-        if p.suffix in (".safetensors", ".bin", ".json")
+    """What a checkpoint must share with this run to be resumed (:mod:`agentrl.training.fingerprint`):
+    the ``sft`` section less ``NOT_IN_FINGERPRINT``, the seed, the process count, the SFT data and
+    the DeepSpeed config by content, the base model's files by size and mtime."""
+    return fingerprint_of(
+        without_keys({"sft": dataclasses.asdict(cfg)}, NOT_IN_FINGERPRINT),
+        seed=seed,
+        world_size=world_size,
+        model_dir=paths.model_dir,
+        files={"data": paths.data, "deepspeed_config": paths.deepspeed_config},
     )
-    return {
-        "sft": settings,
-        "seed": seed,
-        "world_size": world_size,
-        "data_sha256": hashlib.sha256(Path(paths.data).read_bytes()).hexdigest(),
-        "model_files": model_files,
-    }
-
-
-def _jsonable(value: Any) -> Any:
-    return json.loads(json.dumps(value))
-
-
-class MetricsWriter:
-    """JSON lines, rank 0 only; on resume, lines of steps after the checkpoint are dropped."""
-
-    def __init__(self, path: Path, resume_step: int, enabled: bool):
-        self.path = Path(path)
-        self.enabled = enabled
-        if not enabled:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        kept = []
-        if resume_step > 0 and self.path.exists():
-            for line in self.path.read_text().splitlines():
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:  # the half-written last line of a killed run
-                    continue
-                if record["step"] <= resume_step:
-                    kept.append(line)
-        self.path.write_text("".join(line + "\n" for line in kept))
-
-    def write(self, record: dict[str, Any]) -> None:
-        if self.enabled:
-            with open(self.path, "a", encoding="utf-8") as fh:
-                fh.write(json.dumps(record) + "\n")
-
-
-def _load_model(model_dir: Path, dtype: torch.dtype, gradient_checkpointing: bool):
-    from transformers import AutoModelForCausalLM
-
-    lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-    if gradient_checkpointing:
-        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    lm.train()
-    return lm
 
 
 def _run_step(
@@ -247,7 +210,7 @@ def _train_sft(cfg: SftConfig, seed: int, paths: SftPaths, stop) -> dict[str, An
     )
     plan = plan_steps(cfg, len(examples), ctx.world_size)
     dtype = dse.resolve_dtype(cfg.deepspeed.dtype, ctx.device)
-    lm = _load_model(paths.model_dir, dtype, cfg.deepspeed.gradient_checkpointing)
+    lm = load_causal_lm(paths.model_dir, dtype=dtype, gradient_checkpointing=cfg.deepspeed.gradient_checkpointing)
     ds_config = dse.fill_deepspeed_config(
         dse.load_deepspeed_config(paths.deepspeed_config, cfg.deepspeed.zero_stage),
         micro_batch_size=plan.micro_batch_size,
@@ -279,9 +242,11 @@ def _train_sft(cfg: SftConfig, seed: int, paths: SftPaths, stop) -> dict[str, An
         dtype,
     )
 
-    fingerprint = _jsonable(run_fingerprint(cfg, seed, ctx.world_size, paths))
-    start = _resume_or_reset(engine, paths.checkpoint_dir, fingerprint, ctx)
-    metrics = MetricsWriter(paths.metrics, start, enabled=ctx.is_main)
+    run = run_fingerprint(cfg, seed, ctx.world_size, paths)
+    start, records = _resume_or_reset(engine, paths.checkpoint_dir, run, ctx)
+    writer = MetricsWriter(paths.metrics) if ctx.is_main else None
+    if writer is not None:
+        writer.reset(records)
     progress = tqdm(total=plan.total_steps, initial=start, disable=not ctx.is_main, desc="sft", mininterval=2.0)
     started = time.perf_counter()
     record: dict[str, Any] = {}
@@ -304,7 +269,9 @@ def _train_sft(cfg: SftConfig, seed: int, paths: SftPaths, stop) -> dict[str, An
             "trained_tokens": stats["trained_tokens"],
             "pad_fraction": 1.0 - stats["tokens"] / stats["padded_tokens"],
         }
-        metrics.write(record)
+        records.append(record)
+        if writer is not None:
+            writer.write(record)
         progress.update(1)
         progress.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{lr:.2e}")
         last = done == plan.total_steps
@@ -313,9 +280,8 @@ def _train_sft(cfg: SftConfig, seed: int, paths: SftPaths, stop) -> dict[str, An
             last_step=last,
         )
         if decision.save:
-            dse.save_checkpoint(
-                engine, paths.checkpoint_dir, done, {"fingerprint": fingerprint}, ctx, cfg.keep_checkpoints
-            )
+            state = {"fingerprint": run, "metrics": records}
+            dse.save_checkpoint(engine, paths.checkpoint_dir, done, state, ctx, cfg.keep_checkpoints)
             boundary.saved()
         if decision.stop:
             progress.close()
@@ -334,10 +300,13 @@ def _train_sft(cfg: SftConfig, seed: int, paths: SftPaths, stop) -> dict[str, An
     return {"steps": plan.total_steps, "resumed_from": start, "wall_s": wall, "final": record}
 
 
-def _resume_or_reset(engine, checkpoint_dir: Path, fingerprint: dict[str, Any], ctx: dse.DistributedContext) -> int:
-    """The step to start from: the last checkpoint's when it belongs to this run setup, else 0."""
+def _resume_or_reset(
+    engine, checkpoint_dir: Path, fingerprint: dict[str, Any], ctx: dse.DistributedContext
+) -> tuple[int, list[dict[str, Any]]]:
+    """The step to start from and the metric records up to it: the last checkpoint's when it
+    belongs to this run setup, else step 0 and no records."""
     state = dse.resume_if_same_run(engine, checkpoint_dir, ctx, fingerprint, log)
     if state is None:
-        return 0
+        return 0, []
     log.info("resumed from %s after step %d", checkpoint_dir, state["step"])
-    return int(state["step"])
+    return int(state["step"]), list(state["metrics"])

@@ -1,1 +1,8 @@
-"""Training infrastructure shared by the SFT and GRPO stages (DeepSpeed engine, checkpoints)."""
+"""What the SFT and GRPO stages share: the toolkit of a training stage.
+
+- ``deepspeed_engine``: process group, DeepSpeed engine, checkpoints, the final Hugging Face folder;
+- ``model``: the model a stage trains (``load_causal_lm``);
+- ``fingerprint``: what a checkpoint must share with a run to be resumed (``fingerprint_of``);
+- ``metrics``: the per-step metrics file and its resume rule (``MetricsWriter``, ``read_metrics``);
+- ``seeds`` and ``threads``: derived seeds, the CPU threads of a process.
+"""

@@ -1,0 +1,80 @@
+"""The toolkit the SFT and GRPO stages share (``agentrl.training``): metrics file, run fingerprint, seeds."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+
+from agentrl.training.fingerprint import file_sha256, fingerprint_of, model_files, without_keys
+from agentrl.training.seeds import derived_seed
+
+
+def test_metrics_file_is_rewritten_on_reset_and_appended_per_step(tmp_path):
+    from agentrl.training.metrics import MetricsWriter, read_metrics
+
+    path = tmp_path / "rl" / "metrics.jsonl"
+    writer = MetricsWriter(path)
+    for step in range(3):
+        writer.write({"step": step, "rollout/reward_mean": 0.1 * step})
+    writer.reset(read_metrics(path)[:2])  # a resume from the checkpoint of step 1
+    writer.write({"step": 2, "rollout/reward_mean": 0.5})
+    assert [(r["step"], r["rollout/reward_mean"]) for r in read_metrics(path)] == [(0, 0.0), (1, 0.1), (2, 0.5)]
+    path.write_text(path.read_text() + "{not json\n")
+    with pytest.raises(ValueError, match="line 4"):
+        read_metrics(path)
+
+
+def test_tensorboard_without_the_package_fails_naming_the_key(tmp_path):
+    from agentrl.training.metrics import MetricsWriter
+
+    try:
+        import torch.utils.tensorboard  # noqa: F401
+    except ImportError:
+        with pytest.raises(RuntimeError, match="grpo.tensorboard"):
+            MetricsWriter(tmp_path / "metrics.jsonl", tensorboard_dir=tmp_path / "tb")
+    else:
+        writer = MetricsWriter(tmp_path / "metrics.jsonl", tensorboard_dir=tmp_path / "tb")
+        writer.write({"step": 1, "actor/lr": 1e-3})
+        writer.close()
+        assert any((tmp_path / "tb").iterdir())
+
+
+def test_file_sha256_streams_the_same_digest_as_reading_the_whole_file(tmp_path):
+    path = tmp_path / "data.bin"
+    path.write_bytes(os.urandom(3 * (1 << 20) + 17))  # crosses block boundaries
+    assert file_sha256(path) == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_run_fingerprint_follows_content_settings_and_model_files_not_left_out_keys(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"weights")
+    data = tmp_path / "data.parquet"
+    data.write_bytes(b"rows")
+    left_out = {"sft": ("save_every_steps",), "rollout.vllm": ("max_num_seqs",)}
+
+    def fingerprint(sft: dict) -> dict:
+        settings = without_keys({"sft": sft, "rollout": {"vllm": {"max_num_seqs": 4, "x": 1}}}, left_out)
+        return fingerprint_of(
+            settings, seed=1, world_size=1, model_dir=model, files={"data": data, "eval": {"a": data}}
+        )
+
+    base = fingerprint({"lr": 1e-5, "betas": (0.9, 0.95), "save_every_steps": 10})
+    assert base["sft"] == {"lr": 1e-5, "betas": [0.9, 0.95]}  # JSON values, as a checkpoint reads back
+    assert base["rollout"] == {"vllm": {"x": 1}}
+    assert base["data_sha256"] == base["eval_sha256"]["a"] == file_sha256(data)
+    assert base["model_files"] == model_files(model) and list(base["model_files"]) == ["model.safetensors"]
+    assert fingerprint({"lr": 1e-5, "betas": (0.9, 0.95), "save_every_steps": 99}) == base
+    assert fingerprint({"lr": 2e-5, "betas": (0.9, 0.95), "save_every_steps": 10}) != base
+    data.write_bytes(b"other rows")
+    assert fingerprint({"lr": 1e-5, "betas": (0.9, 0.95), "save_every_steps": 10})["data_sha256"] != base["data_sha256"]
+
+
+def test_derived_seeds_are_stable_and_separate_streams():
+    assert derived_seed(3, "grpo-data") == derived_seed(3, "grpo-data", 0)
+    assert (
+        len({derived_seed(3, "a", 0), derived_seed(3, "a", 1), derived_seed(3, "b", 0), derived_seed(4, "a", 0)}) == 4
+    )
+    assert 0 <= derived_seed(3, "a") < 2**31
