@@ -104,7 +104,10 @@ def ablation_grpo_cfg(wildcards):
 
 def ablation_eval_cfg(wildcards):
     sections = {key: config[key] for key in ("rollout", "reward", "sandbox", "tool")}
-    sampling = {"n": ABLATIONS["eval"]["n"], "temperature": config["eval"]["temperature"], "top_p": config["eval"]["top_p"]}
+    sampling = {
+        "n": ABLATIONS["eval"]["n"],
+        **{key: config["eval"][key] for key in ("temperature", "top_p", "max_prompt_tokens")},
+    }
     return json.dumps({"seed": int(wildcards.seed), **sections, "eval": sampling}, sort_keys=True, separators=(",", ":"))
 
 

@@ -1,8 +1,8 @@
 rule prepare_data:
     output:
         sft=result("data/sft.parquet"),
-        rl_pool=result("data/rl_pool.parquet"),
-        eval=expand(result("data/eval/{benchmark}.parquet"), benchmark=benchmarks()),
+        rl_pool=result("data/prepared/rl_pool.parquet"),
+        eval=expand(result("data/prepared/eval/{benchmark}.parquet"), benchmark=benchmarks()),
     log:
         f"{LOGS}/prepare_data.log",
     benchmark:
@@ -24,3 +24,62 @@ rule prepare_data:
     shell:
         "python -m agentrl prepare-data --config-json {params.cfg:q} "
         "--sft {output.sft} --rl-pool {output.rl_pool} --eval-dir {params.eval_dir} > {log} 2>&1"
+
+
+# Prompts over the limits are dropped here, before any rollout, and counted per data source in
+# results/data/prompt_lengths/ (upstream's filter_overlong_prompts): the RL pool to
+# rollout.max_prompt_tokens, the eval sets to eval.max_prompt_tokens (two rules: a changed eval
+# limit re-runs no RL job). The base model's tokenizer measures them (the SFT and RL models share it).
+FIT_LENGTH_KEYS = ("max_prompt_tokens", "prompt_length_with_tools")
+
+
+rule fit_rl_prompts:
+    input:
+        model=result("models/base/config.json"),
+        problems=result("data/prepared/rl_pool.parquet"),
+    output:
+        problems=result("data/rl_pool.parquet"),
+        stats=result("data/prompt_lengths/rl_pool.json"),
+    log:
+        f"{LOGS}/fit_rl_prompts.log",
+    benchmark:
+        result("timings/fit_rl_prompts.tsv")
+    conda:
+        "../envs/train.yaml"  # transformers: the tokenizer
+    params:
+        cfg=json.dumps({"rollout": {k: config["rollout"][k] for k in FIT_LENGTH_KEYS}}, sort_keys=True),
+        model_dir=lambda wildcards, input: str(Path(input.model).parent),
+        out_dir=parent_dir("problems"),
+    threads: 1
+    shell:
+        "python -m agentrl fit-prompts --config-json {params.cfg:q} --model {params.model_dir} --limit rollout "
+        "--problems {input.problems} --out-dir {params.out_dir} --stats {output.stats} > {log} 2>&1"
+
+
+rule fit_eval_prompts:
+    input:
+        model=result("models/base/config.json"),
+        problems=expand(result("data/prepared/eval/{benchmark}.parquet"), benchmark=benchmarks()),
+    output:
+        problems=expand(result("data/eval/{benchmark}.parquet"), benchmark=benchmarks()),
+        stats=result("data/prompt_lengths/eval.json"),
+    log:
+        f"{LOGS}/fit_eval_prompts.log",
+    benchmark:
+        result("timings/fit_eval_prompts.tsv")
+    conda:
+        "../envs/train.yaml"  # transformers: the tokenizer
+    params:
+        cfg=json.dumps(
+            {
+                "rollout": {"prompt_length_with_tools": config["rollout"]["prompt_length_with_tools"]},
+                "eval": {"max_prompt_tokens": config["eval"]["max_prompt_tokens"]},
+            },
+            sort_keys=True,
+        ),
+        model_dir=lambda wildcards, input: str(Path(input.model).parent),
+        out_dir=parent_dir("problems"),
+    threads: 1
+    shell:
+        "python -m agentrl fit-prompts --config-json {params.cfg:q} --model {params.model_dir} --limit eval "
+        "--problems {input.problems} --out-dir {params.out_dir} --stats {output.stats} > {log} 2>&1"

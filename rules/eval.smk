@@ -12,7 +12,7 @@ CODE_BENCHMARKS = [b for b in benchmarks() if b in ("program", "livecodebench_v6
 EVAL_CFG = json.dumps(
     {
         **{key: config[key] for key in ("seed", "rollout", "reward", "sandbox", "tool")},
-        "eval": {key: config["eval"][key] for key in ("n", "temperature", "top_p")},
+        "eval": {key: config["eval"][key] for key in ("n", "temperature", "top_p", "max_prompt_tokens")},
     },
     sort_keys=True,
     separators=(",", ":"),

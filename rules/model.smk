@@ -4,7 +4,7 @@ import re
 rule base_model:
     input:
         sft=result("data/sft.parquet"),
-        rl_pool=result("data/rl_pool.parquet"),
+        rl_pool=result("data/prepared/rl_pool.parquet"),  # before fit_prompts: it needs this tokenizer
     output:
         config=result("models/base/config.json"),
     log:

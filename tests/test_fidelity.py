@@ -25,6 +25,26 @@ def paper():
     return resolved("paper-qwen3-4b.yaml")
 
 
+@pytest.fixture(scope="module")
+def policy():
+    """The rollout tests' tiny random Qwen3 (rollout_fixtures.random_policy) and its tokenizer."""
+    from rollout_fixtures import random_policy
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model_dir = random_policy()
+    return AutoModelForCausalLM.from_pretrained(model_dir).eval(), AutoTokenizer.from_pretrained(model_dir)
+
+
+@pytest.fixture(scope="module")
+def interpreter():
+    from agentrl.tools.code_interpreter import CodeInterpreter
+    from agentrl.tools.sandbox import make_sandbox
+
+    cfg = load_config({"sandbox": {"workers": 2}})
+    with make_sandbox(cfg.sandbox) as sandbox:
+        yield CodeInterpreter(sandbox, cfg.tool)
+
+
 def rl_row(data_source: str, content: str) -> dict:
     truth = '{"inputs": ["1\\n"], "outputs": ["1\\n"]}' if "code" in data_source.lower() else "4"
     return {
@@ -140,3 +160,119 @@ def test_item9_exact_mode_reports_the_box_as_pred():
     )
     assert (result.acc, result.pred, result.details["mode"]) == (False, "(B)", "exact")
     assert np.isclose(result.score, -1.0)
+
+
+# --------------------------------------------------------------------------- 3. budget inside a tool response
+@pytest.mark.parametrize("room_after_call", [3, "exact"])
+def test_item3_a_tool_response_over_the_budget_is_not_appended(policy, interpreter, room_after_call):
+    from rollout_fixtures import arith_problems, call_turn
+    from test_rollout_loop import GREEDY, _loop
+
+    from agentrl.rollout.tool_parser import ToolTurnFormat
+
+    _, tokenizer = policy
+    fmt = ToolTurnFormat(tokenizer)
+    turn = call_turn(tokenizer, "print(123456789)")
+    response = fmt.response_ids("123456789\n")
+    # upstream breaks when len(response_mask) + len(tool_response_ids) >= response_length: also
+    # when the tool response would fill the budget exactly
+    budget = len(turn) + (3 if room_after_call == 3 else len(response))
+    problem = arith_problems(1)
+    [dropped] = _loop(
+        policy, interpreter, [turn, turn], max_response_tokens=budget, tool_response_over_budget="drop"
+    ).run(problem, 1, GREEDY, seed=0)
+    assert dropped.finish_reason == "length" and dropped.num_turns == 1
+    assert dropped.response_ids == [*turn, fmt.end_of_turn_id]  # ends at the call, closed by <|im_end|>
+    assert dropped.loss_mask == [1] * len(turn) + [0]
+    assert len(dropped.response_ids) == len(turn) + 1  # the length the overlong penalty sees
+    [cut] = _loop(policy, interpreter, [turn, turn], max_response_tokens=budget).run(problem, 1, GREEDY, seed=0)
+    assert cut.finish_reason == "length" and len(cut.response_ids) == budget  # the project's cut fills it
+    assert cut.response_ids[len(turn) :] == response[: budget - len(turn)]
+
+
+# --------------------------------------------------------------------------- 4. overlong prompts
+def _problem(i: int, source: str, words: int) -> Problem:
+    return Problem(f"q{i}", source, [{"role": "user", "content": " ".join(["seven"] * words)}], "math", "7")
+
+
+def test_item4_prompts_over_the_limit_are_dropped_and_counted_per_source(policy):
+    from agentrl.data.prompt_fit import fit_problems, prompt_length
+
+    _, tokenizer = policy
+    problems = [_problem(0, "math_dapo", 5), _problem(1, "math_dapo", 60), _problem(2, "train-code-a", 30)]
+    lengths = [prompt_length(tokenizer, p.prompt, with_tools=False) for p in problems]
+    limit = lengths[2]  # upstream keeps doc2len(doc) <= max_prompt_length: the third is kept
+    kept, counts = fit_problems(problems, tokenizer, limit, with_tools=False)
+    assert [p.id for p in kept] == ["q0", "q2"]
+    assert counts["dropped_by_source"] == {"math_dapo": 1} and counts["kept_by_source"] == {
+        "math_dapo": 1,
+        "train-code-a": 1,
+    }
+    assert counts["longest_prompt"] == lengths[1]
+    # the project's measure adds the tool-schema block the loop renders: the same limit keeps less
+    with_tools = [prompt_length(tokenizer, p.prompt, with_tools=True) for p in problems]
+    block = with_tools[0] - lengths[0]
+    assert block > 50 and all(w - m == block for w, m in zip(with_tools, lengths))
+    expected = [p.id for p, length in zip(problems, with_tools) if length <= limit]
+    assert [p.id for p in fit_problems(problems, tokenizer, limit, with_tools=True)[0]] == expected
+    assert len(expected) < len(kept)
+
+
+def test_item4_the_loop_measures_prompts_as_the_filter_did(policy, interpreter):
+    from test_rollout_loop import GREEDY, _loop
+
+    from agentrl.data.prompt_fit import prompt_length
+
+    _, tokenizer = policy
+    problem = _problem(0, "math_dapo", 5)
+    limit = prompt_length(tokenizer, problem.prompt, with_tools=False)  # the tool block puts it over
+    upstream_measure = _loop(policy, interpreter, [], max_prompt_tokens=limit, prompt_length_with_tools=False)
+    [trajectory] = upstream_measure.run([problem], 1, GREEDY, seed=0)
+    assert len(trajectory.prompt_ids) > limit  # kept as upstream keeps it; the tool block on top
+    with pytest.raises(ValueError, match="fit-prompts"):
+        _loop(policy, interpreter, [], max_prompt_tokens=limit).run([problem], 1, GREEDY, seed=0)
+
+
+def test_item4_fit_prompts_cli_writes_the_kept_problems_and_the_counts(tmp_path, policy):
+    import json
+
+    from rollout_fixtures import random_policy
+
+    from agentrl.__main__ import main
+    from agentrl.data.prompt_fit import prompt_length
+    from agentrl.data.records import read_problems, write_records
+
+    _, tokenizer = policy
+    problems = [_problem(0, "AIME2025", 5), _problem(1, "AIME2025", 80)]
+    write_records(problems, tmp_path / "in" / "aime2025.parquet")
+    limit = prompt_length(tokenizer, problems[0].prompt, with_tools=True)
+    cfg = json.dumps({"eval": {"max_prompt_tokens": limit}})
+    argv = ["fit-prompts", "--config-json", cfg, "--model", str(random_policy()), "--limit", "eval"]
+    argv += ["--problems", str(tmp_path / "in" / "aime2025.parquet"), "--out-dir", str(tmp_path / "out")]
+    assert main([*argv, "--stats", str(tmp_path / "eval.json")]) == 0
+    assert [p.id for p in read_problems(tmp_path / "out" / "aime2025.parquet")] == ["q0"]
+    stats = json.loads((tmp_path / "eval.json").read_text())["aime2025"]
+    assert (stats["limit"], stats["kept"], stats["dropped_by_source"]) == (limit, 1, {"AIME2025": 1})
+
+
+def test_item4_paper_preset_limits(paper):
+    assert (paper.rollout.max_prompt_tokens, paper.eval.max_prompt_tokens) == (2560, 4096)
+    assert paper.rollout.prompt_length_with_tools is False
+    assert paper.rollout.tool_response_over_budget == "drop"
+
+
+def test_item9_the_report_says_how_answers_were_graded():
+    from agentrl.evaluation.metrics import summarize_benchmark
+    from agentrl.report.tables import EvalResult, grading_label, summary_frame, summary_markdown
+
+    rows = [
+        {"problem_id": f"g{i}", "sample_index": j, "acc": j == 0, "pred": "B", "tool_calls": 0, "tool_errors": []}
+        | {"num_turns": 1, "response_tokens": 10, "tokens_before_calls": []}
+        for i in range(2)
+        for j in range(2)
+    ]
+    grading = {"math_mode": "strict", "choice_mode": "exact", "unknown_source": "math"}
+    metrics = {**summarize_benchmark(rows), "run": {"grading": grading}}
+    frame = summary_frame([EvalResult("rl", "gpqa_diamond", metrics)])
+    assert "Grading: math strict, choice exact" in summary_markdown(frame, None, [])
+    assert grading_label(None) == "unrecorded"  # metrics.json written before the grading was recorded

@@ -65,7 +65,16 @@ TINY = {
     "eval": {"n": 1},
 }
 MODELS = {"base", "sft", "rl"}
-UPSTREAM_OF_EVAL = {"prepare_data", "base_model", "sft", "score_rl_pool", "select_rl_data", "grpo"}
+UPSTREAM_OF_EVAL = {
+    "prepare_data",
+    "base_model",
+    "fit_rl_prompts",
+    "fit_eval_prompts",
+    "sft",
+    "score_rl_pool",
+    "select_rl_data",
+    "grpo",
+}
 JOB_HEADER = re.compile(r"^(?:local)?rule (\w+):$")
 
 
@@ -155,7 +164,10 @@ def test_the_listing_parser_reads_rules_and_wildcards():
     "target, expected",
     [
         ("base_model", {"prepare_data", "base_model"}),
-        ("select_rl_data", {"prepare_data", "base_model", "sft", "score_rl_pool", "select_rl_data"}),
+        (
+            "select_rl_data",
+            {"prepare_data", "base_model", "fit_rl_prompts", "sft", "score_rl_pool", "select_rl_data"},
+        ),
     ],
 )
 def test_until_plans_only_the_jobs_upstream_of_its_target(tmp_path, target, expected):

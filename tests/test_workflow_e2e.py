@@ -111,5 +111,14 @@ def test_changing_an_eval_value_reruns_only_evaluation_and_what_follows(run):
     assert done.returncode == 0, done.stderr
     plan = done.stdout + done.stderr
     assert "evaluate" in plan and "report" in plan
-    for upstream_rule in ("prepare_data", "base_model", "sft", "score_rl_pool", "select_rl_data", "grpo"):
+    upstream = (
+        "prepare_data",
+        "base_model",
+        "fit_rl_prompts",
+        "fit_eval_prompts",
+        "sft",
+        "score_rl_pool",
+        "select_rl_data",
+    )
+    for upstream_rule in (*upstream, "grpo"):
         assert f"rule {upstream_rule}:" not in plan and f"\n{upstream_rule} " not in plan, upstream_rule

@@ -12,6 +12,7 @@ import sys
 
 STAGES: dict[str, tuple[str, str]] = {
     "prepare-data": ("agentrl.data.cli", "write the normalized SFT, RL-pool and eval parquet files"),
+    "fit-prompts": ("agentrl.data.prompt_fit", "drop prompts over the token limits, counted per data source"),
     "base-model": ("agentrl.model.cli", "build the embedded tiny model or resolve a hub id / path"),
     "fetch-model": ("agentrl.model.fetch", "link a local model folder or download a hub model at a revision"),
     "sandbox": ("agentrl.tools.cli", "run a Python file in the sandbox and print the result as JSON"),

@@ -16,6 +16,7 @@ distributions agree.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -54,6 +55,9 @@ def run(
 
     problems = read_problems(problems_path)[:max_problems]  # None: all
     e = cfg.eval
+    # Evaluation has its own prompt limit (upstream's eval scripts: 4096); fit_prompts kept only
+    # problems within it, and the engine's context is sized by it.
+    cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, max_prompt_tokens=e.max_prompt_tokens))
     setup = SamplingSetup(
         n=e.n, temperature=e.temperature, top_p=e.top_p, seed=cfg.seed, seed_tag=f"evaluate.{benchmark}"
     )
@@ -78,6 +82,8 @@ def run(
         "top_k": cfg.rollout.top_k,
         "max_turns": cfg.rollout.max_turns,
         "max_response_tokens": cfg.rollout.max_response_tokens,
+        "max_prompt_tokens": e.max_prompt_tokens,
+        "grading": {key: getattr(cfg.reward, key) for key in ("math_mode", "choice_mode", "unknown_source")},
         "engine": cfg.rollout.engine,
         "seed": cfg.seed,
         "max_problems": max_problems,

@@ -33,7 +33,7 @@ from agentrl.grpo.metrics import console_line
 from agentrl.grpo.policy import ResponseLogProbs
 from agentrl.grpo.prompts import PromptSampler
 from agentrl.grpo.trainer import Components, GrpoStep
-from agentrl.grpo.validation import EvalSet, limit_problems, validate
+from agentrl.grpo.validation import EvalSet, fit_eval_sets, limit_problems, validate
 from agentrl.grpo.variants import AlgorithmSettings, resolve_algorithm
 from agentrl.model.folder import stamp_model_digest
 from agentrl.training import deepspeed_engine as dse
@@ -232,6 +232,7 @@ def _train(cfg: Config, paths: GrpoPaths, stop) -> int:
     fingerprint = run_fingerprint(cfg, paths, ctx.world_size)
     with make_sandbox(cfg.sandbox) as sandbox:
         parts, tokenizer = build_components(cfg, paths, ctx, sandbox, steps)
+        eval_sets = fit_eval_sets(eval_sets, tokenizer, cfg.rollout)
         policy = parts.engine.module.model
         start, records = 0, []
         state = resume(parts.engine, paths.checkpoints, ctx, fingerprint)

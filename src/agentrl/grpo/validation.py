@@ -12,12 +12,14 @@ the sampler's.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from agentrl.config import Config
+from agentrl.config import Config, RolloutConfig
+from agentrl.data.prompt_fit import fit_problems
 from agentrl.data.records import Problem
 from agentrl.evaluation.metrics import avg_at_k
 from agentrl.grpo.distributed import all_gather
@@ -25,6 +27,8 @@ from agentrl.rewards import RewardFunction
 from agentrl.rollout import AgentLoop, SamplingParams
 from agentrl.training.deepspeed_engine import DistributedContext
 from agentrl.training.seeds import derived_seed
+
+log = logging.getLogger("agentrl.grpo")
 
 
 @dataclass(frozen=True)
@@ -82,3 +86,20 @@ def validate(
 
 def limit_problems(problems: Sequence[Problem], max_problems: int | None) -> tuple[Problem, ...]:
     return tuple(problems if max_problems is None else problems[:max_problems])
+
+
+def fit_eval_sets(eval_sets: Sequence[EvalSet], tokenizer, rollout: RolloutConfig) -> list[EvalSet]:
+    """The sets without prompts over ``rollout.max_prompt_tokens``.
+
+    The eval files were fit to ``eval.max_prompt_tokens``; validation rolls out with the training
+    limit, as upstream's training script filters its validation files with ``max_prompt_length``.
+    """
+    fitted = []
+    for eval_set in eval_sets:
+        kept, counts = fit_problems(
+            eval_set.problems, tokenizer, rollout.max_prompt_tokens, rollout.prompt_length_with_tools
+        )
+        if counts["dropped"]:
+            log.info("validation set %s: dropped %s over the prompt limit", eval_set.name, counts["dropped_by_source"])
+        fitted.append(EvalSet(eval_set.name, tuple(kept)))
+    return fitted

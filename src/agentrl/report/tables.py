@@ -88,7 +88,15 @@ def metric_row(result: EvalResult) -> dict[str, Any]:
         "deliberative_share": _pct(tool["modes"]["deliberative"]["share"]),
         "reactive_share": _pct(tool["modes"]["reactive"]["share"]),
         "response_tokens": round(tool["response_tokens"], 1),
+        "grading": grading_label(m.get("run", {}).get("grading")),
     }
+
+
+def grading_label(grading: Mapping[str, str] | None) -> str:
+    """How answers were graded (reward.math_mode / choice_mode), e.g. ``math strict, choice exact``."""
+    if not grading:
+        return "unrecorded"
+    return f"math {grading['math_mode']}, choice {grading['choice_mode']}"
 
 
 def summary_frame(results: Sequence[EvalResult]) -> pd.DataFrame:
@@ -201,6 +209,11 @@ def summary_markdown(
             "Rows in italics are the paper's Table 2 (mean accuracy of 32 samples); they compare with "
             "the paper preset's runs, not with the embedded tiny model."
         )
+    gradings = sorted(set(frame.loc[frame["source"] == "ours", "grading"]))
+    parts.append(
+        f"Grading: {'; '.join(gradings)} (reward.math_mode, reward.choice_mode; "
+        "'math strict, choice exact' is upstream's strict box check, docs/fidelity.md)."
+    )
     parts += [
         "## Metrics per benchmark",
         detail_markdown(frame),

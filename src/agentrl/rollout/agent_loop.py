@@ -22,8 +22,12 @@ Deliberate departures from upstream, and why:
   that the ``<|im_end|>`` closing a tool-call turn is not trained in RL (SFT trains it).
 - At ``max_turns`` a turn's pending call is not run (as upstream), but the turn is closed with
   the end-of-turn token (mask 0) so the sequence stays well formed.
-- A tool response that does not fit the remaining budget is cut to fit, and the trajectory ends
-  ``length`` (upstream truncates the whole response to the budget after the loop; same result).
+- A tool response that does not fit the remaining budget (``rollout.tool_response_over_budget``):
+  ``drop`` is upstream's rule (its loop breaks when ``len(response) + len(tool response) >=
+  budget``): the response is not appended, the turn is closed with the end-of-turn token (mask
+  0; upstream generated that token itself) and the trajectory ends ``length`` with the response,
+  and the length the overlong penalty sees, ending at the call. ``cut`` (the embedded default)
+  appends the part that fits, so the response fills the budget.
 
 What a :class:`Trajectory` holds: ``response_ids`` are exactly the sampled ids and the inserted
 template/tool ids, never re-tokenized text; ``loss_mask`` is 1 exactly on sampled ids;
@@ -41,7 +45,7 @@ import time
 from dataclasses import dataclass, field
 
 from agentrl.config import RolloutConfig
-from agentrl.data.prompts import CODE_INTERPRETER_TOOL
+from agentrl.data.prompt_fit import prompt_length, rendered_prompt_ids
 from agentrl.data.records import Problem, Trajectory
 from agentrl.rollout.engine import Engine, SamplingParams
 from agentrl.rollout.tool_parser import ToolCall, ToolTurnFormat, parse_tool_call
@@ -101,15 +105,19 @@ class AgentLoop:
         self.stats = RolloutStats()
 
     def prompt_ids(self, problem: Problem) -> list[int]:
-        """The problem's messages rendered with the tool schema and the generation prompt."""
-        text = self.tokenizer.apply_chat_template(
-            problem.prompt, tools=[CODE_INTERPRETER_TOOL], add_generation_prompt=True, tokenize=False
-        )
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
-        if len(ids) > self.cfg.max_prompt_tokens:
+        """The problem's messages rendered with the tool schema and the generation prompt.
+
+        A prompt over ``rollout.max_prompt_tokens`` (measured as ``prompt_length_with_tools``
+        says) is refused; the ``fit_prompts`` rule drops those before any job rolls out.
+        """
+        ids = rendered_prompt_ids(self.tokenizer, problem.prompt)
+        with_tools = self.cfg.prompt_length_with_tools
+        length = len(ids) if with_tools else prompt_length(self.tokenizer, problem.prompt, with_tools=False)
+        if length > self.cfg.max_prompt_tokens:
             raise ValueError(
-                f"problem {problem.id!r}: the rendered prompt is {len(ids)} tokens, over "
-                f"rollout.max_prompt_tokens={self.cfg.max_prompt_tokens}; raise the limit or drop the problem"
+                f"problem {problem.id!r}: the rendered prompt is {length} tokens, over "
+                f"rollout.max_prompt_tokens={self.cfg.max_prompt_tokens}; drop it before the run "
+                "(python -m agentrl fit-prompts, the fit_prompts rule) or raise the limit"
             )
         return ids
 
@@ -188,7 +196,13 @@ class AgentLoop:
             rollout.tool_calls.append(recorded if isinstance(recorded, str) else str(recorded))
             rollout.tool_errors.append(failed)
             self.stats.tool_calls += 1
-            self._insert(rollout, self.format.response_ids(text))
+            response = self.format.response_ids(text)
+            over = len(rollout.response_ids) + len(response) >= self.cfg.max_response_tokens
+            if over and self.cfg.tool_response_over_budget == "drop":
+                rollout.finish_reason = "length"
+                self._insert(rollout, [self.format.end_of_turn_id])
+                continue
+            self._insert(rollout, response)
 
     def _insert(self, rollout: _Rollout, ids: list[int]) -> None:
         """Append loop-inserted tokens (mask 0), cut to the budget; a full budget ends the trajectory."""

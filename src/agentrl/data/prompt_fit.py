@@ -1,0 +1,122 @@
+"""Prompts over the token limit are dropped before any rollout, and counted per data source.
+
+Upstream (verl's ``RLHFDataset`` with ``data.filter_overlong_prompts=True``) drops every row
+whose prompt is longer than ``data.max_prompt_length`` when the dataset is built: 2560 tokens
+for the RL set (and the validation sets of the training script), 4096 in the eval scripts. The
+limits here are ``rollout.max_prompt_tokens`` (RL pool, GRPO validation) and
+``eval.max_prompt_tokens`` (the eval sets); a prompt within its limit never fails a job later.
+
+What is counted (``rollout.prompt_length_with_tools``): ``true`` (the embedded default) is the
+prompt the agent loop feeds the model, the chat template's tool-schema block included, so a
+kept prompt always fits the engine; ``false`` (the paper presets) is upstream's measure, the
+messages rendered without the tool schema (verl's filter calls ``apply_chat_template`` without
+``tools``), so a kept prompt can be that block (about 150 tokens for Qwen3) longer in the loop.
+
+``python -m agentrl fit-prompts`` (the ``fit_rl_prompts`` and ``fit_eval_prompts`` rules)
+writes the kept problems and ``results/data/prompt_lengths/{rl_pool,eval}.json``: per file, the
+limit and the kept / dropped counts per data source.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from agentrl.config import add_config_arguments, config_from_args
+from agentrl.data.prompts import CODE_INTERPRETER_TOOL
+from agentrl.data.records import Message, Problem, read_problems, write_records
+
+log = logging.getLogger("agentrl.fit_prompts")
+
+
+def rendered_prompt_ids(tokenizer, messages: Sequence[Message], with_tools: bool = True) -> list[int]:
+    """The prompt ids: the messages in the chat template, with (or without) the tool schema."""
+    tools = [CODE_INTERPRETER_TOOL] if with_tools else None
+    text = tokenizer.apply_chat_template(list(messages), tools=tools, add_generation_prompt=True, tokenize=False)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def prompt_length(tokenizer, messages: Sequence[Message], with_tools: bool) -> int:
+    """The length compared with the limit (see the module docstring)."""
+    return len(rendered_prompt_ids(tokenizer, messages, with_tools))
+
+
+def fit_problems(
+    problems: Sequence[Problem], tokenizer, limit: int, with_tools: bool
+) -> tuple[list[Problem], dict[str, Any]]:
+    """The problems whose prompt is at most ``limit`` tokens, and the counts per data source."""
+    kept, kept_by, dropped_by, longest = [], Counter(), Counter(), 0
+    for problem in problems:
+        length = prompt_length(tokenizer, problem.prompt, with_tools)
+        longest = max(longest, length)
+        if length <= limit:  # upstream keeps doc2len(doc) <= max_prompt_length
+            kept.append(problem)
+            kept_by[problem.data_source] += 1
+        else:
+            dropped_by[problem.data_source] += 1
+    counts = {
+        "limit": limit,
+        "with_tools": with_tools,
+        "kept": len(kept),
+        "dropped": len(problems) - len(kept),
+        "kept_by_source": dict(sorted(kept_by.items())),
+        "dropped_by_source": dict(sorted(dropped_by.items())),
+        "longest_prompt": longest,
+    }
+    return kept, counts
+
+
+def _fit_file(source: Path, out: Path, tokenizer, limit: int, with_tools: bool) -> dict[str, Any]:
+    kept, counts = fit_problems(read_problems(source), tokenizer, limit, with_tools)
+    if not kept:
+        raise ValueError(
+            f"{source}: every prompt is over {limit} tokens (the longest has {counts['longest_prompt']}); "
+            "raise the limit (rollout.max_prompt_tokens or eval.max_prompt_tokens)"
+        )
+    write_records(kept, out)
+    log.info(
+        "%s: kept %d, dropped %d over %d tokens %s",
+        source,
+        counts["kept"],
+        counts["dropped"],
+        limit,
+        counts["dropped_by_source"],
+    )
+    return counts
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="agentrl fit-prompts", description=__doc__.split("\n\n")[0])
+    add_config_arguments(parser)
+    parser.add_argument("--model", type=Path, required=True, help="model folder whose tokenizer measures the prompts")
+    parser.add_argument(
+        "--limit",
+        choices=["rollout", "eval"],
+        required=True,
+        help="rollout.max_prompt_tokens or eval.max_prompt_tokens",
+    )
+    parser.add_argument(
+        "--problems", type=Path, nargs="+", required=True, help="normalized problem parquets (prepare-data)"
+    )
+    parser.add_argument("--out-dir", type=Path, required=True, help="output folder: the kept problems, same file names")
+    parser.add_argument("--stats", type=Path, required=True, help="output: counts per file and data source (JSON)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    cfg = config_from_args(args)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(args.model))
+    limit = cfg.rollout.max_prompt_tokens if args.limit == "rollout" else cfg.eval.max_prompt_tokens
+    with_tools = cfg.rollout.prompt_length_with_tools
+    stats = {
+        source.stem: _fit_file(source, args.out_dir / source.name, tokenizer, limit, with_tools)
+        for source in args.problems
+    }
+    args.stats.parent.mkdir(parents=True, exist_ok=True)
+    args.stats.write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
+    return 0
