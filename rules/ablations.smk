@@ -75,11 +75,14 @@ rule ablation_stitched_sft:
         running_metrics=ablation_result("shared/stitched_sft/checkpoints/metrics.jsonl"),
     threads: 2
     resources:
-        gpu=0,  # GPUs per node (0: one CPU process); the profiles set it for GPU runs
+        gpu=0,  # the job's GPUs, all on one node (0: one CPU process); the profiles set it for GPU runs
     shell:
-        "python -m agentrl sft --config-json {params.cfg:q} --model {params.model_dir} --data {input.data} "
-        "--out {params.out_dir} --metrics {params.running_metrics} --checkpoint-dir {params.checkpoints} "
-        "--nproc {resources.gpu} > {log} 2>&1 && cp {params.running_metrics} {output.metrics}"
+        on_gpus(
+            "python -m agentrl sft --config-json {params.cfg:q} --model {params.model_dir} --data {input.data} "
+            "--out {params.out_dir} --metrics {params.running_metrics} --checkpoint-dir {params.checkpoints} "
+            "--nproc {resources.gpu} --threads {threads}"
+        )
+        + " > {log} 2>&1 && cp {params.running_metrics} {output.metrics}"
 
 
 rule ablation_grpo:
@@ -108,9 +111,12 @@ rule ablation_grpo:
     resources:
         gpu=0,
     shell:
-        "python -m agentrl grpo --config-json {params.cfg:q} --model {params.model_dir} "
-        "--train {input.train} --eval {input.eval} --out {params.out_dir} --metrics {output.metrics} "
-        "--checkpoint-dir {params.checkpoints} --nproc {resources.gpu} --threads {threads} > {log} 2>&1"
+        on_gpus(
+            "python -m agentrl grpo --config-json {params.cfg:q} --model {params.model_dir} "
+            "--train {input.train} --eval {input.eval} --out {params.out_dir} --metrics {output.metrics} "
+            "--checkpoint-dir {params.checkpoints} --nproc {resources.gpu} --threads {threads}"
+        )
+        + " > {log} 2>&1"
 
 
 rule ablation_evaluate:
@@ -133,10 +139,15 @@ rule ablation_evaluate:
         model_dir=lambda wildcards, input: str(Path(input.model).parent),
         max_problems="" if ABLATION_MAX_PROBLEMS is None else f"--max-problems {ABLATION_MAX_PROBLEMS}",
     threads: 1
+    resources:
+        gpu=0,
     shell:
-        "python -m agentrl evaluate run --config-json {params.cfg:q} --model {params.model_dir} --threads {threads} "
-        "--problems {input.problems} --benchmark {wildcards.benchmark} {params.max_problems} "
-        "--samples {output.samples} --metrics {output.metrics} > {log} 2>&1"
+        on_gpus(
+            "python -m agentrl evaluate run --config-json {params.cfg:q} --model {params.model_dir} --threads {threads} "
+            "--problems {input.problems} --benchmark {wildcards.benchmark} {params.max_problems} "
+            "--samples {output.samples} --metrics {output.metrics}"
+        )
+        + " > {log} 2>&1"
 
 
 rule ablation_report:

@@ -1,6 +1,9 @@
 # Path helpers and input functions shared by the rule files; nothing else.
 import json
+import sys
 from pathlib import Path
+
+from snakemake.exceptions import WorkflowError
 
 RESULTS = config["results_dir"]
 LOGS = f"{RESULTS}/logs"  # under results_dir: runs of two presets keep their own logs
@@ -9,6 +12,12 @@ SRC = str(Path(workflow.basedir).parent / "src")
 # Stages run as `python -m agentrl ...`; with the package installed (pip install -e .) this is a
 # no-op, inside a per-rule conda env (--sdm conda) it makes the checkout's package importable.
 shell.prefix(f"export PYTHONPATH={SRC}:$PYTHONPATH; ")
+
+sys.path.insert(0, SRC)  # the checkout's package decides what is read from the hub
+from agentrl.config import load_config  # noqa: E402
+from agentrl.hub import needs_hub  # noqa: E402
+
+NEEDS_HUB = needs_hub(load_config(config, origin="workflow config"))
 
 
 def result(path):
@@ -64,6 +73,36 @@ def checkpoint_config(name):
     if name in FETCHED_CHECKPOINTS:
         return result(f"models/checkpoints/{name}/config.json")
     return f"{config['eval']['checkpoints'][name]}/config.json"
+
+
+def on_gpus(command):
+    """``command`` run on devices of its own: the job's ``resources.gpu`` of them.
+
+    Rules that can use GPUs declare the resource ``gpu=0`` (a CPU run) and start their
+    command through this; a profile sets ``gpu`` per rule name. Snakemake only keeps the sum of the
+    running jobs' ``gpu`` within ``--resources gpu=N``; ``agentrl.devices`` claims that many
+    free devices of the machine (or of the SLURM job) and sets ``CUDA_VISIBLE_DEVICES``, so that
+    eight one-GPU jobs run on eight GPUs. ``gpu=0`` runs the command unchanged.
+    """
+    return f"python -m agentrl.devices --gpus {{resources.gpu}} -- {command}"
+
+
+def check_one_node_per_job():
+    """Refuse ``nodes > 1`` before anything is submitted (agentrl.launch explains why).
+
+    The SLURM executor runs every job inside a one-task ``srun`` step that holds all of the
+    job's GPUs, so the per-node ``srun`` a multi-node torchrun needs cannot start from there.
+    """
+    for each in workflow.rules:
+        for key in ("nodes", "node", "slurm_nodes"):  # the names the SLURM job-step plugin reads
+            nodes = getattr(each.resources.get(key), "value", None)  # a callable stays unchecked here
+            if isinstance(nodes, int) and nodes > 1:
+                raise WorkflowError(
+                    f"resources {key}={nodes} in the {each.name} rule. A job of this workflow runs on one node: "
+                    "the SLURM executor starts each job in a one-task srun step that already holds its GPUs, "
+                    "so a per-node srun for torchrun cannot start. Use nodes: 1 with up to a node's GPUs, or "
+                    "submit multi-node training with sbatch (docs/paper-scale.md, 'Several nodes')."
+                )
 
 
 def parent_dir(output_key):

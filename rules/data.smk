@@ -1,4 +1,29 @@
+# Hub downloads run where the network is: hub_download is a local rule (the submitting host under
+# a cluster profile) that fills the local hub cache at the pinned revisions (agentrl.hub), and
+# the rules reading hub data or models run with HF_HUB_OFFLINE=1 on whichever node, reading
+# that cache. Without hub sources (the embedded default) there is no download job.
+HUB_MANIFEST = [result("hub/manifest.json")] if NEEDS_HUB else []
+HUB_OFFLINE = "export HF_HUB_OFFLINE=1; " if NEEDS_HUB else ""
+
+
+rule hub_download:
+    localrule: True
+    output:
+        result("hub/manifest.json"),
+    log:
+        f"{LOGS}/hub_download.log",
+    conda:
+        "../envs/data.yaml"
+    params:
+        cfg=config_json("data", "model"),
+    threads: 1
+    shell:
+        "python -m agentrl hub-download --config-json {params.cfg:q} --manifest {output} > {log} 2>&1"
+
+
 rule prepare_data:
+    input:
+        HUB_MANIFEST,
     output:
         sft=result("data/sft.parquet"),
         rl_pool=result("data/prepared/rl_pool.parquet"),
@@ -22,7 +47,7 @@ rule prepare_data:
         eval_dir=parent_dir("eval"),
     threads: 2
     shell:
-        "python -m agentrl prepare-data --config-json {params.cfg:q} "
+        HUB_OFFLINE + "python -m agentrl prepare-data --config-json {params.cfg:q} "
         "--sft {output.sft} --rl-pool {output.rl_pool} --eval-dir {params.eval_dir} > {log} 2>&1"
 
 

@@ -45,10 +45,15 @@ rule evaluate:
         cfg=EVAL_CFG,
         model_dir=lambda wildcards, input: str(Path(input.model).parent),
     threads: 1
+    resources:
+        gpu=0,  # the profiles give each evaluation its GPU(s) (rules/common.smk on_gpus)
     shell:
-        "python -m agentrl evaluate run --config-json {params.cfg:q} --model {params.model_dir} --threads {threads} "
-        "--problems {input.problems} --benchmark {wildcards.benchmark} "
-        "--samples {output.samples} --metrics {output.metrics} > {log} 2>&1"
+        on_gpus(
+            "python -m agentrl evaluate run --config-json {params.cfg:q} --model {params.model_dir} --threads {threads} "
+            "--problems {input.problems} --benchmark {wildcards.benchmark} "
+            "--samples {output.samples} --metrics {output.metrics}"
+        )
+        + " > {log} 2>&1"
 
 
 rule export_livecodebench:

@@ -45,9 +45,14 @@ rule score_rl_pool:
         model_dir=lambda wildcards, input: str(Path(input.model).parent),
     priority: 10  # the training chain is the critical path: before evaluations that could wait
     threads: 2
+    resources:
+        gpu=0,  # the profiles give the scoring job its GPU(s) (rules/common.smk on_gpus)
     shell:
-        "python -m agentrl filter score --config-json {params.cfg:q} --model {params.model_dir} --threads {threads} "
-        "--pool {input.pool} --out {output.pass_rates} --samples {output.samples} > {log} 2>&1"
+        on_gpus(
+            "python -m agentrl filter score --config-json {params.cfg:q} --model {params.model_dir} --threads {threads} "
+            "--pool {input.pool} --out {output.pass_rates} --samples {output.samples}"
+        )
+        + " > {log} 2>&1"
 
 
 rule select_rl_data:

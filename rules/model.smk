@@ -3,6 +3,7 @@ import re
 
 rule base_model:
     input:
+        HUB_MANIFEST,  # rules/data.smk: a hub model.base is read offline from the cache it fills
         sft=result("data/sft.parquet"),
         rl_pool=result("data/prepared/rl_pool.parquet"),  # before fit_prompts: it needs this tokenizer
     output:
@@ -18,7 +19,7 @@ rule base_model:
         out_dir=parent_dir("config"),
     threads: 1
     shell:
-        "python -m agentrl base-model --config-json {params.cfg:q} "
+        HUB_OFFLINE + "python -m agentrl base-model --config-json {params.cfg:q} "
         "--sft {input.sft} --rl-pool {input.rl_pool} --out {params.out_dir} > {log} 2>&1"
 
 

@@ -27,8 +27,11 @@ rule grpo:
     priority: 10  # the training chain is the critical path: before evaluations that could wait
     threads: 2
     resources:
-        gpu=0,  # GPUs per node (0: one CPU process); the profiles set it for GPU runs
+        gpu=0,  # the job's GPUs, all on one node (0: one CPU process); the profiles set it for GPU runs
     shell:
-        "python -m agentrl grpo --config-json {params.cfg:q} --model {params.model_dir} "
-        "--train {input.train} --eval {input.eval} --out {params.out_dir} --metrics {output.metrics} "
-        "--checkpoint-dir {params.checkpoints} --nproc {resources.gpu} --threads {threads} > {log} 2>&1"
+        on_gpus(
+            "python -m agentrl grpo --config-json {params.cfg:q} --model {params.model_dir} "
+            "--train {input.train} --eval {input.eval} --out {params.out_dir} --metrics {output.metrics} "
+            "--checkpoint-dir {params.checkpoints} --nproc {resources.gpu} --threads {threads}"
+        )
+        + " > {log} 2>&1"

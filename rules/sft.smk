@@ -27,8 +27,11 @@ rule sft:
     priority: 10  # the training chain is the critical path: before evaluations that could wait
     threads: 2
     resources:
-        gpu=0,  # GPUs per node (0: one CPU process); the profiles set it for GPU runs
+        gpu=0,  # the job's GPUs, all on one node (0: one CPU process); the profiles set it for GPU runs
     shell:
-        "python -m agentrl sft --config-json {params.cfg:q} --model {params.model_dir} --data {input.data} "
-        "--out {params.out_dir} --metrics {params.running_metrics} --checkpoint-dir {params.checkpoints} "
-        "--nproc {resources.gpu} --threads {threads} > {log} 2>&1 && cp {params.running_metrics} {output.metrics}"
+        on_gpus(
+            "python -m agentrl sft --config-json {params.cfg:q} --model {params.model_dir} --data {input.data} "
+            "--out {params.out_dir} --metrics {params.running_metrics} --checkpoint-dir {params.checkpoints} "
+            "--nproc {resources.gpu} --threads {threads}"
+        )
+        + " > {log} 2>&1 && cp {params.running_metrics} {output.metrics}"

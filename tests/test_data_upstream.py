@@ -17,7 +17,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def rows(path: Path | str) -> list[dict]:
-    return upstream.read_rows(SourceConfig(id=str(path), file=None))
+    return upstream.read_rows(SourceConfig(id=str(path), file=None, revision=None))
 
 
 def test_sft_parquet_with_struct_columns_and_string_arguments():

@@ -6,8 +6,10 @@ import pytest
 
 from agentrl.launch import (
     build_launch_command,
+    cpus_per_process,
     first_host,
     is_launched,
+    job_cpus,
     master_port,
     resolve_nproc_per_node,
     strip_nproc,
@@ -123,8 +125,54 @@ def test_slurm_two_nodes_inside_the_per_node_step_runs_static_torchrun(node_id):
 
 def test_slurm_multi_node_refuses_a_step_with_one_task_per_gpu():
     env = _slurm(2, 8, SLURM_STEP_NUM_NODES="2", SLURM_STEP_NUM_TASKS="16")
-    with pytest.raises(ValueError, match="one task per node"):
+    with pytest.raises(ValueError, match="submit multi-node training with sbatch"):
         build_launch_command(ARGS, env, 8)
+
+
+def test_multi_node_inside_the_executors_one_task_step_is_refused_not_nested():
+    """The SLURM executor runs a job as `srun -n1 ...` inside the allocation: that step holds the
+    GPUs, so a nested per-node srun would hang; the stage says so instead."""
+    env = _slurm(2, 8, SLURM_STEP_ID="0", SLURM_STEP_NUM_NODES="1", SLURM_STEP_NUM_TASKS="1")
+    with pytest.raises(ValueError, match="already holds the job's GPUs"):
+        build_launch_command(ARGS, env, 8)
+
+
+@pytest.mark.parametrize(
+    ("env", "available", "cpus"),
+    [
+        ({"SLURM_CPUS_PER_TASK": "16", "OMP_NUM_THREADS": "2"}, 64, 16),  # SLURM's allocation first
+        ({"SLURM_CPUS_PER_GPU": "8", "SLURM_GPUS_ON_NODE": "8", "OMP_NUM_THREADS": "64"}, 128, 64),
+        ({"SLURM_CPUS_PER_GPU": "8", "CUDA_VISIBLE_DEVICES": "0,1"}, 128, 16),
+        ({"OMP_NUM_THREADS": "6"}, 32, 6),  # Snakemake's threads
+        ({"OMP_NUM_THREADS": "64"}, 8, 8),  # never more than the CPUs this process may use
+        ({}, 12, 12),
+        ({"SLURM_CPUS_PER_TASK": "junk"}, 4, 4),
+    ],
+)
+def test_job_cpus(env, available, cpus):
+    assert job_cpus(env, available) == cpus
+
+
+def test_cpus_are_shared_among_the_ranks_of_a_node():
+    env = {"SLURM_CPUS_PER_GPU": "8", "SLURM_GPUS_ON_NODE": "8", "LOCAL_WORLD_SIZE": "8"}
+    assert cpus_per_process(env, 128) == 8
+    assert cpus_per_process({"OMP_NUM_THREADS": "2", "LOCAL_WORLD_SIZE": "4"}, 2) == 1
+
+
+def test_sandbox_workers_null_follow_the_job_cpus(monkeypatch):
+    from agentrl.config import load_config
+    from agentrl.tools.sandbox import make_sandbox
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # what Snakemake exports for threads: 1
+    for key in ("SLURM_CPUS_PER_TASK", "SLURM_CPUS_PER_GPU", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    cfg = load_config({"sandbox": {"workers": None, "preload_modules": []}}).sandbox
+    expected = 1
+    with make_sandbox(cfg) as sandbox:
+        assert sandbox.concurrency == expected
+    explicit = load_config({"sandbox": {"workers": 2, "preload_modules": []}}).sandbox
+    with make_sandbox(explicit) as sandbox:
+        assert sandbox.concurrency == 2
 
 
 def test_master_port_prefers_the_environment():

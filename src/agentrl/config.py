@@ -54,6 +54,7 @@ class EmbeddedDataConfig:
 class SourceConfig:
     id: str
     file: str | None
+    revision: str | None  # hub commit hash (a pin), tag or branch; None = the default branch
 
 
 @dataclass(frozen=True)
@@ -106,13 +107,14 @@ class ModelSourceConfig:
 @dataclass(frozen=True)
 class ModelConfig:
     base: str
+    revision: str | None  # of a hub model.base: commit hash (a pin), tag or branch; None = main
     embedded: EmbeddedModelConfig
 
 
 @dataclass(frozen=True)
 class SandboxConfig:
     backend: Literal["local", "sandbox_fusion"]
-    workers: int
+    workers: int | None  # None: the job's CPUs per process (agentrl.launch.cpus_per_process)
     timeout_s: float
     cpu_time_s: int
     memory_mb: int

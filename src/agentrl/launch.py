@@ -9,16 +9,26 @@ themselves through the command built here:
 - one process in all: no launcher, the stage runs in place;
 - one node: ``python -m torch.distributed.run --standalone --nproc_per_node N -m agentrl ...``
   (``--standalone`` picks a free rendezvous port, so two jobs on one machine do not collide);
-- several SLURM nodes: torchrun needs one agent per node. From the batch step (where the rule's
-  shell runs; give the rule the ``mpi`` resource so that the SLURM executor does not wrap it in
-  ``srun -n1``) the stage first re-executes itself as ``srun --nodes M --ntasks-per-node 1 ...``;
+- several SLURM nodes (an ``sbatch`` job, not the Snakemake executor; see below): torchrun needs
+  one agent per node. From the batch step the stage first re-executes itself as
+  ``srun --nodes M --ntasks-per-node 1 ...``;
   each of those per-node tasks then builds the static-rendezvous torchrun command with
   ``--nnodes M --node_rank $SLURM_NODEID --master_addr <first host of SLURM_JOB_NODELIST>
   --master_port P``.
 
-Processes per node: ``--nproc N`` when given (Snakemake does not set CUDA_VISIBLE_DEVICES, so
-rules pass their ``gpu`` resource), else the GPUs the scheduler granted (CUDA_VISIBLE_DEVICES,
+Processes per node: ``--nproc N`` when given (rules pass their ``gpu`` resource: the GPUs of a
+one-node job), else the GPUs the scheduler granted (CUDA_VISIBLE_DEVICES,
 then SLURM_GPUS_ON_NODE / SLURM_GPUS_PER_NODE / SLURM_JOB_GPUS), else one CPU process.
+
+CPUs: :func:`job_cpus` is what the job was really given (SLURM's allocation, else Snakemake's
+``threads``, never more than the CPUs this process may run on); :func:`cpus_per_process` shares it
+among the processes a launcher started on this node. The sandbox sizes its worker pool from it
+when ``sandbox.workers`` is null.
+
+Several nodes under the Snakemake SLURM executor are refused (:func:`build_launch_command`): the
+executor runs every job inside its own one-task ``srun`` step, which already holds the job's GPUs
+and CPUs, so a per-node ``srun`` from there could not start. Multi-node runs are submitted with
+``sbatch`` instead, where the stage runs in the batch step (docs/paper-scale.md).
 
 Every function here is pure (the environment is an argument), so the SLURM cases are unit-tested
 without a cluster.
@@ -26,6 +36,7 @@ without a cluster.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping, Sequence
 
@@ -154,6 +165,37 @@ def _one_task_per_node_step(env: Mapping[str, str], nnodes: int) -> bool:
     )
 
 
+def _positive_int(env: Mapping[str, str], key: str) -> int | None:
+    value = env.get(key, "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+def job_cpus(env: Mapping[str, str], available: int | None = None) -> int:
+    """CPUs this job has on this node.
+
+    SLURM's allocation when it says (``SLURM_CPUS_PER_TASK``; else ``SLURM_CPUS_PER_GPU`` x the
+    node's GPUs), else Snakemake's ``threads`` (which it exports as ``OMP_NUM_THREADS`` to every
+    job), capped by ``available``: the CPUs this process may run on (its affinity mask, which
+    cgroups and SLURM's binding narrow), read from the OS when not given.
+    """
+    if available is None:
+        available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    per_gpu, gpus = _positive_int(env, "SLURM_CPUS_PER_GPU"), visible_gpus(env)
+    for granted in (
+        _positive_int(env, "SLURM_CPUS_PER_TASK"),
+        per_gpu * gpus if per_gpu and gpus else None,
+        _positive_int(env, "OMP_NUM_THREADS"),
+    ):
+        if granted is not None:
+            return max(1, min(granted, available))
+    return max(1, available)
+
+
+def cpus_per_process(env: Mapping[str, str], available: int | None = None) -> int:
+    """:func:`job_cpus` shared among the processes a launcher started on this node (LOCAL_WORLD_SIZE)."""
+    return max(1, job_cpus(env, available) // (_positive_int(env, "LOCAL_WORLD_SIZE") or 1))
+
+
 def world_size(env: Mapping[str, str], nproc_per_node: int) -> int:
     return num_nodes(env) * nproc_per_node
 
@@ -189,10 +231,13 @@ def build_launch_command(
             *module_args,
         ]
     if not _one_task_per_node_step(env, nnodes):
-        if env.get("SLURM_STEP_NUM_TASKS") not in (None, "1"):
+        if env.get("SLURM_STEP_NUM_TASKS") is not None:
             raise ValueError(
-                f"running inside an srun step with {env.get('SLURM_STEP_NUM_TASKS')} tasks on a "
-                f"{nnodes}-node job: start the stage once (batch step) or with one task per node"
+                f"a {nnodes}-node job, started inside an srun step of {env['SLURM_STEP_NUM_TASKS']} task(s) "
+                f"on {env.get('SLURM_STEP_NUM_NODES', '?')} node(s): that step already holds the job's GPUs "
+                "and CPUs, so the per-node srun that torchrun needs cannot start. This is how the Snakemake "
+                "SLURM executor runs every job; submit multi-node training with sbatch instead, where the "
+                "stage runs in the batch step (docs/paper-scale.md, 'Several nodes'), or run it on one node"
             )
         srun = [
             "srun",

@@ -1,8 +1,9 @@
 """Loaders for the data released with the paper (docs/recipe.md section 1), into normalized records.
 
-Sources are a Hugging Face hub dataset id plus a file inside it (``Gen-Verse/Open-AgentRL-30K``,
-``Open-AgentRL-30K.parquet``) or a local ``.parquet`` / ``.jsonl`` / ``.json`` path. Both are
-read with ``datasets`` when the rule runs, never while Snakemake builds the DAG.
+Sources are a Hugging Face hub dataset id plus a file inside it and a revision
+(``Gen-Verse/Open-AgentRL-30K``, ``Open-AgentRL-30K.parquet``; the file comes from the hub cache,
+:mod:`agentrl.hub`) or a local ``.parquet`` / ``.jsonl`` / ``.json`` path. Both are read with
+``datasets`` when the rule runs, never while Snakemake builds the DAG.
 
 Normalization applies the recipe's prompt templates (section 2): AIME and GPQA wrappings,
 LiveCodeBench's stdin/stdout instructions, and the per-data-source wrapping of RL rows. Every
@@ -44,10 +45,12 @@ def read_rows(source: SourceConfig, limit: int | None = None) -> list[dict[str, 
         path = Path(source.id).expanduser()
         if not path.exists():
             raise FileNotFoundError(f"data source {source.id!r} does not exist")
-        builder = "parquet" if path.suffix == ".parquet" else "json"
-        table = datasets.load_dataset(builder, data_files=str(path), split="train")
-    else:
-        table = datasets.load_dataset(source.id, data_files=source.file, split="train")
+    else:  # through the hub cache, at the pinned revision (offline when HF_HUB_OFFLINE=1)
+        from agentrl.hub import dataset_file
+
+        path = dataset_file(source)
+    builder = "parquet" if path.suffix == ".parquet" else "json"
+    table = datasets.load_dataset(builder, data_files=str(path), split="train")
     rows = table.to_list()
     return rows[:limit] if limit else rows
 

@@ -55,6 +55,6 @@ def main(argv: list[str]) -> int:
             args.out,
         )
     else:
-        build.resolve_pretrained(cfg.model.base, args.out)
+        build.resolve_pretrained(cfg.model.base, args.out, cfg.model.revision)
         log.info("model.base %s -> %s", cfg.model.base, args.out)
     return 0

@@ -454,7 +454,16 @@ class LocalSandbox(Sandbox):
 
 
 def make_sandbox(cfg: SandboxConfig) -> Sandbox:
-    """The backend ``sandbox.backend`` names: ``local`` or ``sandbox_fusion``."""
+    """The backend ``sandbox.backend`` names: ``local`` or ``sandbox_fusion``.
+
+    ``sandbox.workers: null`` sizes the pool to the CPUs this process of the job has
+    (:func:`agentrl.launch.cpus_per_process`): SLURM's allocation or Snakemake's threads.
+    """
+    if cfg.workers is None:
+        from agentrl.launch import cpus_per_process
+
+        cfg = dataclasses.replace(cfg, workers=cpus_per_process(os.environ))
+        logger.info("sandbox: %d workers (sandbox.workers: null follows the job's CPUs)", cfg.workers)
     if cfg.backend == "local":
         return LocalSandbox(cfg)
     if cfg.backend == "sandbox_fusion":

@@ -1,0 +1,116 @@
+"""Hugging Face hub downloads: pinned revisions, one download step, offline reads after it.
+
+A hub source is named by an id and a ``revision`` (a commit hash, a tag or a branch; null =
+the default branch, ``main``). The data sources are ``{id, file, revision}``
+(``data.upstream.*``), the base model is ``model.base`` + ``model.revision``; a commit hash pins
+exactly what is read, so a later push to the hub repository changes nothing.
+
+Every read goes through the local hub cache (``HF_HOME`` / ``HF_HUB_CACHE``):
+:func:`dataset_file` and :func:`model_snapshot` return paths inside it, downloading what is
+missing unless the hub is offline (``HF_HUB_OFFLINE=1``), in which case a file not in the cache
+is an error naming it. The workflow's ``hub_download`` rule (``python -m agentrl hub-download``)
+fills the cache on the submitting host, where the network is; the rules that read the data and
+the model then run with ``HF_HUB_OFFLINE=1`` wherever the scheduler puts them, so the cache must
+be on a file system the compute nodes see (docs/paper-scale.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+from agentrl.config import Config, SourceConfig, add_config_arguments, config_from_args
+
+log = logging.getLogger("agentrl.hub")
+LOCAL_DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
+COMMIT_HASH = re.compile(r"^[0-9a-f]{40}$")
+
+
+def is_hub_id(name: str) -> bool:
+    """``org/name`` that is not an existing local path: what the hub resolves."""
+    if Path(name).expanduser().exists() or name.endswith(LOCAL_DATA_SUFFIXES):
+        return False
+    return name.count("/") == 1 and not name.startswith((".", "/", "~"))
+
+
+def dataset_file(source: SourceConfig) -> Path:
+    """The local path of ``source.file`` of the hub dataset ``source.id`` at ``source.revision``."""
+    from huggingface_hub import hf_hub_download
+
+    if not source.file:
+        raise ValueError(f"data source {source.id!r}: a hub dataset needs 'file' (the file inside it)")
+    return Path(hf_hub_download(source.id, source.file, repo_type="dataset", revision=source.revision))
+
+
+def model_snapshot(repo_id: str, revision: str | None) -> Path:
+    """The local folder holding the hub model ``repo_id`` at ``revision``."""
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(repo_id, revision=revision))
+
+
+def hub_dataset_sources(cfg: Config) -> Iterator[tuple[str, SourceConfig]]:
+    """(config key, source) of every data source the config reads from the hub."""
+    if cfg.data.source != "upstream":
+        return
+    up = cfg.data.upstream
+    named = [("data.upstream.sft", up.sft), ("data.upstream.rl", up.rl)]
+    named += [(f"data.upstream.eval.{name}", source) for name, source in up.eval.items()]
+    for key, source in named:
+        if is_hub_id(source.id):
+            yield key, source
+
+
+def needs_hub(cfg: Config) -> bool:
+    return any(True for _ in hub_dataset_sources(cfg)) or is_hub_id(cfg.model.base)
+
+
+def _snapshot_commit(path: Path) -> str | None:
+    """The commit a hub-cache path belongs to (``.../snapshots/<commit>/...``)."""
+    parts = path.parts
+    if "snapshots" in parts and parts.index("snapshots") + 1 < len(parts):
+        return parts[parts.index("snapshots") + 1]
+    return None
+
+
+def _pin_note(key: str, revision: str | None, commit: str | None) -> None:
+    if revision is None or not COMMIT_HASH.match(revision):
+        log.warning("%s is not pinned to a commit (revision %r); it resolved to %s", key, revision, commit)
+
+
+def download(cfg: Config) -> dict[str, dict[str, str | None]]:
+    """Fetch every hub file and model the config reads into the hub cache; returns the manifest:
+    config key -> id, file, revision asked for, commit received."""
+    manifest: dict[str, dict[str, str | None]] = {}
+    for key, source in hub_dataset_sources(cfg):
+        path = dataset_file(source)
+        commit = _snapshot_commit(path)
+        _pin_note(key + ".revision", source.revision, commit)
+        manifest[key] = {"id": source.id, "file": source.file, "revision": source.revision, "commit": commit}
+        log.info("%s: %s/%s at %s", key, source.id, source.file, commit)
+    if is_hub_id(cfg.model.base):
+        folder = model_snapshot(cfg.model.base, cfg.model.revision)
+        commit = _snapshot_commit(folder)
+        _pin_note("model.revision", cfg.model.revision, commit)
+        manifest["model.base"] = {"id": cfg.model.base, "file": None, "revision": cfg.model.revision, "commit": commit}
+        log.info("model.base: %s at %s", cfg.model.base, commit)
+    return manifest
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="agentrl hub-download",
+        description="Download the hub data sets and base model the config names into the local hub cache.",
+    )
+    add_config_arguments(parser)
+    parser.add_argument("--manifest", type=Path, required=True, help="output: JSON of what was fetched, by config key")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    manifest = download(config_from_args(args))
+    args.manifest.parent.mkdir(parents=True, exist_ok=True)
+    args.manifest.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return 0
