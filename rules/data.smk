@@ -3,7 +3,7 @@
 # the rules reading hub data or models run with HF_HUB_OFFLINE=1 on whichever node, reading
 # that cache. Without hub sources (the embedded default) there is no download job.
 HUB_MANIFEST = [result("hub/manifest.json")] if NEEDS_HUB else []
-HUB_OFFLINE = "export HF_HUB_OFFLINE=1; " if NEEDS_HUB else ""
+HUB_OFFLINE = int(NEEDS_HUB)  # HF_HUB_OFFLINE for the rules reading what hub_download fetched
 
 
 rule hub_download:
@@ -45,9 +45,10 @@ rule prepare_data:
             separators=(",", ":"),
         ),
         eval_dir=parent_dir("eval"),
+        hub_offline=HUB_OFFLINE,
     threads: 2
     shell:
-        HUB_OFFLINE + "python -m agentrl prepare-data --config-json {params.cfg:q} "
+        "HF_HUB_OFFLINE={params.hub_offline} python -m agentrl prepare-data --config-json {params.cfg:q} "
         "--sft {output.sft} --rl-pool {output.rl_pool} --eval-dir {params.eval_dir} > {log} 2>&1"
 
 

@@ -16,10 +16,11 @@ rule base_model:
         "../envs/train.yaml"
     params:
         cfg=config_json("seed", "model"),
+        hub_offline=HUB_OFFLINE,
         out_dir=parent_dir("config"),
     threads: 1
     shell:
-        HUB_OFFLINE + "python -m agentrl base-model --config-json {params.cfg:q} "
+        "HF_HUB_OFFLINE={params.hub_offline} python -m agentrl base-model --config-json {params.cfg:q} "
         "--sft {input.sft} --rl-pool {input.rl_pool} --out {params.out_dir} > {log} 2>&1"
 
 
