@@ -289,8 +289,8 @@ def test_writes_outside_the_working_directory_do_not_reach_the_host(sandbox):
 
 
 def test_home_directories_are_hidden(sandbox):
-    if not sandbox.isolation.hidden_home:
-        pytest.skip("hiding home directories needs a mount namespace")
+    if not sandbox.isolation.private_root:
+        pytest.skip("a private root needs a mount namespace")
     secret_dir = Path.home()
     visible_on_host = {p.name for p in secret_dir.iterdir()} if secret_dir.is_dir() else set()
     result = sandbox.run(f"import json, os\nprint(json.dumps(os.listdir({str(secret_dir)!r})))")
@@ -300,6 +300,117 @@ def test_home_directories_are_hidden(sandbox):
     }
     assert listed <= kept_for_python, f"{secret_dir} shows {listed - kept_for_python} inside the sandbox"
     assert visible_on_host - kept_for_python, "nothing to hide on this host: the test would prove nothing"
+
+
+READ_PROBE = """\
+import sys
+for path in sys.argv_paths:
+    try:
+        with open(path, 'rb') as fh:
+            print('READ', path, fh.read()[:40])
+    except OSError as exc:
+        print('refused', path, exc.errno)
+"""
+
+
+def try_reading(sb, paths):
+    result = sb.run(READ_PROBE.replace("sys.argv_paths", repr([str(p) for p in paths])))
+    assert result.status == "ok", result
+    return result.stdout
+
+
+def test_files_outside_python_and_the_workdir_are_invisible(sandbox):
+    """A root-only 0600 file outside /root, /home and /tmp, a results folder, the repository's data."""
+    if not sandbox.isolation.private_root:
+        pytest.skip("a private root needs a mount namespace")
+    secret_dir = Path("/var/lib") / f"agentrl-probe-{uuid.uuid4().hex}"
+    results_dir = Path(__file__).parent / f".sandbox-results-probe-{uuid.uuid4().hex}" / "results" / "rl"
+    try:
+        secret_dir.mkdir(parents=True)
+        secret = secret_dir / "secret.txt"
+        secret.write_text("root only")
+        secret.chmod(0o600)
+        results_dir.mkdir(parents=True)
+        ground_truth = results_dir / "problems.jsonl"
+        ground_truth.write_text('{"ground_truth": "42"}\n')
+        ground_truth.chmod(0o644)
+        fixtures = Path(__file__).parent / "fixtures" / "rl.jsonl"
+        import agentrl
+
+        paths = [secret, ground_truth, fixtures, Path(agentrl.__file__), Path(__file__)]
+        assert all(p.is_file() for p in paths)
+        output = try_reading(sandbox, paths)
+        assert "READ" not in output, output
+        assert output.count("refused") == len(paths)
+        listing = sandbox.run("import os\nprint(sorted(os.listdir('/')))").stdout
+        for host_only in ("work", "srv", "opt", "home", "mnt"):
+            assert f"'{host_only}'" not in listing or not Path(f"/{host_only}").exists(), listing
+    finally:
+        shutil.rmtree(secret_dir, ignore_errors=True)
+        shutil.rmtree(results_dir.parents[1], ignore_errors=True)
+
+
+def test_the_code_has_no_capability(sandbox):
+    """Nothing that bypasses file permissions (CAP_DAC_READ_SEARCH included), in any set."""
+    if not sandbox.isolation.private_root:
+        pytest.skip("without a private root the code may keep CAP_DAC_READ_SEARCH (see the module docstring)")
+    result = sandbox.run("print(open('/proc/self/status').read())")
+    sets = dict(line.split(":\t") for line in result.stdout.splitlines() if line.startswith("Cap"))
+    assert {name: int(value, 16) for name, value in sets.items() if name != "CapBnd"} == {
+        "CapInh": 0,
+        "CapPrm": 0,
+        "CapEff": 0,
+        "CapAmb": 0,
+    }, sets
+    assert not sandbox.isolation.read_override
+
+
+TMP_ENV_PROBE = """\
+import json, sys
+from agentrl.config import load_config
+from agentrl.tools.sandbox import LocalSandbox
+cfg = load_config({"sandbox": {"workers": 1, "preload_modules": [], "memory_mb": 512}}).sandbox
+with LocalSandbox(cfg) as sb:
+    code = "import numpy, sys\\nprint(numpy.__file__, sys.prefix, int(numpy.arange(4).sum()))\\n"
+    write = f"open({sys.argv[1]!r} + '/probe.txt', 'w')"
+    print(json.dumps([sb.run(code).to_json(), sb.run(code).to_json(), sb.run(write).to_json()]))
+"""
+
+
+def test_a_python_environment_under_tmp_is_importable(tmp_path):
+    """A venv in /tmp (node-local envs on clusters) whose numpy lives there too: read-only, importable."""
+    if not (os.geteuid() == 0 or os.path.exists("/proc/sys/kernel/unprivileged_userns_clone")):
+        pytest.skip("needs namespaces")
+    import numpy
+
+    root = Path(tempfile.mkdtemp(prefix="agentrl-tmp-env-", dir="/tmp"))
+    try:
+        subprocess.run(
+            [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(root / "venv")], check=True
+        )
+        site = next((root / "venv" / "lib").glob("python*/site-packages"))
+        source = Path(numpy.__file__).parent
+        for item in [source, *source.parent.glob("numpy.libs")]:  # hard links: fast, and the files live in /tmp
+            subprocess.run(["cp", "-al", str(item), str(site / item.name)], check=True)
+        import agentrl
+
+        env = {**os.environ, "PYTHONPATH": str(Path(agentrl.__file__).resolve().parents[1])}
+        completed = subprocess.run(
+            [str(root / "venv" / "bin" / "python"), "-c", TMP_ENV_PROBE, str(site / "numpy")],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        assert completed.returncode == 0, completed.stderr
+        first, second, write = (ExecutionResult.from_json(r) for r in json.loads(completed.stdout.splitlines()[-1]))
+        for result in (first, second):  # the second after the private /tmp was reset
+            assert result.status == "ok", result
+            numpy_file, prefix, total = result.stdout.split()
+            assert numpy_file.startswith(str(site)) and prefix == str(root / "venv") and total == "6"
+        assert write.status == "error" and "Read-only file system" in write.stderr, write
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_environment_of_the_caller_is_not_visible(sandbox, monkeypatch):

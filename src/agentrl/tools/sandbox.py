@@ -35,31 +35,40 @@ what this host granted; each item has a test in tests/test_sandbox.py that tries
 * **Secrets in the environment**: the worker and the code get a fixed minimal environment
   (PATH, LANG, HOME=workdir, thread caps for BLAS); no variable of the caller is visible, and the
   caller's ``/proc/<pid>/environ`` is out of reach (another PID namespace, another uid).
-* **Files**: the code starts in a fresh empty working directory (``/tmp/run``, the same path
-  each time, so tracebacks are reproducible; a random one without namespaces); every mount is
-  read-only except private, size-limited ``/tmp``, ``/var/tmp`` and ``/dev/shm`` (tmpfs, new
-  for each execution); ``/root`` and ``/home`` are replaced by empty directories (the Python installation
-  is re-attached if it lives there), so credentials kept in home directories are unreadable;
-  ``max_file_mb`` caps any single file.
+* **Files**: the code's root is a private one (a mount namespace and ``pivot_root``) that holds
+  only, read-only, the system programs and libraries (``/usr``, ``/bin``, ``/lib*``, the
+  dynamic loader's files of ``/etc``, ``/etc/localtime``), the Python installation and its
+  packages (every directory of ``sys.prefix`` and ``sys.path``, wherever they live: under
+  ``/root``, ``/home`` or ``/tmp`` too), a minimal ``/dev`` (null, zero, full, random, urandom),
+  its own ``/proc``, and private, size-limited ``/tmp``, ``/var/tmp`` and ``/dev/shm`` (tmpfs,
+  new for each execution). Nothing else of the host exists there: not the repository (an
+  editable install of this package is left out), its data and results folders, other users'
+  files or home directories, ``/etc``'s other files, ``/sys``. The code starts in a fresh empty
+  working directory (``/tmp/run``, the same path each time, so tracebacks are reproducible; a
+  random one without namespaces); ``max_file_mb`` caps any single file. It has no capability:
+  nothing bypasses file permissions (if the sandbox uid cannot read the Python installation,
+  the sandbox refuses to start and names the path).
 * **The caller**: the code runs in its own session and process group, in another PID namespace
   and (as root) another uid, with no capabilities and ``no_new_privs``; ``os.kill(os.getppid())``,
   ``os.killpg`` and ``kill -9 -1`` reach only the code's own processes.
 
 What it does not protect against:
 
-* Reading world-readable files outside the hidden home directories (the repository, system
-  files). Only writes are prevented.
+* Reading the system directories and the Python installation listed above (world-readable
+  files there, e.g. under ``/usr``), and information in ``/proc`` about the machine (CPUs,
+  memory, kernel version).
 * Kernel exploits and side channels: this is process isolation on a shared kernel, not a VM.
   Run the RL job itself in a container or VM if the policy might be adversarial.
 * Aggregate memory: each process has its own address-space limit, so a program may use up to
   ``max_processes x memory_mb`` (no cgroup is used).
 * CPU contention with other jobs; a tool call can slow the host, not stop it.
 * Degraded hosts: without namespaces (e.g. a container without CAP_SYS_ADMIN) there is no
-  network, mount or PID isolation: the code can write where the sandbox uid may (world-writable
-  directories such as ``/tmp``) and detached processes are found by uid or process tree instead.
-  If, there, the sandbox uid cannot read the Python installation (e.g. pyenv under a ``0700``
-  ``/root``), the code keeps CAP_DAC_READ_SEARCH and can read every file
-  (``Isolation.read_override``). An unprivileged user without user namespaces gets no uid
+  network, mount or PID isolation: the code can read every world-readable file of the host, write
+  where the sandbox uid may (world-writable directories such as ``/tmp``), and detached
+  processes are found by uid or process tree instead. If, there, the sandbox uid cannot read the
+  Python installation (e.g. pyenv under a ``0700`` ``/root``), the code keeps
+  CAP_DAC_READ_SEARCH and can read every file (``Isolation.read_override``, logged); with
+  namespaces this never happens. An unprivileged user without user namespaces gets no uid
   switch: the code can signal the caller's other processes. ``LocalSandbox.isolation`` and the
   log say which case applies.
 * Information left in the worker's memory by earlier executions is readable by later ones
@@ -148,9 +157,11 @@ class Isolation:
     """What isolation this host granted the local sandbox (see the module docstring).
 
     ``network``: own network namespace (loopback only). ``pid_namespace``: the worker is PID 1 of
-    its own PID namespace. ``mount_namespace``, ``private_tmp``, ``readonly_root``,
-    ``hidden_home``: the filesystem protections. ``user_switch``: the code runs as a sandbox uid
-    (the process limit is enforced). ``read_override``: that uid keeps CAP_DAC_READ_SEARCH.
+    its own PID namespace. ``mount_namespace``, ``private_root`` (the code's root shows only the
+    system directories, the Python installation and its working directory), ``readonly_root``,
+    ``private_tmp``: the filesystem protections. ``user_switch``: the code runs as a sandbox uid
+    (the process limit is enforced). ``read_override``: that uid keeps CAP_DAC_READ_SEARCH (only
+    without a private root, when the uid could not otherwise read the Python installation).
     ``user_namespace``: the namespaces were created unprivileged, through a user namespace.
     """
 
@@ -159,7 +170,7 @@ class Isolation:
     mount_namespace: bool
     private_tmp: bool
     readonly_root: bool
-    hidden_home: bool
+    private_root: bool
     user_switch: bool
     read_override: bool
     user_namespace: bool

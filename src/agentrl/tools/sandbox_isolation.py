@@ -14,6 +14,7 @@ import ctypes
 import errno
 import fcntl
 import os
+import platform
 import socket
 import struct
 import sys
@@ -39,6 +40,7 @@ MNT_DETACH = 2
 _SYS_OPEN_TREE = 428
 _SYS_MOVE_MOUNT = 429
 _SYS_MOUNT_SETATTR = 442
+_SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "s390x": 217, "riscv64": 41}
 _AT_FDCWD = -100
 _AT_RECURSIVE = 0x8000
 _OPEN_TREE_CLONE = 1
@@ -242,26 +244,73 @@ def interpreter_paths() -> list[str]:
     return sorted(p for p in resolved if os.path.isdir(p))
 
 
-def hide_directory(directory: str, keep: list[str]) -> None:
-    """Cover ``directory`` with an empty tmpfs, re-attaching the subtrees in ``keep`` at their paths.
+def within(path: str, directory: str) -> bool:
+    """Whether ``path`` is ``directory`` or lies below it (both absolute and normalized)."""
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
 
-    Used for home directories: the code cannot read credentials kept there, while an
-    interpreter installed under ``/root`` (pyenv, conda) stays importable at the same path.
-    """
-    inside = sorted(p for p in keep if p == directory or p.startswith(directory.rstrip("/") + "/"))
-    if directory in inside:
-        return  # the interpreter lives in this directory itself: hiding it would break imports
-    outermost = [p for p in inside if not any(p != q and p.startswith(q + "/") for q in inside)]
-    trees = [(p, clone_mount(p)) for p in outermost]
+
+def outermost(paths: list[str]) -> list[str]:
+    """``paths`` without those that lie inside another of them."""
+    unique = sorted(set(paths))
+    return [p for p in unique if not any(p != q and within(p, q) for q in unique)]
+
+
+def pivot_root(new_root: str, put_old: str) -> None:
+    number = _SYS_PIVOT_ROOT.get(platform.machine())
+    if number is None:
+        raise OSError(errno.ENOSYS, f"pivot_root: no syscall number known for {platform.machine()}")
+    if _libc.syscall(ctypes.c_long(number), ctypes.c_char_p(_path(new_root)), ctypes.c_char_p(_path(put_old))) != 0:
+        _raise_errno(f"pivot_root({new_root!r}, {put_old!r})")
+
+
+def _attach_copy(source: str, target_root: str) -> None:
+    """Bind ``source`` (a directory or a file of the current root) at the same path under ``target_root``."""
+    target = target_root.rstrip("/") + source
+    if os.path.isdir(source):
+        os.makedirs(target, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        open(target, "a").close()  # noqa: SIM115 - an empty mount point
+    tree = clone_mount(source)
     try:
-        mount("tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
-        try:
-            for path, tree_fd in trees:
-                os.makedirs(path, exist_ok=True)
-                attach_mount(tree_fd, path)
-        except OSError:
-            umount(directory)
-            raise
+        attach_mount(tree, target)
     finally:
-        for _, tree_fd in trees:
-            os.close(tree_fd)
+        os.close(tree)
+
+
+def enter_private_root(staging: str, visible: list[str], devices: list[str]) -> str | None:
+    """Make a root that holds only ``visible`` (bind mounts of these paths, files or directories) and
+    ``devices`` (e.g. ``/dev/null``), and pivot into it; the old root is unmounted.
+
+    ``staging`` is an existing directory to build the new root on (a tmpfs is mounted there, in
+    this mount namespace only). Top-level symlinks such as ``/bin -> usr/bin`` are recreated as
+    symlinks. A new ``/proc`` is mounted; returns why that failed, or None. The caller mounts the
+    private temporary directories and sets the read-only flags.
+    """
+    mount("tmpfs", staging, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=4m")
+    for path in outermost(visible):
+        if os.path.islink(path) and os.path.dirname(path) == "/":
+            os.symlink(os.readlink(path), staging + path)
+        elif os.path.exists(path):
+            _attach_copy(path, staging)
+    os.makedirs(staging + "/dev", exist_ok=True)
+    mount("tmpfs", staging + "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k")
+    for device in devices:
+        if os.path.exists(device):
+            _attach_copy(device, staging)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1")):
+        os.symlink(target, f"{staging}/dev/{name}")
+    os.symlink("/proc/self/fd/2", f"{staging}/dev/stderr")
+    for directory in ("/proc", "/tmp", "/var/tmp", "/dev/shm", "/.old-root"):
+        os.makedirs(staging + directory, exist_ok=True)
+    pivot_root(staging, staging + "/.old-root")
+    os.chdir("/")
+    proc_error = None
+    try:
+        # Before the old root goes: in a user namespace a new proc needs a fully visible one.
+        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    except OSError as exc:
+        proc_error = str(exc)
+    umount("/.old-root")
+    os.rmdir("/.old-root")
+    return proc_error

@@ -46,8 +46,26 @@ from agentrl.tools.sandbox_child import SETUP_FAILED_EXIT, Confinement, run_chil
 
 FRAME_HEADER = struct.Struct(">I")  # shared with the host side (agentrl.tools.sandbox)
 _NAMESPACE_FLAGS = iso.CLONE_NEWNS | iso.CLONE_NEWPID | iso.CLONE_NEWNET | iso.CLONE_NEWIPC | iso.CLONE_NEWUTS
-_HIDDEN_DIRECTORIES = ("/root", "/home")
 _PRIVATE_TMP_DIRECTORIES = ("/tmp", "/var/tmp", "/dev/shm")
+# What of the host the private root shows besides the Python installation (all read-only): system
+# programs and libraries, and the few files of /etc the dynamic loader and the C library read.
+_SYSTEM_PATHS = (
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/localtime",
+    "/etc/alternatives",
+)
+_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+_STAGING_DIRECTORY = "/tmp"  # the new root is built on a tmpfs there (in this mount namespace only)
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _PRIVATE_WORKDIR = "/tmp/run"
 _REAP_SECONDS = 2.0
 _DRAIN_SECONDS = 1.0
@@ -124,6 +142,23 @@ def _enter_namespaces() -> dict[str, Any]:
     return {"obtained": False, "user_namespace": False, "notes": notes}
 
 
+def python_paths() -> list[str]:
+    """The interpreter's directories the private root shows, never ``/`` and never a source tree of
+    this package outside the installation (an editable install points into a repository)."""
+    prefixes = [os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)]
+    sources = [_PACKAGE_ROOT, *(p for p in sys.path if p and os.path.isdir(os.path.join(p, "agentrl")))]
+    repositories = {
+        os.path.realpath(source)
+        for source in sources
+        if not any(iso.within(os.path.realpath(source), prefix) for prefix in prefixes)
+    }
+    return [
+        path
+        for path in iso.interpreter_paths()
+        if path != "/" and not any(iso.within(path, repo) or iso.within(repo, path) for repo in repositories)
+    ]
+
+
 # --------------------------------------------------------------------------- zygote
 class _Zygote:
     def __init__(self, config: dict[str, Any], namespaces: dict[str, Any]):
@@ -138,12 +173,13 @@ class _Zygote:
             "mount_namespace": self.in_namespaces,
             "private_tmp": False,
             "readonly_root": False,
-            "hidden_home": False,
+            "private_root": False,
             "user_switch": os.geteuid() == 0 and not namespaces["user_namespace"],
             "read_override": False,
             "user_namespace": namespaces["user_namespace"],
         }
         self.uid = config["uid"]
+        self._tmp_resident: list[str] = []
 
     # ---------------------------------------------------------------- setup
     def isolate(self) -> None:
@@ -157,11 +193,18 @@ class _Zygote:
                 iso.bring_loopback_up()
             except OSError as exc:
                 self.notes.append(f"loopback: {exc}")
-        if self.isolation["user_switch"] and not self._uid_can_read_interpreter():
+        unreadable = self._path_uid_cannot_read() if self.isolation["user_switch"] else None
+        if unreadable is not None and self.isolation["private_root"]:
+            # No capability that bypasses file permissions where the file system is isolated.
+            raise RuntimeError(
+                f"the sandbox uid {self.uid} cannot read {unreadable}, part of the Python installation; "
+                "make it readable by others (chmod -R o+rX) so that sandboxed code can import from it"
+            )
+        if unreadable is not None:
             self.isolation["read_override"] = True
             self.notes.append(
-                f"uid {self.uid} cannot read the Python installation; the code keeps CAP_DAC_READ_SEARCH"
-                " and so can read every file"
+                f"uid {self.uid} cannot read {unreadable} and there is no private root; the code keeps "
+                "CAP_DAC_READ_SEARCH and so can read every file"
             )
 
     def _isolate_filesystem(self) -> None:
@@ -172,56 +215,81 @@ class _Zygote:
             self.isolation["mount_namespace"] = False
             self.notes.append(f"private mount propagation: {exc}")
             return
+        python = python_paths()
+        in_tmp = [p for p in python if any(iso.within(p, d) for d in _PRIVATE_TMP_DIRECTORIES)]
+        # Clones of what lives in /tmp (a venv, a conda env), taken before the new root covers it.
+        trees = [(path, iso.clone_mount(path)) for path in iso.outermost(in_tmp)]
+        visible = [*_SYSTEM_PATHS, *(p for p in python if p not in in_tmp)]
         try:
-            iso.mount("proc", "/proc", "proc", iso.MS_NOSUID | iso.MS_NODEV | iso.MS_NOEXEC)
+            proc_error = iso.enter_private_root(_STAGING_DIRECTORY, visible, list(_DEVICES))
+            self.isolation["private_root"] = True
+            if proc_error:
+                self.notes.append(f"private /proc: {proc_error}")
         except OSError as exc:
-            self.notes.append(f"private /proc: {exc}")
-        try:
-            keep = iso.interpreter_paths()
-            for directory in _HIDDEN_DIRECTORIES:
-                if os.path.isdir(directory) and not os.path.islink(directory):
-                    iso.hide_directory(directory, keep)
-            self.isolation["hidden_home"] = True
-        except OSError as exc:
-            self.notes.append(f"hiding home directories: {exc}")
+            self.notes.append(f"private root (the code sees every world-readable file): {exc}")
         try:
             iso.set_mount_attributes_recursive("/", iso.MOUNT_ATTR_RDONLY | iso.MOUNT_ATTR_NOSUID)
             self.isolation["readonly_root"] = True
         except OSError as exc:
             self.notes.append(f"read-only root: {exc}")
         try:
-            self._mount_private_tmp()
+            self._mount_private_tmp(trees)
             self.isolation["private_tmp"] = True
+            self._tmp_resident = [path for path, _ in trees]
         except OSError as exc:
             self.notes.append(f"private tmp: {exc}")
+        finally:
+            for _, tree in trees:
+                os.close(tree)
 
-    def _mount_private_tmp(self) -> None:
+    def _mount_private_tmp(self, trees: list[tuple[str, int]]) -> None:
+        """Fresh tmpfs mounts for /tmp, /var/tmp, /dev/shm; ``trees`` (read-only) re-attached inside."""
         for directory in _PRIVATE_TMP_DIRECTORIES:
             if os.path.isdir(directory):
                 size = self.tmpfs_mb if directory == "/tmp" else max(1, self.tmpfs_mb // 4)
                 iso.mount("tmpfs", directory, "tmpfs", iso.MS_NOSUID | iso.MS_NODEV, f"mode=1777,size={size}m")
+        for path, tree in trees:
+            os.makedirs(path, exist_ok=True)
+            iso.attach_mount(tree, path)
+            iso.set_mount_attributes_recursive(path, iso.MOUNT_ATTR_RDONLY | iso.MOUNT_ATTR_NOSUID)
 
     def _reset_private_tmp(self) -> None:
         """Replace the private tmpfs mounts by empty ones: O(1), whatever the code left there."""
-        for directory in _PRIVATE_TMP_DIRECTORIES:
-            if os.path.isdir(directory):
-                iso.umount(directory)
-        self._mount_private_tmp()
+        trees = [(path, iso.clone_mount(path)) for path in self._tmp_resident]
+        try:
+            for directory in _PRIVATE_TMP_DIRECTORIES:
+                if os.path.isdir(directory):
+                    iso.umount(directory)
+            self._mount_private_tmp(trees)
+        finally:
+            for _, tree in trees:
+                os.close(tree)
 
-    def _uid_can_read_interpreter(self) -> bool:
-        """Whether a child running as ``self.uid`` can read the interpreter and its packages."""
+    def _path_uid_cannot_read(self) -> str | None:
+        """The first interpreter path a child running as ``self.uid`` cannot read, or None."""
+        read_fd, write_fd = os.pipe()
         pid = os.fork()
         if pid == 0:
-            readable = False
             try:
+                os.close(read_fd)
                 iso.switch_user(self.uid, keep_read_access=False)
-                for path in iso.interpreter_paths():
-                    os.listdir(path)
-                readable = os.access(os.path.realpath(sys.executable), os.X_OK)
+                executable = os.path.realpath(sys.executable)
+                for path in python_paths():
+                    try:
+                        os.listdir(path)
+                    except OSError:
+                        os.write(write_fd, os.fsencode(path))
+                        break
+                else:
+                    if not os.access(executable, os.X_OK):
+                        os.write(write_fd, os.fsencode(executable))
             finally:
-                os._exit(0 if readable else 1)
-        _, status = os.waitpid(pid, 0)
-        return os.waitstatus_to_exitcode(status) == 0
+                os._exit(0)
+        os.close(write_fd)
+        with os.fdopen(read_fd, "rb") as reader:
+            unreadable = reader.read()
+        os.waitpid(pid, 0)
+        return os.fsdecode(unreadable) if unreadable else None
 
     def preload(self, modules: list[str]) -> tuple[list[str], list[str]]:
         loaded, missing = [], []
