@@ -8,7 +8,10 @@ Each stage module exposes ``main(argv: list[str]) -> int``.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+
+from agentrl import __version__
 
 STAGES: dict[str, tuple[str, str]] = {
     "hub-download": ("agentrl.hub", "fetch the hub data sets and base model into the local hub cache"),
@@ -29,15 +32,30 @@ STAGES: dict[str, tuple[str, str]] = {
 
 def _usage() -> str:
     width = max(len(name) for name in STAGES)
-    lines = ["usage: python -m agentrl <stage> [options]", "", "stages:"]
+    lines = ["usage: python -m agentrl <stage> [options]   (--version, --help; <stage> --help)", "", "stages:"]
     lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in STAGES.items()]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        status = _run(argv)
+        sys.stdout.flush()  # here, not at exit: a closed pipe is then caught below
+    except BrokenPipeError:
+        # The reader went away (`... | head`): stop quietly, as other command-line tools do.
+        # Python's own final flush would fail again, so stdout points to /dev/null from here.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    return status
+
+
+def _run(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
+        return 0
+    if argv[0] in ("-V", "--version"):
+        print(f"agentrl {__version__}")
         return 0
     stage = argv[0].replace("_", "-")
     if stage not in STAGES:

@@ -7,6 +7,7 @@ import json
 import logging
 from pathlib import Path
 
+from agentrl.cli_help import HelpFormatter
 from agentrl.config import Config, RewardConfig, add_config_arguments, config_from_args
 from agentrl.data import upstream
 from agentrl.data.records import write_records
@@ -86,7 +87,7 @@ def prepare(cfg: Config, sft_out: Path, rl_out: Path, eval_dir: Path) -> dict[st
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="agentrl prepare-data", description=__doc__)
+    parser = argparse.ArgumentParser(prog="agentrl prepare-data", description=__doc__, formatter_class=HelpFormatter)
     add_config_arguments(parser)
     parser.add_argument("--sft", type=Path, required=True, help="output: normalized SFT parquet")
     parser.add_argument("--rl-pool", type=Path, required=True, help="output: normalized RL-pool parquet")

@@ -22,6 +22,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from agentrl.cli_help import HelpFormatter
 from agentrl.config import Config, add_config_arguments, config_from_args
 from agentrl.data.records import read_problems
 from agentrl.evaluation.livecodebench import custom_outputs, write_custom_outputs
@@ -95,11 +96,13 @@ def run(
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="agentrl evaluate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(prog="agentrl evaluate", description=__doc__, formatter_class=HelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
-    p_run = commands.add_parser("run", help="sample, grade and summarize one model on one benchmark")
+    p_run = commands.add_parser(
+        "run",
+        help="sample, grade and summarize one model on one benchmark",
+        formatter_class=HelpFormatter,
+    )
     add_config_arguments(p_run)
     p_run.add_argument("--model", type=Path, required=True, help="Hugging Face model folder")
     p_run.add_argument(
@@ -112,7 +115,11 @@ def main(argv: list[str]) -> int:
     p_run.add_argument(
         "--max-problems", type=int, help="evaluate only the first N problems (a smaller budget, e.g. the ablations')"
     )
-    p_lcb = commands.add_parser("export-livecodebench", help="code samples -> LiveCodeBench custom-evaluator JSON")
+    p_lcb = commands.add_parser(
+        "export-livecodebench",
+        help="code samples -> LiveCodeBench custom-evaluator JSON",
+        formatter_class=HelpFormatter,
+    )
     p_lcb.add_argument("--problems", type=Path, required=True, help="normalized eval parquet of a code benchmark")
     p_lcb.add_argument("--samples", type=Path, required=True, help="samples.jsonl written by `evaluate run`")
     p_lcb.add_argument("--out", type=Path, required=True, help="output: the custom_output_file JSON")

@@ -16,6 +16,7 @@ import logging
 import time
 from pathlib import Path
 
+from agentrl.cli_help import HelpFormatter
 from agentrl.config import Config, add_config_arguments, config_from_args
 from agentrl.data.records import Problem, read_problems, write_records
 from agentrl.evaluation.samples import write_jsonl
@@ -108,18 +109,24 @@ def select(
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="agentrl filter", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(prog="agentrl filter", description=__doc__, formatter_class=HelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
-    p_score = commands.add_parser("score", help="k graded rollouts per RL-pool problem -> pass rates")
+    p_score = commands.add_parser(
+        "score",
+        help="k graded rollouts per RL-pool problem -> pass rates",
+        formatter_class=HelpFormatter,
+    )
     add_config_arguments(p_score)
     p_score.add_argument("--model", type=Path, required=True, help="the SFT model folder")
     p_score.add_argument("--pool", type=Path, required=True, help="normalized RL-pool parquet")
     p_score.add_argument("--out", type=Path, required=True, help="output: pass_rates.parquet")
     p_score.add_argument("--samples", type=Path, required=True, help="output: graded samples (jsonl)")
     p_score.add_argument("--threads", type=int, help="CPU threads for torch (the rule's threads)")
-    p_select = commands.add_parser("select", help="band + histogram matching -> the RL training set")
+    p_select = commands.add_parser(
+        "select",
+        help="band + histogram matching -> the RL training set",
+        formatter_class=HelpFormatter,
+    )
     add_config_arguments(p_select)
     p_select.add_argument("--pass-rates", type=Path, required=True, help="pass_rates.parquet of the SFT model")
     p_select.add_argument("--pool", type=Path, required=True, help="normalized RL-pool parquet")

@@ -17,6 +17,7 @@ import argparse
 import logging
 from pathlib import Path
 
+from agentrl.cli_help import HelpFormatter
 from agentrl.config import ConfigError, add_config_arguments, config_from_args
 from agentrl.launch import relaunch_if_needed
 
@@ -24,9 +25,7 @@ log = logging.getLogger("agentrl.grpo")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="agentrl grpo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(prog="agentrl grpo", description=__doc__, formatter_class=HelpFormatter)
     add_config_arguments(parser)
     parser.add_argument("--model", type=Path, required=True, help="initial policy (the SFT model): Hugging Face folder")
     parser.add_argument("--train", type=Path, required=True, help="RL problems (results/filter/rl_train.parquet)")

@@ -7,6 +7,7 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
+from agentrl.cli_help import HelpFormatter
 from agentrl.config import add_config_arguments, config_from_args
 from agentrl.data.prompts import CODE_INTERPRETER_TOOL
 from agentrl.data.records import read_problems, read_sft_examples
@@ -30,7 +31,7 @@ def embedded_corpus(sft_path: Path, rl_pool_path: Path) -> Iterator[str]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="agentrl base-model", description=__doc__)
+    parser = argparse.ArgumentParser(prog="agentrl base-model", description=__doc__, formatter_class=HelpFormatter)
     add_config_arguments(parser)
     parser.add_argument("--sft", type=Path, help="normalized SFT parquet (tokenizer corpus; embedded only)")
     parser.add_argument("--rl-pool", type=Path, help="normalized RL-pool parquet (tokenizer corpus; embedded only)")

@@ -51,6 +51,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from agentrl.cli_help import HelpFormatter  # noqa: E402
 from agentrl.config import AblationsConfig, ConfigError, add_config_arguments, config_from_args  # noqa: E402
 from agentrl.evaluation.metrics import SampleRecord, tool_use_stats  # noqa: E402
 from agentrl.evaluation.samples import read_jsonl  # noqa: E402
@@ -549,7 +550,7 @@ def write_ablations(cfg: AblationsConfig, runs_by_arm: Mapping[str, Sequence[Run
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
-        prog="agentrl report ablations", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="agentrl report ablations", description=__doc__, formatter_class=HelpFormatter
     )
     add_config_arguments(parser)
     parser.add_argument(

@@ -19,6 +19,7 @@ import logging
 import os
 from pathlib import Path
 
+from agentrl.cli_help import HelpFormatter
 from agentrl.report.plots import plot_accuracy_by_stage, plot_reasoning_modes, plot_training_curves
 from agentrl.report.tables import read_eval_results, summary_frame, summary_markdown
 
@@ -64,9 +65,7 @@ def main(argv: list[str]) -> int:
         from agentrl.report import ablations
 
         return ablations.main(argv[1:])
-    parser = argparse.ArgumentParser(
-        prog="agentrl report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(prog="agentrl report", description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument(
         "--metrics",
         type=Path,

@@ -16,6 +16,7 @@ import json
 import sys
 from pathlib import Path
 
+from agentrl.cli_help import HelpFormatter
 from agentrl.config import ConfigError, add_config_arguments, config_from_args
 from agentrl.data.records import Problem
 from agentrl.rewards.base import InvalidGroundTruthError
@@ -24,7 +25,9 @@ from agentrl.rewards.reward_function import RewardFunction
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m agentrl reward", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m agentrl reward", description=__doc__.split("\n")[0], formatter_class=HelpFormatter
+    )
     parser.add_argument("--data-source", required=True, help="e.g. AIME2024, gpqa_diamond, LiveCodeBench_v6")
     truth = parser.add_mutually_exclusive_group(required=True)
     truth.add_argument("--ground-truth", help="answer string, or the JSON of a code row's tests")

@@ -16,13 +16,16 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from agentrl.cli_help import HelpFormatter
 from agentrl.config import ConfigError, add_config_arguments, config_from_args
 
 log = logging.getLogger("agentrl.rollout")
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m agentrl rollout", description=__doc__.split("\n\n")[1])
+    parser = argparse.ArgumentParser(
+        prog="python -m agentrl rollout", description=__doc__.split("\n\n")[1], formatter_class=HelpFormatter
+    )
     parser.add_argument("--model", required=True, type=Path, help="Hugging Face model folder")
     parser.add_argument("--problems", required=True, type=Path, help="normalized problem parquet")
     parser.add_argument("--n", type=int, default=1, help="samples per problem (default 1)")

@@ -15,6 +15,7 @@ import argparse
 import logging
 from pathlib import Path
 
+from agentrl.cli_help import HelpFormatter
 from agentrl.config import add_config_arguments, config_from_args
 from agentrl.launch import relaunch_if_needed
 
@@ -22,9 +23,7 @@ log = logging.getLogger("agentrl.sft")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="agentrl sft", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(prog="agentrl sft", description=__doc__, formatter_class=HelpFormatter)
     add_config_arguments(parser)
     parser.add_argument("--model", type=Path, required=True, help="base model: Hugging Face folder")
     parser.add_argument("--data", type=Path, required=True, help="normalized SFT parquet (agentrl.data.records)")

@@ -14,12 +14,15 @@ import json
 import sys
 from pathlib import Path
 
+from agentrl.cli_help import HelpFormatter
 from agentrl.config import ConfigError, add_config_arguments, config_from_args
 from agentrl.tools.sandbox import SandboxUnavailableError, make_sandbox
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m agentrl sandbox", description=__doc__.split("\n\n")[1])
+    parser = argparse.ArgumentParser(
+        prog="python -m agentrl sandbox", description=__doc__.split("\n\n")[1], formatter_class=HelpFormatter
+    )
     parser.add_argument("file", help="Python file to run, or - for standard input")
     parser.add_argument("--timeout", type=float, help="wall-clock limit in seconds (default: sandbox.timeout_s)")
     parser.add_argument("--memory-mb", type=int, help="memory limit in MB (default: sandbox.memory_mb)")
