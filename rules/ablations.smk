@@ -36,15 +36,13 @@ rule ablation_stitched_data:
         "../envs/data.yaml"
     params:
         # The main data config with stitched SFT trajectories: the same problems, pool and eval sets.
-        cfg=json.dumps(
-            {
+        **config_params(
+            build=lambda wildcards: {
                 "seed": config["seed"],
                 "data": {**config["data"], "embedded": {**config["data"]["embedded"], "sft_trajectories": "stitched"}},
                 "sandbox": config["sandbox"],
                 "tool": config["tool"],
-            },
-            sort_keys=True,
-            separators=(",", ":"),
+            }
         ),
         eval_dir=parent_dir("eval"),
     threads: 2
@@ -67,7 +65,7 @@ rule ablation_stitched_sft:
     conda:
         "../envs/train.yaml"
     params:
-        cfg=config_json("seed", "sft"),  # the main SFT recipe; only the data differs
+        **config_params("seed", "sft"),  # the main SFT recipe; only the data differs
         model_dir=lambda wildcards, input: str(Path(input.model).parent),
         out_dir=parent_dir("model"),
         checkpoints=ablation_result("shared/stitched_sft/checkpoints"),
@@ -102,7 +100,7 @@ rule ablation_grpo:
     wildcard_constraints:
         **ABLATION_WILDCARDS,
     params:
-        cfg=ablation_grpo_cfg,
+        **config_params(build=ablation_grpo_cfg, example=ABLATION_EXAMPLE),
         model_dir=lambda wildcards, input: str(Path(input.model).parent),
         out_dir=parent_dir("model"),
         # a param, not an output: a re-run job must find its checkpoints to resume (rules/rl.smk)
@@ -135,7 +133,7 @@ rule ablation_evaluate:
     wildcard_constraints:
         **ABLATION_WILDCARDS,
     params:
-        cfg=ablation_eval_cfg,
+        **config_params(build=ablation_eval_cfg, example=ABLATION_EXAMPLE),
         model_dir=lambda wildcards, input: str(Path(input.model).parent),
         max_problems="" if ABLATION_MAX_PROBLEMS is None else f"--max-problems {ABLATION_MAX_PROBLEMS}",
     threads: 1
@@ -184,7 +182,7 @@ rule ablation_report:
     conda:
         "../envs/report.yaml"
     params:
-        cfg=config_json("ablations"),
+        **config_params("ablations"),
         out_dir=lambda wildcards, output: str(Path(output.tables[0]).parent),
     threads: 1
     shell:

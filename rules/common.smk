@@ -1,7 +1,9 @@
 # Path helpers and input functions shared by the rule files; nothing else.
+import functools
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 from snakemake.exceptions import WorkflowError
 
@@ -14,7 +16,7 @@ SRC = str(Path(workflow.basedir).parent / "src")
 shell.prefix(f"export PYTHONPATH={SRC}:$PYTHONPATH; ")
 
 sys.path.insert(0, SRC)  # the checkout's package decides what is read from the hub
-from agentrl.config import load_config  # noqa: E402
+from agentrl.config import load_config, load_schema, rerun_keys  # noqa: E402
 from agentrl.hub import needs_hub  # noqa: E402
 
 NEEDS_HUB = needs_hub(load_config(config, origin="workflow config"))
@@ -31,13 +33,34 @@ def benchmarks():
     return list(config["data"]["upstream"]["eval"])
 
 
-def config_json(*sections):
-    """The config sections a stage reads, as one JSON string for `--config-json`.
+CONFIG_SCHEMA = load_schema()
 
-    Used through `params:`, so Snakemake re-runs a stage when (and only when) a section it
-    reads changes.
+
+def _compact(value):
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def config_params(*sections, build=None, example=None):
+    """A stage's config as params: ``cfg``, the JSON it reads (`--config-json {params.cfg:q}`), and
+    one param per key whose change re-runs it, as ``"grpo.lr=0.0001"``.
+
+    Snakemake re-runs a job when the values of its params change, and its reason lists the
+    values before and now: here the changed keys. It does not compare a param computed by a
+    function of ``input`` (derived from the input files, whose changes it tracks itself): ``cfg``
+    is one, so the keys the schema marks ``x-rerun: false`` (speed, parallelism, bookkeeping;
+    agentrl.config.rerun_keys) reach the stage and re-run nothing.
+
+    The config is the top-level ``sections`` the stage reads, or ``build(wildcards)`` for one
+    assembled per job; ``example`` (wildcard values) lists its keys, the same for every job.
     """
-    return json.dumps({key: config[key] for key in sections}, sort_keys=True, separators=(",", ":"))
+    if build is None:
+        build = lambda wildcards: {key: config[key] for key in sections}
+    keyed = functools.lru_cache(maxsize=None)(lambda items: rerun_keys(build(SimpleNamespace(**dict(items))), CONFIG_SCHEMA))
+    per_job = lambda wildcards: keyed(tuple(sorted(wildcards.items())))
+    params = {"cfg": lambda wildcards, input: _compact(build(wildcards))}
+    for index, key in enumerate(rerun_keys(build(SimpleNamespace(**(example or {}))), CONFIG_SCHEMA)):
+        params[f"config_{index}"] = lambda wildcards, key=key: f"{key}={_compact(per_job(wildcards).get(key))}"
+    return params
 
 
 def final_targets():
@@ -138,7 +161,7 @@ def ablation_grpo_cfg(wildcards):
     """The grpo stage's config for one arm and seed: the main sections, the ablation budget, the arm's variant."""
     grpo = {**config["grpo"], **ABLATIONS["grpo"], "variant": ABLATIONS["arms"][wildcards.arm]["variant"], "algorithm": {}}
     sections = {key: config[key] for key in ("rollout", "reward", "sandbox", "tool")}
-    return json.dumps({"seed": int(wildcards.seed), **sections, "grpo": grpo}, sort_keys=True, separators=(",", ":"))
+    return {"seed": int(wildcards.seed), **sections, "grpo": grpo}
 
 
 def ablation_eval_cfg(wildcards):
@@ -147,7 +170,11 @@ def ablation_eval_cfg(wildcards):
         "n": ABLATIONS["eval"]["n"],
         **{key: config["eval"][key] for key in ("temperature", "top_p", "max_prompt_tokens")},
     }
-    return json.dumps({"seed": int(wildcards.seed), **sections, "eval": sampling}, sort_keys=True, separators=(",", ":"))
+    return {"seed": int(wildcards.seed), **sections, "eval": sampling}
+
+
+# Wildcards that list the keys of the ablation configs (every arm and seed has the same keys).
+ABLATION_EXAMPLE = {"arm": ABLATION_ARMS[0], "seed": str(ABLATIONS["seeds"][0])}
 
 
 def ablation_sft_model(wildcards):

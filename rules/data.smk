@@ -15,7 +15,7 @@ rule hub_download:
     conda:
         "../envs/data.yaml"
     params:
-        cfg=config_json("data", "model"),
+        **config_params("data", "model"),
     threads: 1
     shell:
         "python -m agentrl hub-download --config-json {params.cfg:q} --manifest {output} > {log} 2>&1"
@@ -36,13 +36,11 @@ rule prepare_data:
         "../envs/data.yaml"
     params:
         # reward.unknown_source only: every row is routed to a verifier here, before any rollout.
-        cfg=json.dumps(
-            {
+        **config_params(
+            build=lambda wildcards: {
                 **{key: config[key] for key in ("seed", "data", "sandbox", "tool")},
                 "reward": {"unknown_source": config["reward"]["unknown_source"]},
-            },
-            sort_keys=True,
-            separators=(",", ":"),
+            }
         ),
         eval_dir=parent_dir("eval"),
         hub_offline=HUB_OFFLINE,
@@ -73,7 +71,7 @@ rule fit_rl_prompts:
     conda:
         "../envs/train.yaml"  # transformers: the tokenizer
     params:
-        cfg=json.dumps({"rollout": {k: config["rollout"][k] for k in FIT_LENGTH_KEYS}}, sort_keys=True),
+        **config_params(build=lambda wildcards: {"rollout": {k: config["rollout"][k] for k in FIT_LENGTH_KEYS}}),
         model_dir=lambda wildcards, input: str(Path(input.model).parent),
         out_dir=parent_dir("problems"),
     threads: 1
@@ -96,12 +94,11 @@ rule fit_eval_prompts:
     conda:
         "../envs/train.yaml"  # transformers: the tokenizer
     params:
-        cfg=json.dumps(
-            {
+        **config_params(
+            build=lambda wildcards: {
                 "rollout": {"prompt_length_with_tools": config["rollout"]["prompt_length_with_tools"]},
                 "eval": {"max_prompt_tokens": config["eval"]["max_prompt_tokens"]},
-            },
-            sort_keys=True,
+            }
         ),
         model_dir=lambda wildcards, input: str(Path(input.model).parent),
         out_dir=parent_dir("problems"),

@@ -9,13 +9,11 @@ EVAL_MODELS = list(config["eval"]["models"]) + list(EVAL_CHECKPOINTS)
 # Benchmarks graded as code, whose samples also go out in LiveCodeBench's evaluator format.
 CODE_BENCHMARKS = [b for b in benchmarks() if b in ("program", "livecodebench_v6")]
 # Only the sampling keys of eval: adding a model or a checkpoint re-runs no finished job.
-EVAL_CFG = json.dumps(
-    {
+EVAL_CONFIG = config_params(
+    build=lambda wildcards: {
         **{key: config[key] for key in ("seed", "rollout", "reward", "sandbox", "tool")},
         "eval": {key: config["eval"][key] for key in ("n", "temperature", "top_p", "max_prompt_tokens")},
-    },
-    sort_keys=True,
-    separators=(",", ":"),
+    }
 )
 LIVECODEBENCH_EXPORTS = expand(
     result("eval/{model}/{benchmark}/livecodebench_custom_outputs.json"), model=EVAL_MODELS, benchmark=CODE_BENCHMARKS
@@ -42,7 +40,7 @@ rule evaluate:
         model="|".join(map(re.escape, EVAL_MODELS)) or "(?!)",
         benchmark="|".join(map(re.escape, benchmarks())),
     params:
-        cfg=EVAL_CFG,
+        **EVAL_CONFIG,
         model_dir=lambda wildcards, input: str(Path(input.model).parent),
     threads: 1
     resources:

@@ -2,24 +2,20 @@
 # the optional histogram matching pick the RL training set. Two rules, so that a changed
 # threshold or target histogram re-runs only the cheap selection: each rule's params hold only
 # the filter keys it reads (scoring: how the rollouts are drawn; selection: the thresholds).
-FILTER_SCORE_CFG = json.dumps(
-    {
+FILTER_SCORE_CONFIG = config_params(
+    build=lambda wildcards: {
         **{key: config[key] for key in ("seed", "rollout", "reward", "sandbox", "tool")},
         "filter": {key: config["filter"][key] for key in ("k", "temperature", "top_p")},
-    },
-    sort_keys=True,
-    separators=(",", ":"),
+    }
 )
-FILTER_SELECT_CFG = json.dumps(
-    {
+FILTER_SELECT_CONFIG = config_params(
+    build=lambda wildcards: {
         "seed": config["seed"],
         "filter": {
             key: config["filter"][key]
             for key in ("low", "high", "easy_min", "hard_max", "target_histogram", "target_pass_rates", "target_size")
         },
-    },
-    sort_keys=True,
-    separators=(",", ":"),
+    }
 )
 # Another model's pass rates when the config matches its histogram (the weak-model preset).
 FILTER_TARGET = [config["filter"]["target_pass_rates"]] if config["filter"]["target_pass_rates"] else []
@@ -41,7 +37,7 @@ rule score_rl_pool:
         ROLLOUT_ENV
     cache: True
     params:
-        cfg=FILTER_SCORE_CFG,
+        **FILTER_SCORE_CONFIG,
         model_dir=lambda wildcards, input: str(Path(input.model).parent),
     priority: 10  # the training chain is the critical path: before evaluations that could wait
     threads: 2
@@ -75,7 +71,7 @@ rule select_rl_data:
     conda:
         "../envs/report.yaml"
     params:
-        cfg=FILTER_SELECT_CFG,
+        **FILTER_SELECT_CONFIG,
     priority: 10  # the training chain is the critical path: before evaluations that could wait
     threads: 1
     shell:

@@ -15,7 +15,7 @@ rule base_model:
     conda:
         "../envs/train.yaml"
     params:
-        cfg=config_json("seed", "model"),
+        **config_params("seed", "model"),
         hub_offline=HUB_OFFLINE,
         out_dir=parent_dir("config"),
     threads: 1

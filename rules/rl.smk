@@ -2,7 +2,7 @@
 # set, validated on the eval sets. The checkpoint folder is a param, not an output: Snakemake
 # removes a job's outputs before it (re)runs, and a requeued job must find its checkpoints to
 # resume (the metrics file is restored from the newest checkpoint).
-GRPO_CFG = config_json("seed", "rollout", "reward", "sandbox", "tool", "grpo")
+GRPO_CONFIG = config_params("seed", "rollout", "reward", "sandbox", "tool", "grpo")
 
 
 rule grpo:
@@ -20,7 +20,7 @@ rule grpo:
     conda:
         "../envs/vllm.yaml" if config["rollout"]["engine"] == "vllm" else "../envs/train.yaml"
     params:
-        cfg=GRPO_CFG,
+        **GRPO_CONFIG,
         model_dir=lambda wildcards, input: str(Path(input.model).parent),
         out_dir=parent_dir("model"),
         checkpoints=result("rl/checkpoints"),

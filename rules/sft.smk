@@ -19,7 +19,7 @@ rule sft:
     conda:
         "../envs/train.yaml"
     params:
-        cfg=config_json("seed", "sft"),
+        **config_params("seed", "sft"),
         model_dir=lambda wildcards, input: str(Path(input.model).parent),
         out_dir=parent_dir("model"),
         checkpoints=result("sft/checkpoints"),

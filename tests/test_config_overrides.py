@@ -26,6 +26,8 @@ from agentrl.config import (
     load_config,
     load_config_file,
     load_schema,
+    rerun_free_keys,
+    rerun_keys,
     validate_and_fill,
 )
 
@@ -190,3 +192,15 @@ def test_workflow_reports_a_bad_key_with_the_short_message(tmp_path):
     assert done.returncode != 0
     assert "--config: 'grpo.lr' = 'fast' has the wrong type; expected number" in done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.splitlines()) < 6, done.stderr
+
+
+# --------------------------------------------------------------------------- what re-runs
+def test_rerun_keys_leave_out_the_keys_marked_x_rerun_false():
+    keys = rerun_keys(validate_and_fill({}))
+    assert {"grpo.lr", "sandbox.memory_mb", "rollout.vllm.tensor_parallel_size", "seed"} <= set(keys)
+    assert keys["grpo.lr"] == 1e-4
+    for key in ("sandbox.workers", "sft.save_every_steps", "grpo.save_freq", "rollout.vllm.gpu_memory_utilization"):
+        assert key in rerun_free_keys() and key not in keys
+    # a mapping of free names is one key: adding a checkpoint to evaluate is one change
+    assert keys["eval.checkpoints"] == {} and not any(key.startswith("eval.checkpoints.") for key in keys)
+    assert keys["ablations.arms"]["baseline"]["variant"] == "grpo_tcr"

@@ -222,6 +222,35 @@ def test_a_changed_parameter_reruns_only_what_it_feeds(completed, tmp_path, over
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "overlay",
+    [
+        {"sandbox": {"workers": 3, "sandbox_fusion_url": "http://sandbox:8080", "preload_modules": ["math"]}},
+        {"sft": {"save_every_steps": 7, "keep_checkpoints": 3}, "grpo": {"save_freq": 5, "keep_checkpoints": 1}},
+        {"grpo": {"tensorboard": True}},
+        {"rollout": {"vllm": {"gpu_memory_utilization": 0.8, "max_num_seqs": 64, "enforce_eager": False}}},
+    ],
+    ids=["sandbox-workers", "checkpoint-intervals", "tracking", "engine-memory"],
+)
+def test_speed_and_bookkeeping_keys_rerun_nothing(completed, tmp_path, overlay):
+    """Keys the schema marks ``x-rerun: false`` reach the stages (params.cfg) but are not compared."""
+    override = tmp_path / "override.yaml"
+    override.write_text(yaml.safe_dump(overlay))
+    assert planned(completed, "--configfile", str(completed / "config.yaml"), str(override)) == []
+
+
+@pytest.mark.slow
+def test_a_rerun_reason_names_the_changed_keys(completed, tmp_path):
+    override = tmp_path / "override.yaml"
+    override.write_text(yaml.safe_dump({"grpo": {"lr": 5.0e-5, "save_freq": 3}}))
+    done = snakemake(completed, "-n", "--configfile", str(completed / "config.yaml"), str(override), timeout=180)
+    reasons = [line.strip() for line in done.stdout.splitlines() if "Params have changed" in line]
+    assert len(reasons) == 1, done.stdout[-3000:]  # the grpo job; what reads its model re-runs for its input
+    assert "before: 'grpo.lr=0.0001' now: 'grpo.lr=5e-05'" in reasons[0]
+    assert "save_freq" not in reasons[0] and len(reasons[0]) < 300, reasons[0]
+
+
+@pytest.mark.slow
 def test_a_changed_grpo_parameter_trains_grpo_again(completed, tmp_path):
     workdir = tmp_path / "run"
     shutil.copytree(completed, workdir, symlinks=True)  # the shared finished run stays as it is
