@@ -499,7 +499,11 @@ def load_config_file(path: str | Path) -> Config:
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--config", type=Path, help="YAML/JSON config file; keys left out take config.yaml's values (the schema defaults)")
+    group.add_argument(
+        "--config",
+        type=Path,
+        help="YAML/JSON config file; keys left out take config.yaml's values (the schema defaults)",
+    )
     group.add_argument("--config-json", help="config as a JSON string (what the Snakemake rules pass)")
 
 

@@ -23,6 +23,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+from agentrl.cli_help import HelpFormatter
 from agentrl.config import Config, SourceConfig, add_config_arguments, config_from_args
 
 log = logging.getLogger("agentrl.hub")
@@ -105,6 +106,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="agentrl hub-download",
         description="Download the hub data sets and base model the config names into the local hub cache.",
+        formatter_class=HelpFormatter,
     )
     add_config_arguments(parser)
     parser.add_argument("--manifest", type=Path, required=True, help="output: JSON of what was fetched, by config key")

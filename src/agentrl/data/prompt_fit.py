@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from agentrl.cli_help import HelpFormatter
 from agentrl.config import add_config_arguments, config_from_args
 from agentrl.data.prompts import CODE_INTERPRETER_TOOL
 from agentrl.data.records import Message, Problem, read_problems, write_records
@@ -91,7 +92,9 @@ def _fit_file(source: Path, out: Path, tokenizer, limit: int, with_tools: bool) 
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="agentrl fit-prompts", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="agentrl fit-prompts", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter
+    )
     add_config_arguments(parser)
     parser.add_argument("--model", type=Path, required=True, help="model folder whose tokenizer measures the prompts")
     parser.add_argument(

@@ -13,11 +13,13 @@ import json
 import logging
 from pathlib import Path
 
+from agentrl.cli_help import HelpFormatter
+
 log = logging.getLogger("agentrl.fetch_model")
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="agentrl fetch-model", description=__doc__)
+    parser = argparse.ArgumentParser(prog="agentrl fetch-model", description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--id", required=True, help="hub model id 'org/name', or a local Hugging Face model folder")
     parser.add_argument("--revision", help="hub branch, tag or commit (default: the hub's main); not for a folder")
     parser.add_argument("--key", default="--id", help="the config key that named the model (for errors)")
