@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV_FILES = sorted((ROOT / "envs").glob("*.yaml"))
@@ -45,8 +46,24 @@ def test_env_pins_agree_with_pyproject(env_file):
 
 
 @pytest.mark.parametrize("env_file", ENV_FILES, ids=lambda p: p.name)
-def test_envs_pin_python_and_torch_consistently(env_file):
+def test_envs_pin_a_python_that_the_package_supports(env_file):
     env = yaml.safe_load(env_file.read_text())
-    assert "python=3.11" in env["dependencies"], f"{env_file.name} must pin the Python version"
-    torch = [r for r in _pip_requirements(env_file) if r.name == "torch"]
-    assert all(str(r.specifier) == "==2.13.0" for r in torch), f"{env_file.name}: torch must be ==2.13.0"
+    pythons = [d.split("=", 1)[1] for d in env["dependencies"] if isinstance(d, str) and d.startswith("python=")]
+    assert pythons, f"{env_file.name} must pin the Python version"
+    requires = SpecifierSet(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"])
+    assert all(python in requires for python in pythons), f"{env_file.name}: python={pythons} vs {requires}"
+
+
+def test_requires_python_admits_what_the_pinned_workflow_tools_need():
+    """snakemake 9.27 and the SLURM executor plugin 2.8 install on 3.11 and later only."""
+    requires = SpecifierSet(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"])
+    assert "3.10" not in requires and "3.11" in requires
+
+
+def test_exact_pins_say_why():
+    """An exact pin fights a cluster's own stack: each one carries its reason in a comment above it."""
+    lines = (ROOT / "pyproject.toml").read_text().splitlines()
+    for i, line in enumerate(lines):
+        if "==" in line and line.strip().startswith('"'):
+            above = [x.strip() for x in lines[max(0, i - 3) : i] if x.strip()]
+            assert any(x.startswith("#") for x in above), f"pyproject.toml: {line.strip()} has no reason beside it"
