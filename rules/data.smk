@@ -53,13 +53,15 @@ rule prepare_data:
 # Prompts over the limits are dropped here, before any rollout, and counted per data source in
 # results/data/prompt_lengths/ (upstream's filter_overlong_prompts): the RL pool to
 # rollout.max_prompt_tokens, the eval sets to eval.max_prompt_tokens (two rules: a changed eval
-# limit re-runs no RL job). The base model's tokenizer measures them (the SFT and RL models share it).
+# limit re-runs no RL job). The base model's tokenizer measures them (the SFT and RL models share
+# it); with sft.from, the released SFT model's (no base model is built for it).
 FIT_LENGTH_KEYS = ("max_prompt_tokens", "prompt_length_with_tools")
+FIT_TOKENIZER = result("models/sft/config.json") if SFT_FROM is not None else result("models/base/config.json")
 
 
 rule fit_rl_prompts:
     input:
-        model=result("models/base/config.json"),
+        model=FIT_TOKENIZER,
         problems=result("data/prepared/rl_pool.parquet"),
     output:
         problems=result("data/rl_pool.parquet"),
@@ -82,7 +84,7 @@ rule fit_rl_prompts:
 
 rule fit_eval_prompts:
     input:
-        model=result("models/base/config.json"),
+        model=FIT_TOKENIZER,
         problems=expand(result("data/prepared/eval/{benchmark}.parquet"), benchmark=benchmarks()),
     output:
         problems=expand(result("data/eval/{benchmark}.parquet"), benchmark=benchmarks()),

@@ -86,7 +86,9 @@ def test_item5_livecodebench_prompt_shows_the_whole_test_lists(tmp_path):
     row = {"problem": "Sum them.", "ability": "code", "reward_model": json.dumps(truth), "extra_info": "{}"}
     path = tmp_path / "lcb.parquet"
     pq.write_table(pa.Table.from_pylist([{**row, "data_source": "LiveCodeBench_v6"}]), path)
-    (problem,) = upstream.normalize_eval("livecodebench_v6", upstream.read_rows(SourceConfig(str(path), None)), "lcb")
+    (problem,) = upstream.normalize_eval(
+        "livecodebench_v6", upstream.read_rows(SourceConfig(str(path), None, None)), "lcb"
+    )
     # map_lcb: "...Input:" + str(inputs) + "\nOutput:\n" + str(outputs) + agent_prompt + ...
     expected = "Sum them.\nHere are some input and output examples of the expected code:\nInput:"
     expected += "['3\\n1 2 3\\n', '1\\n5\\n']\nOutput:\n['6\\n', '5\\n']" + prompts.AGENT_PROMPT
