@@ -116,9 +116,11 @@ def check_one_node_per_job():
     The SLURM executor runs every job inside a one-task ``srun`` step that holds all of the
     job's GPUs, so the per-node ``srun`` a multi-node torchrun needs cannot start from there.
     """
+    defaults = workflow.resource_settings._parsed_default_resources  # --default-resources
     for each in workflow.rules:
         for key in ("nodes", "node", "slurm_nodes"):  # the names the SLURM job-step plugin reads
-            nodes = getattr(each.resources.get(key), "value", None)  # a callable stays unchecked here
+            given = each.resources.get(key) or (defaults.get(key) if defaults is not None else None)
+            nodes = getattr(given, "value", None)  # a callable stays unchecked here
             if isinstance(nodes, int) and nodes > 1:
                 raise WorkflowError(
                     f"resources {key}={nodes} in the {each.name} rule. A job of this workflow runs on one node: "

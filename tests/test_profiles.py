@@ -112,11 +112,15 @@ def _dry_run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["snakemake", "-n", *args], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
 
 
-def test_nodes_above_one_are_refused_before_anything_is_submitted():
-    done = _dry_run("--profile", "profiles/slurm", "--configfile", PAPER, "--set-resources", "sft:nodes=2")
+@pytest.mark.parametrize(
+    ("option", "rule"),
+    [(["--set-resources", "sft:nodes=2"], "sft"), (["--default-resources", "nodes=2"], "")],
+)
+def test_nodes_above_one_are_refused_before_anything_is_submitted(option, rule):
+    done = _dry_run("--profile", "profiles/slurm", "--configfile", PAPER, *option)
     said = done.stdout + done.stderr
     assert done.returncode != 0, said[-2000:]
-    assert "resources nodes=2 in the sft rule" in said and "submit multi-node training with sbatch" in said
+    assert f"resources nodes=2 in the {rule}" in said and "submit multi-node training with sbatch" in said
 
 
 def test_local_profile_gives_gpu_jobs_their_gpus_and_cpus():
