@@ -1,7 +1,7 @@
 """What snakemake-executor-plugin-slurm would submit for each job of a workflow: its own code, no copy.
 
-``python tests/slurm_submissions.py SNAKEMAKE_ARGS...`` runs Snakemake's command line as given
-(profile, config files: ``--dag`` is added), but instead of printing the DAG it hands every job to
+``python tests/slurm_submissions.py TARGET SNAKEMAKE_ARGS...`` runs Snakemake's command line as
+given (targets first, then profile and config files; ``--dag`` is added), but instead of printing the DAG it hands every job to
 the plugin's own builders and prints one JSON object per job:
 
 - ``sbatch``: ``get_submit_command`` + ``set_gres_string`` (what the plugin's ``Executor.run_job``
@@ -68,4 +68,4 @@ def capture(self) -> None:
 
 if __name__ == "__main__":
     snakemake.workflow.Workflow.printdag = capture
-    snakemake.cli.main([*sys.argv[1:], "--dag", "--quiet", "all"])
+    snakemake.cli.main([*sys.argv[1:], "--dag", "--quiet", "rules"])

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 pytest.importorskip("snakemake_executor_plugin_slurm", reason="pip install -e '.[test]'")
 
@@ -31,6 +33,7 @@ def submissions() -> dict[str, list[dict]]:
         [
             sys.executable,
             str(ROOT / "tests" / "slurm_submissions.py"),
+            "all",
             "--profile",
             "profiles/slurm",
             "--configfile",
@@ -132,3 +135,24 @@ def test_local_profile_gives_gpu_jobs_their_gpus_and_cpus():
     assert "--nproc 8 --threads 64" in out
     assert out.count("python -m agentrl.devices --gpus 1 -- python -m agentrl evaluate run") == 12
     assert out.count("--threads 8 --problems") == 12  # 8 CPUs per GPU
+
+
+def _gpu_capable_rules() -> set[str]:
+    """Rules declaring the gpu resource (rules/common.smk on_gpus): `gpu=0` in their block."""
+    names = set()
+    for smk in (ROOT / "rules").glob("*.smk"):
+        for block in re.split(r"\n\s*rule ", smk.read_text())[1:]:
+            name = block.split(":", 1)[0].strip()
+            if re.search(r"\bgpu=0\b", block.split("\nrule ")[0]):
+                names.add(name)
+    return names
+
+
+@pytest.mark.parametrize("profile", ["local", "slurm"])
+def test_every_gpu_capable_rule_gets_gpus_and_threads_in_both_profiles(profile):
+    config = yaml.safe_load((ROOT / "profiles" / profile / "config.yaml").read_text())
+    rules = _gpu_capable_rules()
+    assert {"sft", "grpo", "evaluate", "score_rl_pool"} <= rules
+    for rule in rules:
+        assert config["set-resources"].get(rule, {}).get("gpu", 0) >= 1, f"profiles/{profile}: {rule} has no gpu"
+        assert rule in config["set-threads"], f"profiles/{profile}: {rule} has no threads (CPUs follow GPUs)"
