@@ -82,6 +82,7 @@ def main(argv: list[str]) -> int:
 
     from agentrl.grpo.runner import GrpoPaths, train
     from agentrl.training.deepspeed_engine import find_deepspeed_config
+    from agentrl.training.folder_lock import CheckpointFolderInUse
     from agentrl.training.preemption import EXIT_CODE, StoppedForRetry
     from agentrl.training.threads import set_torch_threads
 
@@ -101,4 +102,7 @@ def main(argv: list[str]) -> int:
     except StoppedForRetry as stopped:
         log.warning("%s", stopped)
         return EXIT_CODE
+    except CheckpointFolderInUse as busy:
+        log.error("%s", busy)
+        return 1
     return 0

@@ -38,8 +38,10 @@ from agentrl.grpo.variants import AlgorithmSettings, resolve_algorithm
 from agentrl.model.folder import stamp_model_digest
 from agentrl.training import deepspeed_engine as dse
 from agentrl.training.fingerprint import fingerprint_of, without_keys
+from agentrl.training.folder_lock import hold_checkpoint_folder
 from agentrl.training.metrics import MetricsWriter
 from agentrl.training.model import load_causal_lm
+from agentrl.training.parent_watch import stop_when_orphaned
 from agentrl.training.preemption import CheckpointClock, StepBoundary, StoppedForRetry, stop_on_signals
 from agentrl.training.seeds import derived_seed
 
@@ -205,11 +207,14 @@ def train(cfg: Config, paths: GrpoPaths) -> int:
     """Run (or resume) the GRPO stage; returns the number of steps trained by this call.
 
     A SIGUSR1 or SIGTERM makes the running step the last: its checkpoint is written and
-    :class:`~agentrl.training.preemption.StoppedForRetry` is raised (:mod:`agentrl.training.preemption`).
+    :class:`~agentrl.training.preemption.StoppedForRetry` is raised (:mod:`agentrl.training.preemption`);
+    so does the exit of a parent process (:mod:`agentrl.training.parent_watch`). The checkpoint
+    folder is locked for the run (:mod:`agentrl.training.folder_lock`): a second trainer refuses.
     """
     timeout = cfg.grpo.collective_timeout_minutes
-    with stop_on_signals() as stop, dse.collective_timeout_named(TIMEOUT_KEY, timeout):
-        return _train(cfg, paths, stop)
+    with hold_checkpoint_folder(paths.checkpoints, "grpo"), stop_on_signals() as stop:
+        with stop_when_orphaned(stop), dse.collective_timeout_named(TIMEOUT_KEY, timeout):
+            return _train(cfg, paths, stop)
 
 
 def _train(cfg: Config, paths: GrpoPaths, stop) -> int:

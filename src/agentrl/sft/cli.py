@@ -65,6 +65,7 @@ def main(argv: list[str]) -> int:
         parser.error(str(exc))
 
     from agentrl.training.deepspeed_engine import find_deepspeed_config
+    from agentrl.training.folder_lock import CheckpointFolderInUse
     from agentrl.training.preemption import EXIT_CODE, StoppedForRetry
     from agentrl.training.threads import set_torch_threads
 
@@ -83,6 +84,9 @@ def main(argv: list[str]) -> int:
     try:
         train_sft(cfg.sft, cfg.seed, paths)
     except StoppedForRetry as stopped:
-        logging.getLogger("agentrl.sft").warning("%s", stopped)
+        log.warning("%s", stopped)
         return EXIT_CODE
+    except CheckpointFolderInUse as busy:
+        log.error("%s", busy)
+        return 1
     return 0

@@ -49,8 +49,10 @@ from agentrl.sft.batching import (
 )
 from agentrl.training import deepspeed_engine as dse
 from agentrl.training.fingerprint import fingerprint_of, without_keys
+from agentrl.training.folder_lock import hold_checkpoint_folder
 from agentrl.training.metrics import MetricsWriter
 from agentrl.training.model import load_causal_lm
+from agentrl.training.parent_watch import stop_when_orphaned
 from agentrl.training.preemption import CheckpointClock, StepBoundary, StoppedForRetry, stop_on_signals
 
 log = logging.getLogger("agentrl.sft")
@@ -184,11 +186,14 @@ def train_sft(cfg: SftConfig, seed: int, paths: SftPaths) -> dict[str, Any]:
     """Train ``paths.model_dir`` on ``paths.data``; write the HF folder and metrics. Returns a summary.
 
     A SIGUSR1 or SIGTERM makes the running step the last: its checkpoint is written and
-    :class:`~agentrl.training.preemption.StoppedForRetry` is raised (:mod:`agentrl.training.preemption`).
+    :class:`~agentrl.training.preemption.StoppedForRetry` is raised (:mod:`agentrl.training.preemption`);
+    so does the exit of a parent process (:mod:`agentrl.training.parent_watch`). The checkpoint
+    folder is locked for the run (:mod:`agentrl.training.folder_lock`): a second trainer refuses.
     """
     timeout_named = dse.collective_timeout_named("sft.collective_timeout_minutes", cfg.collective_timeout_minutes)
-    with stop_on_signals() as stop, timeout_named:
-        return _train_sft(cfg, seed, paths, stop)
+    with hold_checkpoint_folder(paths.checkpoint_dir, "sft"), stop_on_signals() as stop, timeout_named:
+        with stop_when_orphaned(stop):
+            return _train_sft(cfg, seed, paths, stop)
 
 
 def _train_sft(cfg: SftConfig, seed: int, paths: SftPaths, stop) -> dict[str, Any]:

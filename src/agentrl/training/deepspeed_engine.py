@@ -17,6 +17,9 @@ Choices, and why:
   ``trainer_state.json`` and per-rank RNG states, all written before the ``latest`` pointer, which
   rank 0 replaces atomically after every rank has finished; a run killed mid-save resumes from the
   previous complete checkpoint.
+- On CPU, DeepSpeed's shared-memory all-reduce kernel is not JIT-built (it serves inference
+  only, and a build killed half-way used to wedge every later start on the host; see
+  :func:`_skip_shared_memory_kernel`), so a CPU training start compiles nothing.
 - One process still gets a (gloo or nccl) process group: DeepSpeed needs one. Its port is a free
   one, so parallel single-process jobs on one machine do not collide.
 """
@@ -92,6 +95,8 @@ def init_distributed(timeout_minutes: float | None = None) -> DistributedContext
     if not torch.distributed.is_initialized():
         timeout = datetime.timedelta(minutes=timeout_minutes or 10)
         backend = get_accelerator().communication_backend_name()
+        if get_accelerator().device_name() == "cpu":
+            _skip_shared_memory_kernel()
         deepspeed.init_distributed(dist_backend=backend, verbose=False, timeout=timeout)
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -101,6 +106,22 @@ def init_distributed(timeout_minutes: float | None = None) -> DistributedContext
     else:
         device = torch.device("cpu")
     return DistributedContext(rank=rank, world_size=world, local_rank=local_rank, device=device)
+
+
+def _skip_shared_memory_kernel() -> None:
+    """Keep DeepSpeed's CPU backend from JIT-compiling ``deepspeed_shm_comm``.
+
+    On CPU, ``deepspeed.init_distributed`` compiles that C++ kernel (60-160 s) under a lock file
+    in ``~/.cache/torch_extensions`` unless a build is there. A job killed during the build leaves
+    the lock and every later training start on the host waits on it forever, and the compiler
+    processes outlive a kill of the job's process group. The kernel only serves DeepSpeed's
+    inference all-reduce (tensor-parallel inference); training collectives go through
+    ``torch.distributed`` (gloo), so marking the op incompatible, which makes DeepSpeed skip it
+    as on a machine without a compiler, changes nothing a stage computes.
+    """
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # DeepSpeed caches this dict once
 
 
 class CollectiveTimeout(RuntimeError):
