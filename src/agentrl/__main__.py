@@ -2,7 +2,9 @@
 
 Stage modules are imported lazily so that ``agentrl sandbox`` does not pay for importing
 torch, and so that a stage whose optional dependency is missing does not break the others.
-Each stage module exposes ``main(argv: list[str]) -> int``.
+Each stage module exposes ``main(argv: list[str]) -> int``. A :class:`agentrl.errors.UserInputError`
+(a bad config key, data row, model folder or output path) is printed as one message, exit status
+2, without a traceback.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import os
 import sys
 
 from agentrl import __version__
+from agentrl.errors import UserInputError
 
 STAGES: dict[str, tuple[str, str]] = {
     "hub-download": ("agentrl.hub", "fetch the hub data sets and base model into the local hub cache"),
@@ -62,7 +65,11 @@ def _run(argv: list[str]) -> int:
         print(f"agentrl: unknown stage {argv[0]!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(STAGES[stage][0])
-    return int(module.main(argv[1:]) or 0)
+    try:
+        return int(module.main(argv[1:]) or 0)
+    except UserInputError as exc:  # the user's to fix: the message names the file, row or key
+        print(f"agentrl {stage}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -31,10 +31,12 @@ from typing import Any, Literal
 import jsonschema
 import yaml
 
+from agentrl.errors import UserInputError
+
 SCHEMA_PATH = Path(__file__).resolve().parent / "resources" / "config.schema.yaml"
 
 
-class ConfigError(ValueError):
+class ConfigError(UserInputError):
     """A config value is missing, unknown or of the wrong type; the message names the key."""
 
 
@@ -483,6 +485,75 @@ def load_config(raw: dict[str, Any] | None = None, origin: str = "config") -> Co
     """Validate a plain config mapping (partial is fine: defaults fill the rest) into a :class:`Config`."""
     data = validate_and_fill(json.loads(json.dumps(raw or {})), origin)
     return _build(Config, data, "")
+
+
+def cross_key_problems(cfg: Config) -> list[str]:
+    """What the schema cannot say about one key alone: each problem names the keys and why.
+
+    The stages refuse these too, but only when they run (GRPO after SFT and scoring); the workflow
+    calls :func:`check_cross_keys` when it loads, so ``snakemake -n`` refuses them.
+    """
+    problems = []
+    for section, grpo in (("grpo", cfg.grpo), ("ablations.grpo", cfg.ablations.grpo)):
+        if grpo.batch_prompts % grpo.mini_batch_prompts:
+            problems.append(
+                f"{section}.batch_prompts ({grpo.batch_prompts}) must be a multiple of {section}.mini_batch_prompts "
+                f"({grpo.mini_batch_prompts}): every optimizer step sees the same number of prompts"
+            )
+    if cfg.rollout.temperature <= 0:
+        problems.append("rollout.temperature must be > 0 for GRPO: greedy rollouts of a group are identical")
+    overlong = cfg.reward.overlong
+    if overlong.buffer_length > overlong.max_response_length:
+        problems.append(
+            f"reward.overlong.buffer_length ({overlong.buffer_length}) exceeds reward.overlong.max_response_length "
+            f"({overlong.max_response_length}): the penalty would start before the response does"
+        )
+    if _overlong_shaping_in_use(cfg) and cfg.rollout.max_response_tokens < overlong.max_response_length:
+        problems.append(
+            f"rollout.max_response_tokens ({cfg.rollout.max_response_tokens}) is below "
+            f"reward.overlong.max_response_length ({overlong.max_response_length}): no response can reach the "
+            "penalty's full length (at or below max_response_length - buffer_length it never applies); make them "
+            "equal (upstream) or turn the overlong shaping off"
+        )
+    problems += _filter_problems(cfg.filter)
+    if cfg.data.source == "embedded":
+        budget = cfg.rollout.max_prompt_tokens + cfg.rollout.max_response_tokens
+        positions = cfg.model.embedded.max_position_embeddings
+        if cfg.model.base == "embedded" and budget > positions:
+            problems.append(
+                f"rollout.max_prompt_tokens + rollout.max_response_tokens ({budget}) exceed the embedded model's "
+                f"model.embedded.max_position_embeddings ({positions})"
+            )
+    return problems
+
+
+def _overlong_shaping_in_use(cfg: Config) -> bool:
+    """Whether any stage applies the overlong penalty: the reward section, or a GRPO variant that turns it on."""
+    if cfg.reward.overlong.enable:
+        return True
+    from agentrl.grpo.variants import VARIANTS  # lazy: the variants import this module
+
+    variants = {cfg.grpo.variant, *(arm.variant for arm in cfg.ablations.arms.values())}
+    forced = cfg.grpo.algorithm.overlong_shaping
+    return bool(forced) or any(VARIANTS[v].overlong_shaping for v in variants if v in VARIANTS and forced is None)
+
+
+def _filter_problems(cfg: FilterConfig) -> list[str]:
+    problems = []
+    if not cfg.low < cfg.high:
+        problems.append(f"filter.low ({cfg.low}) must be below filter.high ({cfg.high}): the band would be empty")
+    if not cfg.hard_max < cfg.easy_min:
+        problems.append(f"filter.hard_max ({cfg.hard_max}) must be below filter.easy_min ({cfg.easy_min})")
+    if cfg.target_histogram is not None and cfg.target_pass_rates is not None:
+        problems.append("set filter.target_histogram or filter.target_pass_rates, not both")
+    return problems
+
+
+def check_cross_keys(cfg: Config, origin: str = "config") -> None:
+    """Raise ConfigError listing every :func:`cross_key_problems` of ``cfg`` (none: return)."""
+    problems = cross_key_problems(cfg)
+    if problems:
+        raise ConfigError(f"{origin}: inconsistent settings\n" + "\n".join(f"  - {p}" for p in problems))
 
 
 def load_config_file(path: str | Path) -> Config:

@@ -108,16 +108,10 @@ def optimizer_steps_per_step(cfg: Config) -> int:
 
 
 def check_config(cfg: Config) -> None:
-    from agentrl.config import ConfigError
+    """The cross-key checks (:func:`agentrl.config.check_cross_keys`), which the workflow runs at load too."""
+    from agentrl.config import check_cross_keys
 
-    grpo = cfg.grpo
-    if grpo.batch_prompts % grpo.mini_batch_prompts:
-        raise ConfigError(
-            f"grpo.batch_prompts ({grpo.batch_prompts}) must be a multiple of grpo.mini_batch_prompts "
-            f"({grpo.mini_batch_prompts}): every optimizer step sees the same number of prompts"
-        )
-    if cfg.rollout.temperature <= 0:
-        raise ConfigError("rollout.temperature must be > 0 for GRPO: greedy rollouts of a group are identical")
+    check_cross_keys(cfg)
 
 
 def reward_config(cfg: Config, settings: AlgorithmSettings):

@@ -1,0 +1,25 @@
+"""Errors in what the user gave a stage (config, data files, model folders, output paths).
+
+Each names the file and, where there is one, the row and the column or the key. ``python -m
+agentrl <stage>`` prints such an error as one message without a traceback and exits with status
+2, as argparse does for a bad argument; anything else is a bug or an environment failure and
+keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class UserInputError(ValueError):
+    """Something the user must fix in a stage's config, inputs or output paths."""
+
+
+class DataFormatError(UserInputError):
+    """A data file (or a row, or a column of one) does not have the documented schema, or is empty."""
+
+
+class ModelFolderError(UserInputError):
+    """A model folder is missing, incomplete or has an unreadable file."""
+
+
+class OutputPathError(UserInputError):
+    """An output path cannot be written (checked before any work)."""
