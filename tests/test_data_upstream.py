@@ -115,5 +115,5 @@ def test_gpqa_solution_must_be_a_letter(tmp_path):
 
 
 def test_missing_local_file_is_reported():
-    with pytest.raises(FileNotFoundError, match="does-not-exist.parquet"):
+    with pytest.raises(DataFormatError, match="does-not-exist.parquet"):
         rows("does-not-exist.parquet")

@@ -516,14 +516,6 @@ def cross_key_problems(cfg: Config) -> list[str]:
             "equal (upstream) or turn the overlong shaping off"
         )
     problems += _filter_problems(cfg.filter)
-    if cfg.data.source == "embedded":
-        budget = cfg.rollout.max_prompt_tokens + cfg.rollout.max_response_tokens
-        positions = cfg.model.embedded.max_position_embeddings
-        if cfg.model.base == "embedded" and budget > positions:
-            problems.append(
-                f"rollout.max_prompt_tokens + rollout.max_response_tokens ({budget}) exceed the embedded model's "
-                f"model.embedded.max_position_embeddings ({positions})"
-            )
     return problems
 
 

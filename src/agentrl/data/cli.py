@@ -11,6 +11,7 @@ from agentrl.cli_help import HelpFormatter
 from agentrl.config import Config, RewardConfig, add_config_arguments, config_from_args
 from agentrl.data import upstream
 from agentrl.data.records import write_records
+from agentrl.paths import check_writable
 
 log = logging.getLogger("agentrl.prepare_data")
 
@@ -94,6 +95,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--eval-dir", type=Path, required=True, help="output folder: <benchmark>.parquet")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    counts = prepare(config_from_args(args), args.sft, args.rl_pool, args.eval_dir)
+    cfg = config_from_args(args)
+    check_writable((args.sft, "--sft"), (args.rl_pool, "--rl-pool"), (args.eval_dir / "x.parquet", "--eval-dir"))
+    counts = prepare(cfg, args.sft, args.rl_pool, args.eval_dir)
     log.info("wrote %s", json.dumps(counts))
     return 0

@@ -19,7 +19,11 @@ from typing import Any
 
 import pandas as pd
 
+from agentrl.errors import DataFormatError
+
 Message = dict[str, Any]
+PROBLEM_COLUMNS = ("id", "data_source", "prompt", "ability", "ground_truth", "extra")
+SFT_COLUMNS = ("id", "messages", "tools")
 
 
 @dataclass(frozen=True)
@@ -107,10 +111,83 @@ def write_records(records: list[Problem] | list[SftExample], path: str | Path) -
 
 
 def read_problems(path: str | Path) -> list[Problem]:
-    frame = pd.read_parquet(path)
-    return [Problem.from_row(row) for row in frame.to_dict("records")]
+    """The problems of a normalized parquet; a bad file, row or column raises DataFormatError naming it."""
+    rows = _read_table(path, PROBLEM_COLUMNS, "problem")
+    return [_problem(_Cells(path, index, row)) for index, row in enumerate(rows)]
 
 
 def read_sft_examples(path: str | Path) -> list[SftExample]:
-    frame = pd.read_parquet(path)
-    return [SftExample.from_row(row) for row in frame.to_dict("records")]
+    """The SFT examples of a normalized parquet; errors as :func:`read_problems`."""
+    rows = _read_table(path, SFT_COLUMNS, "SFT")
+    return [_sft_example(_Cells(path, index, row)) for index, row in enumerate(rows)]
+
+
+def _read_table(path: str | Path, columns: tuple[str, ...], what: str) -> list[dict[str, Any]]:
+    path = Path(path)
+    if not path.is_file():
+        raise DataFormatError(f"{path}: the {what} file does not exist")
+    try:
+        frame = pd.read_parquet(path)
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises many kinds for a damaged file
+        raise DataFormatError(f"{path}: not a readable parquet file ({type(exc).__name__}: {exc})") from None
+    missing = [column for column in columns if column not in frame.columns]
+    if missing:
+        raise DataFormatError(
+            f"{path}: column(s) {missing} missing (columns present: {list(frame.columns)}); "
+            f"a normalized {what} file has {list(columns)}"
+        )
+    if frame.empty:
+        raise DataFormatError(f"{path}: no rows (an empty {what} file)")
+    return frame.to_dict("records")
+
+
+class _Cells:
+    """One row's columns, with errors that name the file, the row and the column."""
+
+    def __init__(self, path: str | Path, index: int, row: dict[str, Any]):
+        self.path, self.index, self.row = path, index, row
+
+    def error(self, column: str, problem: str) -> DataFormatError:
+        return DataFormatError(f"{self.path}: row {self.index}, column '{column}': {problem}")
+
+    def text(self, column: str) -> str:
+        value = self.row[column]
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise self.error(column, f"expected a string, got {type(value).__name__}: {value!r:.80}")
+        return str(value)
+
+    def json(self, column: str, kind: type | tuple[type, ...]) -> Any:
+        raw = self.row[column]
+        if not isinstance(raw, str):
+            raise self.error(column, f"expected a JSON string, got {type(raw).__name__}: {raw!r:.80}")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            problem = f"not JSON ({exc.msg} at line {exc.lineno} column {exc.colno}): {raw!r:.80}"
+            raise self.error(column, problem) from None
+        if not isinstance(value, kind):
+            names = "/".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+            raise self.error(column, f"expected {names}, got {type(value).__name__}: {raw!r:.80}")
+        return value
+
+    def messages(self, column: str) -> list[Message]:
+        messages = self.json(column, list)
+        for number, message in enumerate(messages):
+            if not (isinstance(message, dict) and isinstance(message.get("role"), str)):
+                raise self.error(column, f"message {number} is not an object with a 'role': {message!r:.80}")
+        return messages
+
+
+def _problem(cells: _Cells) -> Problem:
+    return Problem(
+        id=cells.text("id"),
+        data_source=cells.text("data_source"),
+        prompt=cells.messages("prompt"),
+        ability=cells.text("ability"),
+        ground_truth=cells.json("ground_truth", (str, dict, int, float)),
+        extra=cells.json("extra", dict),
+    )
+
+
+def _sft_example(cells: _Cells) -> SftExample:
+    return SftExample(id=cells.text("id"), messages=cells.messages("messages"), tools=cells.json("tools", list))

@@ -21,12 +21,11 @@ from typing import Any
 from agentrl.config import SourceConfig
 from agentrl.data import prompts
 from agentrl.data.records import Message, Problem, SftExample
+from agentrl.errors import DataFormatError
+
+__all__ = ["DataFormatError", "read_rows", "source_name"]
 
 ROLES = ("system", "user", "assistant", "tool")
-
-
-class DataFormatError(ValueError):
-    """A row of an upstream file does not have the documented schema."""
 
 
 def _is_local(source_id: str) -> bool:
@@ -44,15 +43,49 @@ def read_rows(source: SourceConfig, limit: int | None = None) -> list[dict[str, 
     if _is_local(source.id):
         path = Path(source.id).expanduser()
         if not path.exists():
-            raise FileNotFoundError(f"data source {source.id!r} does not exist")
+            raise DataFormatError(f"data source {source.id!r} does not exist")
     else:  # through the hub cache, at the pinned revision (offline when HF_HUB_OFFLINE=1)
         from agentrl.hub import dataset_file
 
         path = dataset_file(source)
     builder = "parquet" if path.suffix == ".parquet" else "json"
-    table = datasets.load_dataset(builder, data_files=str(path), split="train")
+    if builder == "json":
+        _check_json_rows(path)  # datasets' own error names neither the file nor the row
+    try:
+        table = datasets.load_dataset(builder, data_files=str(path), split="train")
+    except Exception as exc:  # noqa: BLE001 - pyarrow and datasets raise many kinds for a damaged file
+        raise DataFormatError(f"{path}: cannot be read as {builder} ({type(exc).__name__}: {exc})") from None
     rows = table.to_list()
+    if not rows:
+        raise DataFormatError(f"{path}: no rows")
     return rows[:limit] if limit else rows
+
+
+def _check_json_rows(path: Path) -> None:
+    """Raise DataFormatError naming the line and column of the first row that is not a JSON object."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if text.lstrip().startswith("["):  # one JSON array of rows
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise DataFormatError(f"{path}: line {exc.lineno}, column {exc.colno}: not JSON ({exc.msg})") from None
+        bad = (
+            next((i for i, row in enumerate(rows) if not isinstance(row, dict)), None) if isinstance(rows, list) else 0
+        )
+        if bad is not None:
+            raise DataFormatError(f"{path}: row {bad} is not a JSON object")
+        return
+    if not text.strip():
+        raise DataFormatError(f"{path}: no rows")
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataFormatError(f"{path}: line {number}, column {exc.colno}: not JSON ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise DataFormatError(f"{path}: line {number}: a row must be a JSON object, got {type(row).__name__}")
 
 
 class _Row:

@@ -28,6 +28,8 @@ from agentrl.data.records import read_problems
 from agentrl.evaluation.livecodebench import custom_outputs, write_custom_outputs
 from agentrl.evaluation.metrics import summarize_benchmark
 from agentrl.evaluation.samples import read_jsonl, write_jsonl
+from agentrl.model.folder import check_model_folder
+from agentrl.paths import check_writable
 
 log = logging.getLogger("agentrl.evaluate")
 
@@ -126,6 +128,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if args.command == "run":
+        check_writable((args.samples, "--samples"), (args.metrics, "--metrics"))
+        check_model_folder(args.model, "--model")
         from agentrl.training.threads import set_torch_threads
 
         set_torch_threads(args.threads)
@@ -144,6 +148,7 @@ def main(argv: list[str]) -> int:
             metrics["tool_use"]["tool_calls_per_response"],
         )
     else:
+        check_writable((args.out, "--out"))
         outputs = custom_outputs(read_problems(args.problems), read_jsonl(args.samples), str(args.samples))
         write_custom_outputs(outputs, args.out)
         log.info("wrote %d questions x %d samples to %s", len(outputs), len(outputs[0]["code_list"]), args.out)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.data.records import Problem
+from agentrl.errors import DataFormatError
 from agentrl.rewards import family_of
 
 EXPORT_NAME = "livecodebench_custom_outputs.json"
@@ -41,24 +42,29 @@ def custom_outputs(
     """One ``{"question_id", "code_list"}`` per problem, samples in ``sample_index`` order."""
     not_code = sorted({p.data_source for p in problems if family_of(p.data_source) != "code"})
     if not_code:
-        raise ValueError(f"{source}: LiveCodeBench export needs code problems; data sources {not_code} are not code")
+        raise DataFormatError(
+            f"{source}: LiveCodeBench export needs code problems; data sources {not_code} are not code"
+        )
     codes: dict[str, dict[int, str]] = {p.id: {} for p in problems}
     for number, row in enumerate(rows):
+        missing = [key for key in ("problem_id", "sample_index", "pred") if key not in row]
+        if missing:
+            raise DataFormatError(f"{source} row {number}: key(s) {missing} missing")
         problem_id = row["problem_id"]
         if problem_id not in codes:
-            raise ValueError(f"{source} row {number}: problem {problem_id!r} is not in the benchmark")
+            raise DataFormatError(f"{source} row {number}: problem {problem_id!r} is not in the benchmark")
         pred = row["pred"]
         if pred is not None and not isinstance(pred, str):
-            raise ValueError(
+            raise DataFormatError(
                 f"{source} row {number}: 'pred' must be the extracted code (a string) or null, got {pred!r}"
             )
         codes[problem_id][int(row["sample_index"])] = pred or ""
     counts = {pid: len(c) for pid, c in codes.items()}
     if len(set(counts.values())) != 1 or 0 in counts.values():
-        raise ValueError(f"{source}: every problem needs the same number (>= 1) of samples; got {counts}")
+        raise DataFormatError(f"{source}: every problem needs the same number (>= 1) of samples; got {counts}")
     ids = [str(p.extra.get("question_id", p.id)) for p in problems]
     if len(set(ids)) != len(ids):
-        raise ValueError(f"{source}: question ids repeat; LiveCodeBench matches outputs to questions by id")
+        raise DataFormatError(f"{source}: question ids repeat; LiveCodeBench matches outputs to questions by id")
     return [
         {"question_id": qid, "code_list": [codes[p.id][i] for i in sorted(codes[p.id])]}
         for qid, p in zip(ids, problems)

@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from agentrl.errors import DataFormatError
+
 # Reasoning-mode thresholds (see reasoning_mode). The paper gives no numbers, only the shape:
 # deliberative = fewer, planned calls with longer thinking per call; reactive = short thinking,
 # many calls (docs/recipe.md section 7). With 16 turns = 2k + 2, a response has at most k = 7 tool
@@ -67,30 +69,30 @@ class SampleRecord:
         """Validate a samples.jsonl row; errors name ``where`` (e.g. ``file.jsonl row 7``) and the key."""
         missing = [f for f in cls.__dataclass_fields__ if f not in row]
         if missing:
-            raise ValueError(f"{where}: missing key(s) {missing}")
+            raise DataFormatError(f"{where}: missing key(s) {missing}")
 
         def integer(key: str, minimum: int = 0) -> int:
             value = row[key]
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-                raise ValueError(f"{where}: {key!r} must be an integer >= {minimum}, got {value!r}")
+                raise DataFormatError(f"{where}: {key!r} must be an integer >= {minimum}, got {value!r}")
             return int(value)
 
         acc = row["acc"]
         if acc not in (0, 1):  # True/False/0/1/0.0/1.0 pass; None, 0.5, "1" fail
-            raise ValueError(f"{where}: 'acc' must be 0/1 or a bool, got {acc!r}")
+            raise DataFormatError(f"{where}: 'acc' must be 0/1 or a bool, got {acc!r}")
         pred = row["pred"]
         if pred is not None and not isinstance(pred, Hashable):
-            raise ValueError(f"{where}: 'pred' must be a string (or None), got {type(pred).__name__}")
+            raise DataFormatError(f"{where}: 'pred' must be a string (or None), got {type(pred).__name__}")
         errors, before = row["tool_errors"], row["tokens_before_calls"]
         if not isinstance(errors, (list, tuple)) or not all(isinstance(e, (bool, np.bool_)) for e in errors):
-            raise ValueError(f"{where}: 'tool_errors' must be a list of bools, got {errors!r}")
+            raise DataFormatError(f"{where}: 'tool_errors' must be a list of bools, got {errors!r}")
         if not isinstance(before, (list, tuple)) or not all(
             isinstance(t, (int, np.integer)) and not isinstance(t, bool) and t >= 0 for t in before
         ):
-            raise ValueError(f"{where}: 'tokens_before_calls' must be a list of integers >= 0, got {before!r}")
+            raise DataFormatError(f"{where}: 'tokens_before_calls' must be a list of integers >= 0, got {before!r}")
         calls = integer("tool_calls")
         if not len(errors) == len(before) == calls:
-            raise ValueError(
+            raise DataFormatError(
                 f"{where}: tool_calls={calls} but {len(errors)} tool_errors and {len(before)} tokens_before_calls"
             )
         return cls(
@@ -347,7 +349,8 @@ def group_by_problem(
 ) -> dict[str, list[SampleRecord]]:
     """Validate rows, group them by problem (first-seen order), order by ``sample_index``; every
     problem must hold the same number of samples with distinct indices."""
-    assert samples, f"{source}: no samples"
+    if not samples:
+        raise DataFormatError(f"{source}: no samples (an empty file)")
     by_problem: dict[str, list[SampleRecord]] = {}
     for row_number, sample in enumerate(samples):
         if isinstance(sample, SampleRecord):
@@ -359,12 +362,12 @@ def group_by_problem(
         records.sort(key=lambda r: r.sample_index)
         indices = [r.sample_index for r in records]
         if len(set(indices)) != len(indices):
-            raise ValueError(f"{source}: problem {problem_id!r} repeats a sample_index: {indices}")
+            raise DataFormatError(f"{source}: problem {problem_id!r} repeats a sample_index: {indices}")
     sizes = {pid: len(rs) for pid, rs in by_problem.items()}
     if len(set(sizes.values())) > 1:
         n = max(sizes.values())
         short = {pid: size for pid, size in sizes.items() if size != n}
-        raise ValueError(f"{source}: problems hold different sample counts; expected {n}, got {short}")
+        raise DataFormatError(f"{source}: problems hold different sample counts; expected {n}, got {short}")
     return by_problem
 
 

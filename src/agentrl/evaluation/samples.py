@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.data.records import Problem, Trajectory
+from agentrl.errors import DataFormatError
 from agentrl.rewards import RewardResult
 from agentrl.rollout.tool_parser import TOOL_CALL_START
 
@@ -119,11 +120,22 @@ def write_jsonl(rows: Iterable[dict[str, Any]], path: str | Path) -> int:
 
 
 def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
-    with open(path, encoding="utf-8") as fh:
+    """The rows of a JSON-lines file; a line that is not a JSON object raises DataFormatError naming
+    the file, the line and the column (a missing file too)."""
+    try:
+        fh = open(path, encoding="utf-8")  # noqa: SIM115 - closed by the with below
+    except OSError as exc:
+        raise DataFormatError(f"{path}: cannot be read ({exc.strerror})") from None
+    with fh:
         for number, line in enumerate(fh, 1):
             if not line.strip():
                 continue
             try:
-                yield json.loads(line)
+                row = json.loads(line.rstrip("\r\n"))
             except json.JSONDecodeError as exc:
-                raise ValueError(f"{path} line {number}: not valid JSON: {exc}") from None
+                raise DataFormatError(
+                    f"{path}: line {number}, column {exc.colno}: not valid JSON ({exc.msg})"
+                ) from None
+            if not isinstance(row, dict):
+                raise DataFormatError(f"{path}: line {number}: expected a JSON object, got {type(row).__name__}")
+            yield row

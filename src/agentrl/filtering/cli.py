@@ -23,6 +23,8 @@ from agentrl.evaluation.samples import write_jsonl
 from agentrl.filtering.histogram import plot_pass_rate_histogram
 from agentrl.filtering.pass_rates import pass_rate_table, read_pass_rates, write_pass_rates
 from agentrl.filtering.selection import select_problems, target_shares_from_table
+from agentrl.model.folder import check_model_folder
+from agentrl.paths import check_writable
 
 log = logging.getLogger("agentrl.filter")
 
@@ -137,11 +139,14 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     cfg = config_from_args(args)
     if args.command == "score":
+        check_writable((args.out, "--out"), (args.samples, "--samples"))
+        check_model_folder(args.model, "--model")
         from agentrl.training.threads import set_torch_threads
 
         set_torch_threads(args.threads)
         score(cfg, args.model, args.pool, args.out, args.samples)
     else:
+        check_writable((args.out, "--out"), (args.stats, "--stats"), (args.histogram, "--histogram"))
         stats = select(cfg, args.pass_rates, args.pool, args.out, args.stats, args.histogram)
         log.info(
             "selected %s of %s scored problems; per bucket %s",

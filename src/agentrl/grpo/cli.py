@@ -19,7 +19,10 @@ from pathlib import Path
 
 from agentrl.cli_help import HelpFormatter
 from agentrl.config import ConfigError, add_config_arguments, config_from_args
+from agentrl.data.records import read_problems
 from agentrl.launch import relaunch_if_needed
+from agentrl.model.folder import check_model_folder
+from agentrl.paths import check_writable
 
 log = logging.getLogger("agentrl.grpo")
 
@@ -69,9 +72,11 @@ def main(argv: list[str]) -> int:
         resolve_algorithm(cfg.grpo)
     except ConfigError as exc:
         parser.error(str(exc))
-    for path, what in [(args.model, "--model"), (args.train, "--train")] + [(p, "--eval") for p in args.eval]:
-        if not path.exists():
-            parser.error(f"{what} {path} does not exist")
+    # Every input and output checked before DeepSpeed starts and long before the first rollout.
+    check_writable((args.out, "--out"), (args.metrics, "--metrics"), (args.checkpoint_dir, "--checkpoint-dir"))
+    check_model_folder(args.model, "--model")
+    for problems in (args.train, *args.eval):
+        read_problems(problems)
 
     try:
         relaunch_if_needed("grpo", argv, args.nproc)

@@ -24,7 +24,10 @@ import hashlib
 import json
 import os
 import shutil
+import struct
 from pathlib import Path
+
+from agentrl.errors import ModelFolderError
 
 MODEL_DIGEST_KEY = "agentrl_model_sha256"
 # Where a linked or downloaded model came from (resolve_pretrained): id, revision asked for, commit.
@@ -150,3 +153,57 @@ def _record_source(folder: Path, record: dict[str, str | None]) -> None:
     tmp = config_path.with_name(config_path.name + ".tmp")
     tmp.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, config_path)
+
+
+# A tokenizer is usable from tokenizer.json alone, or from a slow tokenizer's vocabulary files.
+_TOKENIZER_FILE_SETS = (("tokenizer.json",), ("vocab.json", "merges.txt"), ("tokenizer.model",))
+
+
+def check_model_folder(folder: str | Path, what: str = "--model", tokenizer: bool = True) -> None:
+    """Raise ModelFolderError naming the file unless ``folder`` is a loadable Hugging Face model folder:
+    it exists (a local path, never looked up on the hub), ``config.json`` is a JSON object, there are
+    weight files and each ``*.safetensors`` has a readable header, and (``tokenizer``) the tokenizer
+    files are there. Cheap: no weight is read.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ModelFolderError(f"{what} {folder} does not exist (a model folder: stages read local folders only)")
+    config_path = folder / "config.json"
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ModelFolderError(f"{what} {folder}: no config.json; is it a Hugging Face model folder?") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelFolderError(f"{config_path}: not a readable JSON file ({exc})") from None
+    if not isinstance(config, dict):
+        raise ModelFolderError(f"{config_path}: expected a JSON object, got {type(config).__name__}")
+    weights = sorted(p for p in folder.iterdir() if p.name.endswith(WEIGHT_SUFFIXES))
+    if not weights:
+        raise ModelFolderError(f"{what} {folder}: no weight files ({', '.join('*' + s for s in WEIGHT_SUFFIXES)})")
+    for path in weights:
+        if path.name.endswith(".safetensors"):
+            _check_safetensors_header(path)
+    if tokenizer and not any(all((folder / name).is_file() for name in names) for names in _TOKENIZER_FILE_SETS):
+        raise ModelFolderError(
+            f"{what} {folder}: no tokenizer (tokenizer.json, or vocab.json + merges.txt, or tokenizer.model)"
+        )
+
+
+def _check_safetensors_header(path: Path) -> None:
+    """A safetensors file is an 8-byte header length, a JSON header, then the tensors' bytes."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            prefix = fh.read(8)
+            header_size = struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else None
+            if header_size is None or header_size > size - 8:
+                raise ModelFolderError(f"{path}: not a safetensors file (truncated or damaged header)")
+            header = json.loads(fh.read(header_size))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelFolderError(f"{path}: not a readable safetensors file ({exc})") from None
+    try:
+        ends = [int(entry["data_offsets"][1]) for key, entry in header.items() if key != "__metadata__"]
+    except (AttributeError, KeyError, TypeError, IndexError, ValueError):
+        raise ModelFolderError(f"{path}: not a safetensors file (its header lists no tensor offsets)") from None
+    if ends and max(ends) > size - 8 - header_size:
+        raise ModelFolderError(f"{path}: truncated safetensors file ({size} bytes, the header needs more)")

@@ -18,6 +18,8 @@ from pathlib import Path
 
 from agentrl.cli_help import HelpFormatter
 from agentrl.config import ConfigError, add_config_arguments, config_from_args
+from agentrl.model.folder import check_model_folder
+from agentrl.paths import check_writable
 
 log = logging.getLogger("agentrl.rollout")
 
@@ -66,6 +68,8 @@ def main(argv: list[str]) -> int:
         cfg = config_from_args(args)
     except ConfigError as exc:
         parser.error(str(exc))
+    check_writable((args.out, "--out"))
+    check_model_folder(args.model, "--model")
 
     import torch
 

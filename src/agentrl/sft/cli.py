@@ -16,8 +16,11 @@ import logging
 from pathlib import Path
 
 from agentrl.cli_help import HelpFormatter
-from agentrl.config import add_config_arguments, config_from_args
+from agentrl.config import ConfigError, add_config_arguments, config_from_args
+from agentrl.data.records import read_sft_examples
 from agentrl.launch import relaunch_if_needed
+from agentrl.model.folder import check_model_folder
+from agentrl.paths import check_writable
 
 log = logging.getLogger("agentrl.sft")
 
@@ -54,10 +57,14 @@ def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    cfg = config_from_args(args)  # validate before launching any process
-    for path, what in ((args.model, "--model"), (args.data, "--data")):
-        if not path.exists():
-            parser.error(f"{what} {path} does not exist")
+    try:
+        cfg = config_from_args(args)  # validate before launching any process
+    except ConfigError as exc:
+        parser.error(str(exc))
+    # Every input and output checked before DeepSpeed starts and long before the first step.
+    check_writable((args.out, "--out"), (args.metrics, "--metrics"), (args.checkpoint_dir, "--checkpoint-dir"))
+    check_model_folder(args.model, "--model")
+    read_sft_examples(args.data)
 
     try:
         relaunch_if_needed("sft", argv, args.nproc)

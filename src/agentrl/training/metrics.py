@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from agentrl.errors import DataFormatError
+
 
 class MetricsWriter:
     """Appends step records to a JSON-lines file; ``echo`` sees each record after it is written
@@ -77,7 +79,7 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
         for number, line in enumerate(fh, 1):
             if line.strip():
                 try:
-                    records.append(json.loads(line))
+                    records.append(json.loads(line.rstrip("\r\n")))
                 except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path} line {number}: not JSON ({exc})") from None
+                    raise DataFormatError(f"{path}: line {number}, column {exc.colno}: not JSON ({exc.msg})") from None
     return records

@@ -1,0 +1,228 @@
+"""Bad data, bad paths and inconsistent config: a clear error naming the file, row, column or key,
+exit status 2 without a traceback, before any expensive work, and nothing complete-looking left.
+
+One test per class of the bad-input table: missing column, wrong type, bad JSON in row k, a
+corrupt parquet / safetensors file, a missing tokenizer, an unwritable output, an empty input, a
+cross-key config. The stages run as users run them (``python -m agentrl ...`` subprocesses).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from agentrl.config import ConfigError, check_cross_keys, cross_key_problems, load_config
+from agentrl.data.records import Problem, SftExample, read_problems, read_sft_examples, write_records
+from agentrl.data.upstream import read_rows
+from agentrl.errors import DataFormatError, ModelFolderError
+from agentrl.evaluation.samples import read_jsonl
+from agentrl.model.folder import check_model_folder
+from agentrl.training.metrics import read_metrics
+
+
+def agentrl(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    command = [sys.executable, "-m", "agentrl", *map(str, args)]
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def assert_refused(completed: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert completed.returncode == 2, (completed.returncode, completed.stderr[-2000:])
+    assert "Traceback" not in completed.stderr, completed.stderr[-2000:]
+    for fragment in fragments:
+        assert fragment in completed.stderr, (fragment, completed.stderr[-2000:])
+
+
+PROBLEM = Problem(
+    "p0", "embedded-code", [{"role": "user", "content": "hi"}], "code", {"inputs": ["1"], "outputs": ["1"]}
+)
+SFT = SftExample("s0", [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}], [])
+
+
+def problems_file(path: Path, rows: list[dict]) -> Path:
+    pd.DataFrame(rows).to_parquet(path, index=False)
+    return path
+
+
+def fake_model(folder: Path, tokenizer: bool = True) -> Path:
+    """A folder that passes the cheap checks: config, a valid safetensors header, a tokenizer file."""
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text('{"model_type": "llama"}')
+    header = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 4)
+    if tokenizer:
+        (folder / "tokenizer.json").write_text("{}")
+    return folder
+
+
+def sft_command(tmp_path: Path, model: Path, data: Path, **outputs: Path) -> list:
+    paths = {"out": tmp_path / "out/sft", "metrics": tmp_path / "out/metrics.jsonl", "checkpoint_dir": tmp_path / "ck"}
+    paths.update(outputs)
+    return ["sft", "--model", model, "--data", data, "--out", paths["out"], "--metrics", paths["metrics"],
+            "--checkpoint-dir", paths["checkpoint_dir"], "--nproc", "0"]  # fmt: skip
+
+
+# --------------------------------------------------------------------------- missing column, wrong type, bad JSON
+def test_missing_column_names_the_file_and_the_column(tmp_path):
+    row = PROBLEM.to_row()
+    del row["ground_truth"]
+    path = problems_file(tmp_path / "eval.parquet", [row])
+    with pytest.raises(DataFormatError, match=r"eval.parquet: column\(s\) \['ground_truth'\] missing"):
+        read_problems(path)
+    sft_row = SFT.to_row()
+    del sft_row["messages"]  # was KeyError: 'messages'
+    with pytest.raises(DataFormatError, match=r"sft.parquet: column\(s\) \['messages'\] missing"):
+        read_sft_examples(problems_file(tmp_path / "sft.parquet", [sft_row]))
+    completed = agentrl("evaluate", "export-livecodebench", "--problems", path, "--samples", tmp_path / "s.jsonl",
+                        "--out", tmp_path / "lcb.json", cwd=tmp_path)  # fmt: skip
+    assert_refused(completed, "eval.parquet", "'ground_truth'")
+    assert not (tmp_path / "lcb.json").exists()
+
+
+def test_wrong_type_and_bad_json_name_the_row_and_the_column(tmp_path):
+    rows = [PROBLEM.to_row() for _ in range(4)]
+    rows[2] = {**rows[2], "prompt": '[{"role": "user", "content": "hi"}'}  # unterminated: bad JSON in row 2
+    with pytest.raises(DataFormatError, match=r"bad.parquet: row 2, column 'prompt': not JSON .*line 1 column 35"):
+        read_problems(problems_file(tmp_path / "bad.parquet", rows))
+    rows[2] = {**PROBLEM.to_row(), "extra": "[1, 2]"}
+    with pytest.raises(DataFormatError, match=r"row 2, column 'extra': expected dict, got list"):
+        read_problems(problems_file(tmp_path / "bad.parquet", rows))
+    rows[2] = {**PROBLEM.to_row(), "prompt": '[{"content": "no role"}]'}
+    with pytest.raises(DataFormatError, match=r"row 2, column 'prompt': message 0 is not an object with a 'role'"):
+        read_problems(problems_file(tmp_path / "bad.parquet", rows))
+    sft_rows = [SFT.to_row(), {**SFT.to_row(), "tools": "{}"}]
+    with pytest.raises(DataFormatError, match=r"row 1, column 'tools': expected list, got dict"):
+        read_sft_examples(problems_file(tmp_path / "sft.parquet", sft_rows))
+
+
+def test_bad_json_lines_name_the_file_the_line_and_the_column(tmp_path):
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text('{"a": 1}\n{"a": 2}\n{"a": 3,, }\n')
+    with pytest.raises(DataFormatError, match=r"samples.jsonl: line 3, column 9: not valid JSON"):
+        list(read_jsonl(samples))
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"step": 1}\n{"step": 2\n')
+    with pytest.raises(DataFormatError, match=r"metrics.jsonl: line 2, column 11: not JSON"):
+        read_metrics(metrics)
+    upstream = tmp_path / "rl.jsonl"  # datasets' own error named neither the file nor the row
+    upstream.write_text('{"prompt": "a"}\n{"prompt": "b"}\n{"prompt": "c" "d"}\n')
+    source = load_config({"data": {"upstream": {"rl": {"id": str(upstream)}}}}).data.upstream.rl
+    with pytest.raises(DataFormatError, match=r"rl.jsonl: line 3, column 16: not JSON"):
+        read_rows(source)
+
+
+# --------------------------------------------------------------------------- corrupt files, missing tokenizer
+def test_corrupt_parquet_and_safetensors_name_the_file(tmp_path):
+    broken = tmp_path / "pool.parquet"
+    broken.write_bytes(b"PAR1 this is not a parquet file")
+    with pytest.raises(DataFormatError, match=r"pool.parquet: not a readable parquet file"):
+        read_problems(broken)
+    model = fake_model(tmp_path / "model")
+    (model / "model.safetensors").write_bytes(b"\xff" * 64)
+    with pytest.raises(ModelFolderError, match=r"model.safetensors: not a safetensors file"):
+        check_model_folder(model)
+    data = tmp_path / "sft.parquet"
+    write_records([SFT], data)
+    completed = agentrl(*sft_command(tmp_path, model, data), cwd=tmp_path)
+    assert_refused(completed, str(model / "model.safetensors"))
+    assert not (tmp_path / "out/sft").exists() and not (tmp_path / "out/metrics.jsonl").exists()
+
+
+def test_missing_tokenizer_and_missing_model_folder_say_so(tmp_path):
+    model = fake_model(tmp_path / "model", tokenizer=False)
+    data = tmp_path / "sft.parquet"
+    write_records([SFT], data)
+    completed = agentrl(*sft_command(tmp_path, model, data), cwd=tmp_path)
+    assert_refused(completed, "no tokenizer (tokenizer.json")  # was "install sentencepiece or tiktoken"
+    missing = agentrl(*sft_command(tmp_path, tmp_path / "results/models/base", data), cwd=tmp_path)
+    assert_refused(missing, "results/models/base does not exist")  # was a bad hub repo id
+
+
+# --------------------------------------------------------------------------- unwritable output
+def test_an_unwritable_output_is_found_before_any_work(tmp_path):
+    """--metrics under a regular file: refused at start, before the model, the data or DeepSpeed."""
+    (tmp_path / "blocker").write_text("a file where a folder is needed")
+    data = tmp_path / "sft.parquet"
+    write_records([SFT], data)
+    completed = agentrl(
+        *sft_command(tmp_path, fake_model(tmp_path / "model"), data, metrics=tmp_path / "blocker/metrics.jsonl"),
+        cwd=tmp_path,
+    )
+    assert_refused(completed, "--metrics", "blocker/metrics.jsonl", "cannot be written")
+    assert not (tmp_path / "out/sft").exists() and not (tmp_path / "ck").exists()
+    problems = tmp_path / "eval.parquet"
+    write_records([PROBLEM], problems)
+    evaluate = agentrl("evaluate", "run", "--model", tmp_path / "model", "--problems", problems,
+                       "--samples", tmp_path / "blocker/samples.jsonl", "--metrics", tmp_path / "m.json",
+                       cwd=tmp_path)  # fmt: skip
+    assert_refused(evaluate, "--samples")
+    assert not (tmp_path / "m.json").exists()
+
+
+# --------------------------------------------------------------------------- empty input
+def test_empty_inputs_are_errors(tmp_path):
+    empty = problems_file(tmp_path / "empty.parquet", [])
+    pd.DataFrame({c: pd.Series(dtype=str) for c in PROBLEM.to_row()}).to_parquet(empty, index=False)
+    with pytest.raises(DataFormatError, match=r"empty.parquet: no rows"):
+        read_problems(empty)
+    out = tmp_path / "lcb.json"
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text("")
+    completed = agentrl("evaluate", "export-livecodebench", "--problems", empty, "--samples", samples,
+                        "--out", out, cwd=tmp_path)  # fmt: skip
+    assert_refused(completed, "empty.parquet: no rows")  # was exit 0 and an empty output
+    assert not out.exists()
+    upstream = tmp_path / "rl.jsonl"
+    upstream.write_text("\n")
+    source = load_config({"data": {"upstream": {"rl": {"id": str(upstream)}}}}).data.upstream.rl
+    with pytest.raises(DataFormatError, match=r"rl.jsonl: no rows"):
+        read_rows(source)
+
+
+# --------------------------------------------------------------------------- config
+def test_cross_key_config_is_refused_at_load_with_every_key_named():
+    cfg = load_config(
+        {
+            "grpo": {"batch_prompts": 12, "mini_batch_prompts": 8},
+            "rollout": {"max_response_tokens": 256},
+            "reward": {"overlong": {"enable": True, "max_response_length": 512}},
+        }
+    )
+    problems = cross_key_problems(cfg)
+    assert len(problems) == 2, problems
+    assert "grpo.batch_prompts (12) must be a multiple of grpo.mini_batch_prompts (8)" in problems[0]
+    assert "rollout.max_response_tokens (256)" in problems[1] and "reward.overlong.max_response_length" in problems[1]
+    with pytest.raises(ConfigError, match="inconsistent settings"):
+        check_cross_keys(cfg)
+    check_cross_keys(load_config({}))  # the default recipe is consistent
+    # Overlong shaping off everywhere (reward section and the GRPO variant): no budget constraint.
+    off = load_config(
+        {
+            "rollout": {"max_response_tokens": 256},
+            "reward": {"overlong": {"enable": False}},
+            "grpo": {"algorithm": {"overlong_shaping": False}},
+        }
+    )
+    assert cross_key_problems(off) == []
+
+
+def test_stage_clis_report_config_errors_without_a_traceback(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("grpo:\n  batch_prompts: 12\n  mini_batch_prompts: 8\n")
+    grpo = agentrl("grpo", "--config", bad, "--model", tmp_path / "m", "--train", tmp_path / "t.parquet",
+                   "--out", tmp_path / "o", "--metrics", tmp_path / "x.jsonl", "--checkpoint-dir", tmp_path / "c",
+                   cwd=tmp_path)  # fmt: skip
+    assert_refused(grpo, "grpo.batch_prompts (12) must be a multiple of grpo.mini_batch_prompts (8)")
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("sft:\n  epochz: 3\n")
+    sft = agentrl("sft", "--config", unknown, "--model", tmp_path / "m", "--data", tmp_path / "d.parquet",
+                  "--out", tmp_path / "o", "--metrics", tmp_path / "x.jsonl", "--checkpoint-dir", tmp_path / "c",
+                  cwd=tmp_path)  # fmt: skip
+    assert_refused(sft, "epochz")  # was a traceback and exit 1
