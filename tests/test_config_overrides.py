@@ -204,3 +204,25 @@ def test_rerun_keys_leave_out_the_keys_marked_x_rerun_false():
     # a mapping of free names is one key: adding a checkpoint to evaluate is one change
     assert keys["eval.checkpoints"] == {} and not any(key.startswith("eval.checkpoints.") for key in keys)
     assert keys["ablations.arms"]["baseline"]["variant"] == "grpo_tcr"
+
+
+def _planned_rules(listing: str) -> set[str]:
+    rules = set()
+    for line in listing.splitlines():
+        words = line.strip().split()
+        if (
+            len(words) == 2
+            and words[0].endswith(":") is False
+            and words[1].isdigit()
+            and words[0] not in ("job", "total")
+        ):
+            rules.add(words[0])
+    return rules
+
+
+def test_the_smoke_preset_plans_every_job_of_the_default_target(tmp_path):
+    default = dry_run(tmp_path)
+    smoke = dry_run(tmp_path, "--configfile", str(ROOT / "config.yaml"), str(ROOT / "presets" / "smoke.yaml"))
+    assert default.returncode == 0 and smoke.returncode == 0, smoke.stderr[-3000:]
+    assert _planned_rules(smoke.stdout) == _planned_rules(default.stdout) >= {"sft", "grpo", "evaluate", "report"}
+    assert "results/smoke/report/summary.md" in smoke.stdout, "the smoke run keeps its own folder"

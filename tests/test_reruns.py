@@ -227,7 +227,7 @@ def test_a_changed_parameter_reruns_only_what_it_feeds(completed, tmp_path, over
     [
         {"sandbox": {"workers": 3, "sandbox_fusion_url": "http://sandbox:8080", "preload_modules": ["math"]}},
         {"sft": {"save_every_steps": 7, "keep_checkpoints": 3}, "grpo": {"save_freq": 5, "keep_checkpoints": 1}},
-        {"grpo": {"tensorboard": True}},
+        {"tracking": {"tensorboard": True}},
         {"rollout": {"vllm": {"gpu_memory_utilization": 0.8, "max_num_seqs": 64, "enforce_eager": False}}},
     ],
     ids=["sandbox-workers", "checkpoint-intervals", "tracking", "engine-memory"],

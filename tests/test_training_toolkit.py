@@ -26,19 +26,17 @@ def test_metrics_file_is_rewritten_on_reset_and_appended_per_step(tmp_path):
         read_metrics(path)
 
 
-def test_tensorboard_without_the_package_fails_naming_the_key(tmp_path):
+def test_metrics_writer_hands_each_record_to_the_tracker(tmp_path):
+    pytest.importorskip("tensorboard")
+    from agentrl.config import load_config
+    from agentrl.tracking import Tracker
     from agentrl.training.metrics import MetricsWriter
 
-    try:
-        import torch.utils.tensorboard  # noqa: F401
-    except ImportError:
-        with pytest.raises(RuntimeError, match="grpo.tensorboard"):
-            MetricsWriter(tmp_path / "metrics.jsonl", tensorboard_dir=tmp_path / "tb")
-    else:
-        writer = MetricsWriter(tmp_path / "metrics.jsonl", tensorboard_dir=tmp_path / "tb")
-        writer.write({"step": 1, "actor/lr": 1e-3})
-        writer.close()
-        assert any((tmp_path / "tb").iterdir())
+    tracker = Tracker(load_config({"tracking": {"tensorboard": True}}).tracking, tmp_path, "grpo", fresh=True)
+    writer = MetricsWriter(tmp_path / "metrics.jsonl", tracker=tracker)
+    writer.write({"step": 1, "actor/lr": 1e-3})
+    writer.close()
+    assert any((tmp_path / "tracking" / "tensorboard").iterdir())
 
 
 def test_file_sha256_streams_the_same_digest_as_reading_the_whole_file(tmp_path):

@@ -305,7 +305,20 @@ class GrpoConfig:
     collective_timeout_minutes: float
     keep_checkpoints: int | None
     deepspeed: GrpoDeepSpeedConfig
+
+
+@dataclass(frozen=True)
+class WandbConfig:
+    enable: bool
+    project: str
+    entity: str | None
+    mode: Literal["offline", "online"]
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
     tensorboard: bool
+    wandb: WandbConfig
 
 
 @dataclass(frozen=True)
@@ -365,6 +378,7 @@ class Config:
     filter: FilterConfig
     eval: EvalConfig
     grpo: GrpoConfig
+    tracking: TrackingConfig
     ablations: AblationsConfig
 
 

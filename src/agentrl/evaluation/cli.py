@@ -30,6 +30,7 @@ from agentrl.evaluation.metrics import summarize_benchmark
 from agentrl.evaluation.samples import read_jsonl, write_jsonl
 from agentrl.model.folder import check_model_folder
 from agentrl.paths import check_writable
+from agentrl.tracking import Tracker, check_tracking
 
 log = logging.getLogger("agentrl.evaluate")
 
@@ -56,6 +57,7 @@ def run(
 ) -> dict:
     from agentrl.evaluation.sampling import SamplingSetup, graded_sample_rows
 
+    check_tracking(cfg.tracking)  # a missing package stops the job before any sampling
     problems = read_problems(problems_path)[:max_problems]  # None: all
     e = cfg.eval
     # Evaluation has its own prompt limit (upstream's eval scripts: 4096); fit_prompts kept only
@@ -94,6 +96,9 @@ def run(
     metrics = metrics_of_samples(samples_out, run_info)
     metrics_out.parent.mkdir(parents=True, exist_ok=True)
     metrics_out.write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+    tracker = Tracker(cfg.tracking, metrics_out.parent, f"eval/{model_dir.name}/{benchmark}", True, run_info)
+    tracker.log({f"eval/{benchmark}/{key}": value for key, value in metrics.items()}, step=0)
+    tracker.close()
     return metrics
 
 

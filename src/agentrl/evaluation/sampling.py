@@ -20,6 +20,7 @@ from typing import Any
 from agentrl.config import Config
 from agentrl.data.records import Problem
 from agentrl.evaluation.samples import sample_row
+from agentrl.progress import progress
 from agentrl.rewards import RewardFunction
 from agentrl.training.seeds import derived_seed
 
@@ -60,6 +61,7 @@ def graded_sample_rows(
         loop = AgentLoop(engine, tokenizer, CodeInterpreter(sandbox, cfg.tool), cfg.rollout)
         reward_fn = RewardFunction(cfg.reward, sandbox)
         total = len(problems)
+        bar = progress(total, setup.seed_tag, unit="problems", logger=log)
         for index, start in enumerate(range(0, total, setup.problems_per_chunk)):
             chunk = list(problems[start : start + setup.problems_per_chunk])
             seed = derived_seed(setup.seed, setup.seed_tag, index)
@@ -81,5 +83,7 @@ def graded_sample_rows(
                 correct,
                 len(rewards),
             )
+            bar.update(len(chunk))
             for trajectory, reward in zip(trajectories, rewards, strict=True):
                 yield sample_row(by_id[trajectory.problem_id], trajectory, reward, tokenizer)
+        bar.close()

@@ -67,9 +67,11 @@ def main(argv: list[str]) -> int:
         cfg = config_from_args(args)  # validate before launching any process
         from agentrl.grpo.runner import check_config
         from agentrl.grpo.variants import resolve_algorithm
+        from agentrl.tracking import check_tracking
 
         check_config(cfg)
         resolve_algorithm(cfg.grpo)
+        check_tracking(cfg.tracking)
     except ConfigError as exc:
         parser.error(str(exc))
     # Every input and output checked before DeepSpeed starts and long before the first rollout.

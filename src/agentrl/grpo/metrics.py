@@ -2,7 +2,7 @@
 
 One JSON line per step in ``results/rl/metrics.jsonl`` (``step`` 0 holds the validation before
 training; written by :class:`agentrl.training.metrics.MetricsWriter`), one short line on the
-console (:func:`console_line`), and TensorBoard scalars when ``grpo.tensorboard`` is on. Keys are grouped by prefix: ``rollout/`` (rewards, lengths, tools), ``actor/`` (the
+console (:func:`console_line`), and TensorBoard or W&B scalars when ``tracking`` is on. Keys are grouped by prefix: ``rollout/`` (rewards, lengths, tools), ``actor/`` (the
 update), ``timing/`` (seconds), ``val/`` (validation, ``val/<set>/avg@<n>``).
 
 Only rank 0 writes; the trainer gathers the other ranks' numbers first.

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +35,8 @@ from agentrl.grpo.trainer import Components, GrpoStep
 from agentrl.grpo.validation import EvalSet, fit_eval_sets, limit_problems, validate
 from agentrl.grpo.variants import AlgorithmSettings, resolve_algorithm
 from agentrl.model.folder import stamp_model_digest
+from agentrl.progress import progress
+from agentrl.tracking import Tracker
 from agentrl.training import deepspeed_engine as dse
 from agentrl.training.fingerprint import fingerprint_of, without_keys
 from agentrl.training.folder_lock import hold_checkpoint_folder
@@ -67,7 +68,7 @@ class GrpoPaths:
 # Every other key of the sections below is in, the validation settings too: the checkpoint carries
 # the metric records, and a resumed run must not mix validations made two ways in one file.
 NOT_IN_FINGERPRINT = {
-    "grpo": ("save_freq", "save_every_minutes", "collective_timeout_minutes", "keep_checkpoints", "tensorboard"),
+    "grpo": ("save_freq", "save_every_minutes", "collective_timeout_minutes", "keep_checkpoints"),
     "sandbox": ("workers", "sandbox_fusion_url"),  # parallelism and the service's address
     "rollout.vllm": ("gpu_memory_utilization", "max_num_seqs", "enforce_eager"),  # memory and speed
 }
@@ -241,10 +242,11 @@ def _train(cfg: Config, paths: GrpoPaths, stop) -> int:
             log.info("resumed from %s: step %d of %d done", paths.checkpoints, start, steps)
         writer = None
         if ctx.is_main:
-            tensorboard = paths.metrics.parent / "tensorboard" if cfg.grpo.tensorboard else None
-            if tensorboard is not None and start == 0:  # a run from step 0 replaces the curves, as the file
-                shutil.rmtree(tensorboard, ignore_errors=True)
-            writer = MetricsWriter(paths.metrics, lambda r: log.info(console_line(r, steps)), tensorboard)
+            # a run from step 0 replaces the curves, as it rewrites the metrics file
+            tracker = Tracker(
+                cfg.tracking, paths.metrics.parent, "grpo", fresh=start == 0, run_config=dataclasses.asdict(cfg)
+            )
+            writer = MetricsWriter(paths.metrics, lambda r: log.info(console_line(r, steps)), tracker)
             writer.reset(records)
         log.info(
             "GRPO %s: %d problems, %d steps of %d prompts x %d, %d process(es)",
@@ -284,11 +286,13 @@ def _train(cfg: Config, paths: GrpoPaths, stop) -> int:
 
         stepper = GrpoStep(parts)
         boundary = StepBoundary(stop, CheckpointClock(cfg.grpo.save_every_minutes), ctx.device)
+        bar = progress(steps, "grpo", unit="steps", initial=start, disable=not ctx.is_main, logger=log)
         for step in range(start + 1, steps + 1):
             record = stepper.run(step, sampler)
             if eval_sets and cfg.grpo.test_freq and (step % cfg.grpo.test_freq == 0 or step == steps):
                 record.update(run_validation())
             emit(record)
+            bar.update(1)
             freq = cfg.grpo.save_freq
             decision = boundary.decide(
                 step_interval_due=bool(freq) and (step % freq == 0 or step == steps), last_step=step == steps
@@ -300,6 +304,7 @@ def _train(cfg: Config, paths: GrpoPaths, stop) -> int:
                 if writer is not None:
                     writer.close()
                 raise StoppedForRetry("grpo", step, paths.checkpoints, decision.reason)
+        bar.close()
         dse.save_hf_model(parts.engine, policy, tokenizer, paths.out, ctx)
         if writer is not None:
             writer.close()

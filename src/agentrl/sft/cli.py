@@ -21,6 +21,7 @@ from agentrl.data.records import read_sft_examples
 from agentrl.launch import relaunch_if_needed
 from agentrl.model.folder import check_model_folder
 from agentrl.paths import check_writable
+from agentrl.tracking import check_tracking
 
 log = logging.getLogger("agentrl.sft")
 
@@ -59,6 +60,7 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     try:
         cfg = config_from_args(args)  # validate before launching any process
+        check_tracking(cfg.tracking)
     except ConfigError as exc:
         parser.error(str(exc))
     # Every input and output checked before DeepSpeed starts and long before the first step.
@@ -89,7 +91,7 @@ def main(argv: list[str]) -> int:
         deepspeed_config=deepspeed_config,
     )
     try:
-        train_sft(cfg.sft, cfg.seed, paths)
+        train_sft(cfg.sft, cfg.seed, paths, cfg.tracking)
     except StoppedForRetry as stopped:
         log.warning("%s", stopped)
         return EXIT_CODE

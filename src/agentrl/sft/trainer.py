@@ -37,8 +37,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from agentrl.config import SftConfig
+from agentrl.config import SftConfig, TrackingConfig
 from agentrl.data.records import read_sft_examples
+from agentrl.progress import progress as make_progress
 from agentrl.sft.batching import (
     TokenizedExample,
     collate,
@@ -47,6 +48,7 @@ from agentrl.sft.batching import (
     steps_per_epoch,
     tokenize_examples,
 )
+from agentrl.tracking import Tracker
 from agentrl.training import deepspeed_engine as dse
 from agentrl.training.fingerprint import fingerprint_of, without_keys
 from agentrl.training.folder_lock import hold_checkpoint_folder
@@ -182,7 +184,7 @@ def _run_step(
     }
 
 
-def train_sft(cfg: SftConfig, seed: int, paths: SftPaths) -> dict[str, Any]:
+def train_sft(cfg: SftConfig, seed: int, paths: SftPaths, tracking: TrackingConfig | None = None) -> dict[str, Any]:
     """Train ``paths.model_dir`` on ``paths.data``; write the HF folder and metrics. Returns a summary.
 
     A SIGUSR1 or SIGTERM makes the running step the last: its checkpoint is written and
@@ -193,12 +195,11 @@ def train_sft(cfg: SftConfig, seed: int, paths: SftPaths) -> dict[str, Any]:
     timeout_named = dse.collective_timeout_named("sft.collective_timeout_minutes", cfg.collective_timeout_minutes)
     with hold_checkpoint_folder(paths.checkpoint_dir, "sft"), stop_on_signals() as stop, timeout_named:
         with stop_when_orphaned(stop):
-            return _train_sft(cfg, seed, paths, stop)
+            return _train_sft(cfg, seed, paths, stop, tracking)
 
 
-def _train_sft(cfg: SftConfig, seed: int, paths: SftPaths, stop) -> dict[str, Any]:
+def _train_sft(cfg: SftConfig, seed: int, paths: SftPaths, stop, tracking: TrackingConfig | None) -> dict[str, Any]:
     import deepspeed
-    from tqdm import tqdm
     from transformers import AutoTokenizer
 
     # DeepSpeed's ZeRO calls a torch collective that torch has deprecated; nothing for us to act on
@@ -249,10 +250,14 @@ def _train_sft(cfg: SftConfig, seed: int, paths: SftPaths, stop) -> dict[str, An
 
     run = run_fingerprint(cfg, seed, ctx.world_size, paths)
     start, records = _resume_or_reset(engine, paths.checkpoint_dir, run, ctx)
-    writer = MetricsWriter(paths.metrics) if ctx.is_main else None
-    if writer is not None:
+    writer = None
+    if ctx.is_main:  # the curves of a run from step 0 replace the old ones, as the metrics file
+        folder = paths.checkpoint_dir.parent
+        tracker = Tracker(tracking, folder, "sft", start == 0, dataclasses.asdict(cfg)) if tracking else None
+        writer = MetricsWriter(paths.metrics, tracker=tracker)
         writer.reset(records)
-    progress = tqdm(total=plan.total_steps, initial=start, disable=not ctx.is_main, desc="sft", mininterval=2.0)
+        log.info("metrics: %s, one line per step as it runs", paths.metrics)
+    progress = make_progress(plan.total_steps, "sft", unit="steps", initial=start, disable=not ctx.is_main, logger=log)
     started = time.perf_counter()
     record: dict[str, Any] = {}
     boundary = StepBoundary(stop, CheckpointClock(cfg.save_every_minutes), ctx.device)
@@ -277,8 +282,8 @@ def _train_sft(cfg: SftConfig, seed: int, paths: SftPaths, stop) -> dict[str, An
         records.append(record)
         if writer is not None:
             writer.write(record)
-        progress.update(1)
         progress.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{lr:.2e}")
+        progress.update(1)
         last = done == plan.total_steps
         decision = boundary.decide(
             step_interval_due=bool(cfg.save_every_steps) and done % cfg.save_every_steps == 0 and not last,
@@ -290,8 +295,12 @@ def _train_sft(cfg: SftConfig, seed: int, paths: SftPaths, stop) -> dict[str, An
             boundary.saved()
         if decision.stop:
             progress.close()
+            if writer is not None:
+                writer.close()
             raise StoppedForRetry("sft", done, paths.checkpoint_dir, decision.reason)
     progress.close()
+    if writer is not None:
+        writer.close()
     dse.save_hf_model(engine, engine.module.lm, tokenizer, paths.out_dir, ctx)
     wall = time.perf_counter() - started
     log.info(

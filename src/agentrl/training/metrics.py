@@ -20,28 +20,18 @@ from agentrl.errors import DataFormatError
 
 class MetricsWriter:
     """Appends step records to a JSON-lines file; ``echo`` sees each record after it is written
-    (GRPO's console line), TensorBoard gets its numbers when ``tensorboard_dir`` is given."""
+    (GRPO's console line), ``tracker`` (TensorBoard, W&B: :class:`agentrl.tracking.Tracker`) its numbers."""
 
     def __init__(
         self,
         path: str | Path,
         echo: Callable[[Mapping[str, Any]], None] | None = None,
-        tensorboard_dir: str | Path | None = None,
-        tensorboard_key: str = "grpo.tensorboard",
+        tracker: Any = None,
     ) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.echo = echo
-        self.tensorboard = None
-        if tensorboard_dir is not None:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError as exc:
-                raise RuntimeError(
-                    f"{tensorboard_key} is on but TensorBoard cannot be imported ({exc}); "
-                    f"pip install tensorboard, or set {tensorboard_key}: false"
-                ) from None
-            self.tensorboard = SummaryWriter(str(tensorboard_dir))
+        self.tracker = tracker
 
     def reset(self, records: Sequence[Mapping[str, Any]]) -> None:
         """Replace the file's content by ``records`` (on resume: the checkpoint's records)."""
@@ -58,15 +48,12 @@ class MetricsWriter:
             os.fsync(fh.fileno())
         if self.echo is not None:
             self.echo(record)
-        if self.tensorboard is not None:
-            for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)):
-                    self.tensorboard.add_scalar(key, value, record["step"])
-            self.tensorboard.flush()
+        if self.tracker is not None:
+            self.tracker.log(record, record["step"])
 
     def close(self) -> None:
-        if self.tensorboard is not None:
-            self.tensorboard.close()
+        if self.tracker is not None:
+            self.tracker.close()
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
