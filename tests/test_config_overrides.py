@@ -187,6 +187,12 @@ def test_workflow_takes_nested_numbers_from_the_command_line(tmp_path):
     assert grpo["grpo"]["batch_prompts"] == 32, "the rest of grpo comes from config.yaml"
 
 
+def test_workflow_runs_the_cross_key_checks_at_load(tmp_path):
+    done = dry_run(tmp_path, "--config", "grpo={batch_prompts: 5}")
+    assert done.returncode != 0
+    assert "grpo.batch_prompts (5) must be a multiple of grpo.mini_batch_prompts (8)" in done.stderr, done.stderr
+
+
 def test_workflow_reports_a_bad_key_with_the_short_message(tmp_path):
     done = dry_run(tmp_path, "--config", "grpo={lr: fast}")
     assert done.returncode != 0

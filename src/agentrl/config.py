@@ -700,7 +700,9 @@ def check_workflow_config(config: dict[str, Any], sources: list[tuple[str, dict[
     any job. Errors name the source of each bad key (``config_sources``)."""
     origin = "config (" + " + ".join(name for name, _ in sources) + ")" if sources else "config"
     validate_and_fill(config, origin, _source_of(sources))
-    return load_config(config, origin)
+    cfg = load_config(config, origin)
+    check_cross_keys(cfg, origin)
+    return cfg
 
 
 # --------------------------------------------------------------------------- what re-runs
