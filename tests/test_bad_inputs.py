@@ -226,3 +226,18 @@ def test_stage_clis_report_config_errors_without_a_traceback(tmp_path):
                   "--out", tmp_path / "o", "--metrics", tmp_path / "x.jsonl", "--checkpoint-dir", tmp_path / "c",
                   cwd=tmp_path)  # fmt: skip
     assert_refused(sft, "epochz")  # was a traceback and exit 1
+
+
+def test_metrics_and_pass_rate_files_name_the_file(tmp_path):
+    from agentrl.filtering.pass_rates import read_pass_rates
+    from agentrl.report.tables import read_eval_results
+
+    metrics = tmp_path / "eval/sft/aime2024/metrics.json"
+    metrics.parent.mkdir(parents=True)
+    metrics.write_text('{"samples_per_problem": 4,\n "pass@k": }\n')
+    with pytest.raises(DataFormatError, match=r"metrics.json: line 2, column 12: not JSON"):
+        read_eval_results([metrics])
+    table = tmp_path / "pass_rates.parquet"
+    table.write_bytes(b"\0" * 100)
+    with pytest.raises(DataFormatError, match=r"pass_rates.parquet: not a readable parquet file"):
+        read_pass_rates(table)

@@ -8,6 +8,10 @@ keeps its traceback.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 
 class UserInputError(ValueError):
     """Something the user must fix in a stage's config, inputs or output paths."""
@@ -23,3 +27,16 @@ class ModelFolderError(UserInputError):
 
 class OutputPathError(UserInputError):
     """An output path cannot be written (checked before any work)."""
+
+
+def read_json_file(path: str | Path) -> Any:
+    """The JSON value in ``path``; a missing or malformed file raises DataFormatError naming the
+    file and, for bad JSON, the line and column."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataFormatError(f"{path}: cannot be read ({exc})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataFormatError(f"{path}: line {exc.lineno}, column {exc.colno}: not JSON ({exc.msg})") from None

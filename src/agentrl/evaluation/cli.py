@@ -93,9 +93,13 @@ def run(
         "seed": cfg.seed,
         "max_problems": max_problems,
     }
-    metrics = metrics_of_samples(samples_out, run_info)
-    metrics_out.parent.mkdir(parents=True, exist_ok=True)
-    metrics_out.write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+    try:
+        metrics = metrics_of_samples(samples_out, run_info)
+        metrics_out.parent.mkdir(parents=True, exist_ok=True)
+        metrics_out.write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+    except BaseException:
+        samples_out.unlink(missing_ok=True)  # no samples file without its metrics: the stage failed
+        raise
     tracker = Tracker(cfg.tracking, metrics_out.parent, f"eval/{model_dir.name}/{benchmark}", True, run_info)
     tracker.log({f"eval/{benchmark}/{key}": value for key, value in metrics.items()}, step=0)
     tracker.close()

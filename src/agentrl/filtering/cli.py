@@ -19,6 +19,7 @@ from pathlib import Path
 from agentrl.cli_help import HelpFormatter
 from agentrl.config import Config, add_config_arguments, config_from_args
 from agentrl.data.records import Problem, read_problems, write_records
+from agentrl.errors import DataFormatError
 from agentrl.evaluation.samples import write_jsonl
 from agentrl.filtering.histogram import plot_pass_rate_histogram
 from agentrl.filtering.pass_rates import pass_rate_table, read_pass_rates, write_pass_rates
@@ -85,18 +86,17 @@ def select(
     pool = {p.id: p for p in read_problems(pool_path)}
     missing = [i for i in selection.ids if i not in pool]
     if missing:
-        raise ValueError(
+        raise DataFormatError(
             f"{pass_rates_path} scores problems that are not in {pool_path}: {missing[:5]} "
             "(was the pool regenerated after scoring?)"
         )
     rate = dict(zip(table["id"].astype(str), table["pass_rate"].astype(float)))
     chosen = [_rl_problem(pool[i], rate[i], selection.buckets[i]) for i in selection.ids]
     if not chosen:
-        raise ValueError(
+        raise DataFormatError(
             f"no problem of {pass_rates_path} has {f.low} < pass rate < {f.high}; "
             "the RL set would be empty (is the SFT model trained? widen filter.low / filter.high)"
         )
-    write_records(chosen, out)
     stats = {**selection.stats, "target_source": f.target_pass_rates or ("config" if f.target_histogram else None)}
     stats_out.parent.mkdir(parents=True, exist_ok=True)
     stats_out.write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
@@ -107,6 +107,7 @@ def select(
         histogram_out,
         title=f"RL pool difficulty for the SFT model: {len(chosen)} of {len(table)} selected",
     )
+    write_records(chosen, out)  # last: a failure above leaves no RL set that looks complete
     return stats
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 
 from agentrl.data.records import Problem
+from agentrl.errors import DataFormatError
 from agentrl.filtering.selection import check_pass_rate_table
 
 COLUMNS = (
@@ -80,7 +81,10 @@ def write_pass_rates(table: pd.DataFrame, path: str | Path) -> None:
 def read_pass_rates(path: str | Path) -> pd.DataFrame:
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"pass-rate table not found: {path}")
-    table = pd.read_parquet(path)
+        raise DataFormatError(f"pass-rate table not found: {path}")
+    try:
+        table = pd.read_parquet(path)
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises many kinds for a damaged file
+        raise DataFormatError(f"{path}: not a readable parquet file ({type(exc).__name__}: {exc})") from None
     check_pass_rate_table(table, str(path))
     return table

@@ -29,12 +29,13 @@ import numpy as np
 import pandas as pd
 
 from agentrl.config import FilterConfig
+from agentrl.errors import UserInputError
 
 BUCKETS = ("easy", "medium", "hard")
 PASS_RATE_COLUMNS = ("id", "data_source", "k", "correct", "pass_rate")
 
 
-class SelectionError(ValueError):
+class SelectionError(UserInputError):
     """The pass-rate table or the target histogram cannot give a selection; the message says why."""
 
 

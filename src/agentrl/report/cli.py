@@ -14,12 +14,12 @@ must exist and parse. The pass-rate histogram is the filter stage's own output a
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 from pathlib import Path
 
 from agentrl.cli_help import HelpFormatter
+from agentrl.errors import read_json_file
 from agentrl.report.plots import plot_accuracy_by_stage, plot_reasoning_modes, plot_training_curves
 from agentrl.report.tables import read_eval_results, summary_frame, summary_markdown
 
@@ -51,7 +51,7 @@ def build_report(args: argparse.Namespace) -> None:
             plots.append((f"{stage} training curves", _relative(plot_path, out_dir)))
     filter_stats = None
     if args.filter_stats is not None:
-        filter_stats = json.loads(args.filter_stats.read_text(encoding="utf-8"))
+        filter_stats = read_json_file(args.filter_stats)
     if args.pass_rate_histogram is not None:
         plots.append(("RL pool pass rates", _relative(args.pass_rate_histogram, out_dir)))
     args.table_md.parent.mkdir(parents=True, exist_ok=True)

@@ -10,13 +10,14 @@ paper preset.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
+from agentrl.errors import DataFormatError, read_json_file
 
 # Paper Table 2 (docs/recipe.md section 7): model -> benchmark -> accuracy in percent.
 PAPER_TABLE2: dict[str, dict[str, float]] = {
@@ -47,16 +48,17 @@ def read_eval_results(paths: Sequence[str | Path]) -> list[EvalResult]:
     results = []
     for path in map(Path, paths):
         if path.name != "metrics.json" or len(path.parts) < 3:
-            raise ValueError(f"{path}: expected a path ending in <model>/<benchmark>/metrics.json")
-        with open(path, encoding="utf-8") as fh:
-            metrics = json.load(fh)
+            raise DataFormatError(f"{path}: expected a path ending in <model>/<benchmark>/metrics.json")
+        metrics = read_json_file(path)
+        if not isinstance(metrics, dict):
+            raise DataFormatError(f"{path}: expected a JSON object, got {type(metrics).__name__}")
         for key in ("samples_per_problem", "pass@k", "upstream_bootstrap", "ci", "tool_use"):
             if key not in metrics:
-                raise ValueError(f"{path}: missing key {key!r}; was it written by `agentrl evaluate run`?")
+                raise DataFormatError(f"{path}: missing key {key!r}; was it written by `agentrl evaluate run`?")
         results.append(EvalResult(model=path.parent.parent.name, benchmark=path.parent.name, metrics=metrics))
     seen = [(r.model, r.benchmark) for r in results]
     if len(set(seen)) != len(seen):
-        raise ValueError(f"the same (model, benchmark) is given twice: {seen}")
+        raise DataFormatError(f"the same (model, benchmark) is given twice: {seen}")
     return results
 
 
