@@ -64,9 +64,9 @@ def config_params(*sections, build=None, example=None):
 
 
 def final_targets():
-    # The base model is a target of its own (a run of the embedded default always shows it), except
-    # where nothing reads it: a run that starts from released models and does not evaluate base.
-    base = [] if SFT_FROM is not None and "base" not in config["eval"]["models"] else [result("models/base/config.json")]
+    # The base model only where it is evaluated (training reaches it through sft anyway): a run of
+    # released models (eval.models: [], or sft.from) builds no model of its own.
+    base = [result("models/base/config.json")] if "base" in config["eval"]["models"] else []
     return [*base, *REPORT_TARGETS, *LIVECODEBENCH_EXPORTS]
 
 

@@ -47,7 +47,7 @@ if SFT_FROM is not None:
             out_dir=parent_dir("model"),
         threads: 1
         shell:
-            "python -m agentrl fetch-model --key sft.from --id {params.id:q} --revision {params.revision:q} "
+            "python -m agentrl fetch-model --key sft.from --id {params.id:q} --revision={params.revision:q} "
             "--out {params.out_dir} > {log} 2>&1"
 
 
@@ -71,4 +71,4 @@ rule fetch_checkpoint:
     threads: 1
     shell:
         "python -m agentrl fetch-model --key eval.checkpoints.{wildcards.name} --id {params.id:q} "
-        "--revision {params.revision:q} --out {params.out_dir} > {log} 2>&1"
+        "--revision={params.revision:q} --out {params.out_dir} > {log} 2>&1"

@@ -3,6 +3,8 @@
 #
 # Optional inputs exist by configuration, not by chance: a training stage's log is plotted when
 # its model is evaluated, and the filter stats when the RL model is (the RL data exists then).
+import shlex
+
 # A released SFT model (sft.from) has no training log.
 REPORT_TRAINING_STAGES = [
     stage for stage in ("sft", "rl") if stage in config["eval"]["models"] and not (stage == "sft" and SFT_FROM)
@@ -27,12 +29,22 @@ REPORT_OPTIONAL_ARGS = " ".join(
         else []
     )
 )
+# The published figures beside the measured ones (eval.published: evaluated model -> entry of the
+# file); entries for models this config does not evaluate are skipped (a preset maps rl and base,
+# an overlay may evaluate only one of them).
+PUBLISHED_FILE = f"{SRC}/agentrl/resources/published.yaml"
+REPORT_PUBLISHED_ARGS = " ".join(
+    f"--published-model {shlex.quote(f'{model}={name}')}"
+    for model, name in config["eval"]["published"].items()
+    if model in EVAL_MODELS and name is not None
+)
 REPORT_TARGETS = [result("report/summary.md")]
 
 
 rule report:
     input:
         **REPORT_INPUTS,
+        published=PUBLISHED_FILE,
     output:
         table_md=report(result("report/summary.md"), caption="../workflow/report/summary.rst", category="Summary"),
         table_csv=report(result("report/summary.csv"), caption="../workflow/report/summary.rst", category="Summary"),
@@ -63,8 +75,10 @@ rule report:
         "../envs/report.yaml"
     params:
         optional=REPORT_OPTIONAL_ARGS,
+        published=REPORT_PUBLISHED_ARGS,
     threads: 1
     shell:
         "python -m agentrl report --metrics {input.metrics} {params.optional} "
+        "--published {input.published} {params.published} "
         "--table-md {output.table_md} --table-csv {output.table_csv} "
         "--accuracy-plot {output.accuracy} --modes-plot {output.modes} > {log} 2>&1"

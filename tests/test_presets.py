@@ -91,3 +91,47 @@ def test_weak_model_preset_matches_the_strong_models_histogram():
     weak = resolved("paper-qwen3-4b.yaml", "paper-qwen2.5-7b.yaml")
     assert weak.model.base == "Qwen/Qwen2.5-7B-Instruct"
     assert weak.filter.target_pass_rates is not None
+
+
+def test_eval_released_preset_evaluates_the_two_released_models_only():
+    released = resolved("paper-qwen3-4b.yaml", "paper-eval-released.yaml")
+    assert released.eval.models == ()
+    assert {name: source.id for name, source in released.eval.checkpoints.items()} == {
+        "DemyAgent-4B": "Gen-Verse/DemyAgent-4B",
+        "Qwen3-4B-Instruct-2507": "Qwen/Qwen3-4B-Instruct-2507",
+    }
+    assert all(source.revision for source in released.eval.checkpoints.values()), "a revision is named"
+    # the published evaluation's sampling, from the paper preset
+    assert (released.eval.n, released.eval.temperature, released.eval.top_p) == (32, 1.0, 0.6)
+    assert released.results_dir != resolved("paper-qwen3-4b.yaml").results_dir
+
+
+def test_rl_from_released_sft_preset_skips_sft_only():
+    paper = resolved("paper-qwen3-4b.yaml")
+    from_sft = resolved("paper-qwen3-4b.yaml", "paper-rl-from-released-sft.yaml")
+    assert from_sft.sft.from_.id == "Gen-Verse/Qwen3-4B-RA-SFT" and from_sft.sft.from_.revision
+    assert from_sft.eval.models == ("sft", "rl")
+    assert (from_sft.filter, from_sft.grpo, from_sft.rollout) == (paper.filter, paper.grpo, paper.rollout)
+    assert from_sft.results_dir not in (
+        paper.results_dir,
+        resolved("paper-qwen3-4b.yaml", "paper-eval-released.yaml").results_dir,
+    )
+
+
+def test_published_mappings_name_entries_of_the_published_file():
+    from agentrl.report.tables import read_published
+
+    entries = read_published()
+    for presets in (
+        ("paper-qwen3-4b.yaml",),
+        ("paper-qwen3-4b.yaml", "paper-eval-released.yaml"),
+        ("paper-qwen3-4b.yaml", "paper-rl-from-released-sft.yaml"),
+    ):
+        published = resolved(*presets).eval.published
+        assert published and all(name in entries for name in published.values() if name), presets
+    assert resolved("paper-qwen3-4b.yaml").eval.published == {
+        "rl": "Gen-Verse/DemyAgent-4B",
+        "base": "Qwen/Qwen3-4B-Instruct-2507",
+    }
+    weak = resolved("paper-qwen3-4b.yaml", "paper-qwen2.5-7b.yaml").eval.published
+    assert set(weak.values()) == {None}, "Qwen2.5-7B is not compared with the Qwen3 models' figures"

@@ -73,7 +73,7 @@ def test_paper_rules_held(rehearsal):
     steps = [json.loads(line) for line in (rehearsal / "rl/metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps if "val/mean/avg@1" in s][:1] == [0]  # validation before training
     summary = (rehearsal / "report/summary.md").read_text()
-    assert "DemyAgent-4B (paper" in summary  # Table 2 beside ours
+    assert "| rl | Gen-Verse/DemyAgent-4B | aime2024 |" in summary  # the published figures beside ours
     assert "Grading: math strict, choice exact" in summary
 
 

@@ -1,4 +1,4 @@
-"""The report stage: summary table (markdown + CSV) with the paper's Table 2, and readable PNG plots."""
+"""The report stage: summary table (markdown + CSV) with the published figures beside ours, and readable PNG plots."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from agentrl.evaluation.metrics import summarize_benchmark
 from agentrl.filtering.selection import select_problems
 from agentrl.report import cli as report_cli
 from agentrl.report.plots import read_training_log, training_panels
-from agentrl.report.tables import PAPER_TABLE2, read_eval_results
+from agentrl.report.tables import read_eval_results, read_published
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -140,6 +140,8 @@ def test_report_renders_tables_and_plots(run_dir):
         str(out["acc"]),
         "--modes-plot",
         str(out["modes"]),
+        "--published-model",
+        "rl=Gen-Verse/DemyAgent-4B",
     ]
     assert report_cli.main(args) == 0
     for key in ("acc", "modes", "sft", "rl"):
@@ -162,9 +164,11 @@ def test_report_renders_tables_and_plots(run_dir):
         assert row["pass@n"] == pytest.approx(100 * metrics["pass@k"]["4"], abs=0.01)
         assert row["best@n_upstream"] == pytest.approx(100 * metrics["upstream_bootstrap"]["best@4"], abs=0.01)
         assert row["tool_calls_per_response"] == pytest.approx(metrics["tool_use"]["tool_calls_per_response"], abs=1e-3)
-    paper = frame[frame["source"] == "paper Table 2"]
-    assert set(paper["benchmark"]) == {"aime2024"}  # arith is not a paper benchmark
-    assert sorted(paper["avg@n"]) == sorted(v["aime2024"] for v in PAPER_TABLE2.values()) == [17.9, 72.6]
+    # the rl model is compared with DemyAgent-4B where the card reports the benchmark (not arith)
+    compared = ours[ours["published"].notna()]
+    assert list(zip(compared["model"], compared["benchmark"], compared["published"])) == [("rl", "aime2024", 72.6)]
+    assert compared["published_as"].tolist() == ["Gen-Verse/DemyAgent-4B"]
+    assert compared["difference"].iloc[0] == pytest.approx(compared["avg@n"].iloc[0] - 72.6, abs=0.01)
 
     md = out["md"].read_text()
     assert "| model | aime2024 | arith | mean |" in md
@@ -174,7 +178,11 @@ def test_report_renders_tables_and_plots(run_dir):
     assert f"| rl | {rl_aime['avg@n']:.1f} [{rl_aime['avg@n_ci_low']:.1f}, {rl_aime['avg@n_ci_high']:.1f}] |" in md
     rl_line = next(line for line in md.splitlines() if line.startswith("| rl |"))
     assert rl_line.endswith(f"] | {rl_mean:.1f} |")
-    assert "| *DemyAgent-4B (paper; our rl)* | 72.6 | - | - |" in md  # no mean over a missing benchmark
+    assert "## Measured and published" in md
+    diff = rl_aime["avg@n"] - 72.6
+    assert f"| rl | Gen-Verse/DemyAgent-4B | aime2024 | {rl_aime['avg@n']:.1f} [" in md
+    assert f"] (n = 4) | 72.6 | {diff:+.1f} | no |" in md, "72.6 lies outside the interval of a 60 % model"
+    assert "huggingface.co/Gen-Verse/DemyAgent-4B" in md, "the comparison cites the model card"
     assert "| scored | 9 | 3 | 3 | 3 |" in md and "| selected | 7 | 2 | 3 | 2 |" in md
     for name in ("accuracy_by_stage.png", "reasoning_modes.png", "training_sft.png", "training_rl.png"):
         assert f"]({name})" in md
@@ -196,7 +204,7 @@ def test_report_without_optional_inputs(run_dir):
     ]
     assert report_cli.main(args) == 0
     md = out["md"].read_text()
-    assert "training" not in md and "Model-aware RL data" not in md and "Table 2" not in md
+    assert "training" not in md and "Model-aware RL data" not in md and "published" not in md
     assert not out["rl"].exists() and out["acc"].read_bytes()[:8] == PNG_MAGIC
 
 
@@ -220,6 +228,34 @@ def test_report_refuses_half_given_and_misplaced_inputs(run_dir, tmp_path):
         read_eval_results([stray])
     with pytest.raises(ValueError, match="given twice"):
         read_eval_results([run_dir["metrics"][0]] * 2)
+
+
+def test_published_figures_are_checked_and_cited(run_dir, tmp_path):
+    entries = read_published()
+    assert entries["Gen-Verse/DemyAgent-4B"].figures == {
+        "aime2024": 72.6,
+        "aime2025": 70.0,
+        "gpqa_diamond": 58.5,
+        "livecodebench_v6": 26.8,
+    }
+    assert entries["Qwen/Qwen3-4B-Instruct-2507"].figures == {
+        "aime2024": 17.9,
+        "aime2025": 16.3,
+        "gpqa_diamond": 44.3,
+        "livecodebench_v6": 23.0,
+    }
+    assert all("huggingface.co/Gen-Verse/DemyAgent-4B" in e.source and e.metric == "avg@32" for e in entries.values())
+    broken = tmp_path / "published.yaml"
+    broken.write_text("Org/Model: {source: card, metric: avg@32, n: 32, sampling: s, figures: {aime2024: 726}}\n")
+    with pytest.raises(ValueError, match=r"Org/Model.figures.aime2024 = 726 is not a percentage"):
+        read_published(broken)
+    out = _outputs(run_dir["root"])
+    base = ["--metrics", str(run_dir["metrics"][0]), "--table-md", str(out["md"]), "--table-csv", str(out["csv"])]
+    base += ["--accuracy-plot", str(out["acc"]), "--modes-plot", str(out["modes"])]
+    with pytest.raises(SystemExit, match="has no entry 'Gen-Verse/DemyAgent-8B'"):
+        report_cli.main([*base, "--published-model", "base=Gen-Verse/DemyAgent-8B"])
+    with pytest.raises(SystemExit, match="no metrics of 'rl'"):
+        report_cli.main([*base, "--published-model", "rl=Gen-Verse/DemyAgent-4B"])
 
 
 def test_training_logs_are_grouped_by_metric_name(tmp_path):

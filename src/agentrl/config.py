@@ -238,7 +238,7 @@ class EvalConfig:
     max_prompt_tokens: int
     models: tuple[str, ...]
     checkpoints: dict[str, ModelSourceConfig]
-    published: dict[str, str]
+    published: dict[str, str | None]
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,9 @@ the workflow's config runs those stages, the SFT and RL training logs and the fi
 ``stats.json``. An absent optional input is not an error because the *rule* decides what exists
 (it asks for the RL log only when the config evaluates the RL model); a path that is given
 must exist and parse. The pass-rate histogram is the filter stage's own output and enters
-``snakemake --report`` from there.
+``snakemake --report`` from there. ``--published-model MODEL=NAME`` puts the published figures
+of ``NAME`` (an entry of ``--published``, by default ``resources/published.yaml``) beside the
+measured ones of ``MODEL`` (config ``eval.published``).
 
 ``python -m agentrl report ablations ...`` writes the ablation tables and plots instead
 (:mod:`agentrl.report.ablations`).
@@ -21,7 +23,7 @@ from pathlib import Path
 from agentrl.cli_help import HelpFormatter
 from agentrl.errors import read_json_file
 from agentrl.report.plots import plot_accuracy_by_stage, plot_reasoning_modes, plot_training_curves
-from agentrl.report.tables import read_eval_results, summary_frame, summary_markdown
+from agentrl.report.tables import PUBLISHED_PATH, read_eval_results, read_published, summary_frame, summary_markdown
 
 log = logging.getLogger("agentrl.report")
 
@@ -31,12 +33,33 @@ def _relative(path: Path, start: Path) -> str:
     return os.path.relpath(path.resolve(), start.resolve())
 
 
+def published_for(pairs: list[str], published_path: Path, models: set[str]) -> dict:
+    """``MODEL=NAME`` pairs -> {model: the published entry NAME}, each side checked."""
+    entries = read_published(published_path)
+    chosen = {}
+    for pair in pairs:
+        model, sep, name = pair.partition("=")
+        if not sep or not model or not name:
+            raise SystemExit(f"agentrl report: --published-model {pair!r}: expected MODEL=NAME")
+        if model not in models:
+            raise SystemExit(
+                f"agentrl report: --published-model {pair!r}: no metrics of {model!r} (have {sorted(models)})"
+            )
+        if name not in entries:
+            raise SystemExit(
+                f"agentrl report: --published-model {pair!r}: {published_path} has no entry {name!r} (has {sorted(entries)})"
+            )
+        chosen[model] = entries[name]
+    return chosen
+
+
 def build_report(args: argparse.Namespace) -> None:
     results = read_eval_results(args.metrics)
-    frame = summary_frame(results)
+    published = published_for(args.published_model, args.published, {r.model for r in results})
+    frame = summary_frame(results, published)
     out_dir = args.table_md.parent
     plots: list[tuple[str, str]] = []
-    plot_accuracy_by_stage(results, args.accuracy_plot)
+    plot_accuracy_by_stage(results, args.accuracy_plot, published)
     plots.append(("accuracy by model stage", _relative(args.accuracy_plot, out_dir)))
     plot_reasoning_modes(results, args.modes_plot)
     plots.append(("reasoning modes", _relative(args.modes_plot, out_dir)))
@@ -55,7 +78,7 @@ def build_report(args: argparse.Namespace) -> None:
     if args.pass_rate_histogram is not None:
         plots.append(("RL pool pass rates", _relative(args.pass_rate_histogram, out_dir)))
     args.table_md.parent.mkdir(parents=True, exist_ok=True)
-    args.table_md.write_text(summary_markdown(frame, filter_stats, plots), encoding="utf-8")
+    args.table_md.write_text(summary_markdown(frame, filter_stats, plots, published), encoding="utf-8")
     args.table_csv.parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(args.table_csv, index=False)
 
@@ -78,6 +101,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--filter-stats", type=Path, help="the filter stage's stats.json")
     parser.add_argument(
         "--pass-rate-histogram", type=Path, help="the filter stage's histogram PNG (linked from the summary)"
+    )
+    parser.add_argument(
+        "--published", type=Path, default=PUBLISHED_PATH, help="published figures (YAML; default: %(default)s)"
+    )
+    parser.add_argument(
+        "--published-model",
+        action="append",
+        default=[],
+        metavar="MODEL=NAME",
+        help="compare evaluated MODEL with the published entry NAME (repeatable; config eval.published)",
     )
     parser.add_argument("--table-md", type=Path, required=True, help="output: summary.md")
     parser.add_argument("--table-csv", type=Path, required=True, help="output: summary.csv")

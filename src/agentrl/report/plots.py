@@ -24,7 +24,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from agentrl.report.tables import PAPER_TABLE2, EvalResult  # noqa: E402
+from agentrl.report.tables import EvalResult, PublishedModel  # noqa: E402
 
 STEP_KEYS = ("step", "global_step", "train/step", "training/global_step")
 # (panel title, y label, key pattern); a key goes to the first panel whose pattern it matches.
@@ -59,8 +59,12 @@ def _grid(count: int, width: float = 4.6, height: float = 4.0, columns: int = 3)
 
 
 # --------------------------------------------------------------------------- evaluation
-def plot_accuracy_by_stage(results: Sequence[EvalResult], out: Path) -> None:
-    """Per benchmark: avg@n of each model with its 95 % interval, pass@n as a marker, the paper as lines."""
+def plot_accuracy_by_stage(
+    results: Sequence[EvalResult], out: Path, published: Mapping[str, PublishedModel] | None = None
+) -> None:
+    """Per benchmark: avg@n of each model with its 95 % interval, pass@n as a marker, and the
+    published figure of a model that ``published`` maps to a released one as another marker."""
+    published = published or {}
     benchmarks = list(dict.fromkeys(r.benchmark for r in results))
     fig, axes = _grid(len(benchmarks))
     for ax, benchmark in zip(axes, benchmarks):
@@ -82,16 +86,10 @@ def plot_accuracy_by_stage(results: Sequence[EvalResult], out: Path) -> None:
             label="avg@n (95 % CI)",
         )
         ax.scatter(x, passes, marker="^", color="#d94801", zorder=3, label="pass@n (unbiased)")
-        for name, numbers in PAPER_TABLE2.items():
-            if benchmark in numbers:
-                style = "--" if name.startswith("DemyAgent") else ":"
-                ax.axhline(
-                    numbers[benchmark],
-                    color="grey",
-                    linestyle=style,
-                    linewidth=1,
-                    label=f"paper: {name.split(' (')[0]} {numbers[benchmark]:g}",
-                )
+        marks = [(xi, published[m].figures.get(benchmark)) for xi, m in zip(x, models) if m in published]
+        marks = [(xi, v) for xi, v in marks if v is not None]
+        if marks:
+            ax.scatter(*zip(*marks), marker="D", color="black", zorder=4, label="published avg@32")
         # The avg@n value goes under the model's name: above the bar it would collide with the CI.
         ax.set_xticks(x, [f"{m} (n={k})\navg {v:.1f}%" for m, k, v in zip(models, n, avg)])
         ax.set_ylim(0, 105)

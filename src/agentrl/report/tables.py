@@ -1,11 +1,11 @@
-"""The summary table: models x benchmarks x metrics, with the paper's Table 2 beside ours.
+"""The summary table: models x benchmarks x metrics, and the published figures beside ours.
 
 Rows come from ``results/eval/<model>/<benchmark>/metrics.json`` (the evaluate stage); the model
 and benchmark are the two folder names above the file, as the workflow lays them out. Values
-are percentages. For the paper's benchmarks the paper's Table 2 numbers (mean accuracy over 32
-samples, docs/recipe.md section 7) appear as extra rows: DemyAgent-4B is what our ``rl`` stage
-reproduces, Qwen3-4B-Instruct-2507 used agentically without RL is our ``base`` stage under the
-paper preset.
+are percentages. Published figures (the released models' avg@32, ``resources/published.yaml``,
+each citing its model card) are compared with the evaluated models that config
+``eval.published`` maps to them: the released DemyAgent-4B evaluated here, or our ``rl`` stage
+that reproduces it; the difference is measured minus published, in points.
 """
 
 from __future__ import annotations
@@ -16,24 +16,49 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import yaml
 
 from agentrl.errors import DataFormatError, read_json_file
 
-# Paper Table 2 (docs/recipe.md section 7): model -> benchmark -> accuracy in percent.
-PAPER_TABLE2: dict[str, dict[str, float]] = {
-    "DemyAgent-4B (paper; our rl)": {
-        "aime2024": 72.6,
-        "aime2025": 70.0,
-        "gpqa_diamond": 58.5,
-        "livecodebench_v6": 26.8,
-    },
-    "Qwen3-4B-Instruct-2507 agentic, no RL (paper; our base)": {
-        "aime2024": 17.9,
-        "aime2025": 16.3,
-        "gpqa_diamond": 44.3,
-        "livecodebench_v6": 23.0,
-    },
-}
+PUBLISHED_PATH = Path(__file__).resolve().parents[1] / "resources" / "published.yaml"
+
+
+@dataclass(frozen=True)
+class PublishedModel:
+    """The published figures of one released model (an entry of ``published.yaml``)."""
+
+    name: str
+    source: str
+    metric: str
+    n: int
+    sampling: str
+    figures: dict[str, float]
+
+
+def read_published(path: str | Path = PUBLISHED_PATH) -> dict[str, PublishedModel]:
+    """The entries of a published-figures file, checked: every key present, every figure a percentage."""
+    path = Path(path)
+    with open(path, encoding="utf-8") as fh:
+        raw = yaml.safe_load(fh) or {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: expected a mapping of model -> entry, got {type(raw).__name__}")
+    models = {}
+    for name, entry in raw.items():
+        missing = [key for key in ("source", "metric", "n", "sampling", "figures") if key not in (entry or {})]
+        if missing:
+            raise ValueError(f"{path}: entry {name!r} lacks key(s) {missing}")
+        for benchmark, value in entry["figures"].items():
+            if not isinstance(value, (int, float)) or not 0 <= value <= 100:
+                raise ValueError(f"{path}: {name}.figures.{benchmark} = {value!r} is not a percentage")
+        models[name] = PublishedModel(
+            name=name,
+            source=" ".join(str(entry["source"]).split()),
+            metric=str(entry["metric"]),
+            n=int(entry["n"]),
+            sampling=str(entry["sampling"]),
+            figures={str(b): float(v) for b, v in entry["figures"].items()},
+        )
+    return models
 
 
 @dataclass(frozen=True)
@@ -101,22 +126,20 @@ def grading_label(grading: Mapping[str, str] | None) -> str:
     return f"math {grading['math_mode']}, choice {grading['choice_mode']}"
 
 
-def summary_frame(results: Sequence[EvalResult]) -> pd.DataFrame:
-    """Our rows, then the paper's Table 2 rows for the benchmarks we evaluated that it reports."""
-    rows = [metric_row(r) for r in results]
-    benchmarks = list(dict.fromkeys(r.benchmark for r in results))
-    for model, numbers in PAPER_TABLE2.items():
-        for benchmark in benchmarks:
-            if benchmark in numbers:
-                rows.append(
-                    {
-                        "source": "paper Table 2",
-                        "model": model,
-                        "benchmark": benchmark,
-                        "n": 32,
-                        "avg@n": numbers[benchmark],
-                    }
-                )
+def summary_frame(results: Sequence[EvalResult], published: Mapping[str, PublishedModel] | None = None) -> pd.DataFrame:
+    """One row per (model, benchmark); where ``published`` maps the model to a released model that
+    reports the benchmark, its figure (``published``), the entry (``published_as``) and
+    ``difference`` = avg@n - published, in points."""
+    published = published or {}
+    rows = []
+    for result in results:
+        row = metric_row(result)
+        entry = published.get(result.model)
+        figure = entry.figures.get(result.benchmark) if entry else None
+        row["published_as"] = entry.name if figure is not None else None
+        row["published"] = figure
+        row["difference"] = None if figure is None else round(row["avg@n"] - figure, 2)
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -135,26 +158,24 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 def headline_markdown(frame: pd.DataFrame) -> str:
-    """Models (ours, then the paper's) x benchmarks, avg@n in percent with our 95 % interval, and
-    with several benchmarks their unweighted mean (``-`` for a model missing one)."""
+    """Models x benchmarks, avg@n in percent with its 95 % interval, and with several benchmarks
+    their unweighted mean (``-`` for a model missing one)."""
     benchmarks = list(dict.fromkeys(frame["benchmark"]))
     with_mean = len(benchmarks) > 1
     rows = []
-    for (source, model), group in frame.groupby(["source", "model"], sort=False):
+    for model, group in frame.groupby("model", sort=False):
         by_bench = {r["benchmark"]: r for r in group.to_dict("records")}
         cells = []
         for benchmark in benchmarks:
             r = by_bench.get(benchmark)
             if r is None:
                 cells.append("-")
-            elif source == "ours":
-                cells.append(f"{r['avg@n']:.1f} [{r['avg@n_ci_low']:.1f}, {r['avg@n_ci_high']:.1f}]")
             else:
-                cells.append(f"{r['avg@n']:.1f}")
+                cells.append(f"{r['avg@n']:.1f} [{r['avg@n_ci_low']:.1f}, {r['avg@n_ci_high']:.1f}]")
         if with_mean:
             complete = all(b in by_bench for b in benchmarks)
             cells.append(f"{sum(by_bench[b]['avg@n'] for b in benchmarks) / len(benchmarks):.1f}" if complete else "-")
-        rows.append([model if source == "ours" else f"*{model}*", *cells])
+        rows.append([model, *cells])
     return markdown_table(["model", *benchmarks, *(["mean"] if with_mean else [])], rows)
 
 
@@ -183,6 +204,32 @@ def detail_markdown(frame: pd.DataFrame) -> str:
     return "\n\n".join(parts)
 
 
+def published_markdown(frame: pd.DataFrame, published: Mapping[str, PublishedModel]) -> str:
+    """Measured beside published, per (model, benchmark) with a published figure, and the sources."""
+    compared = frame[frame["published"].notna()] if "published" in frame else frame.iloc[0:0]
+    rows = [
+        [
+            r["model"],
+            r["published_as"],
+            r["benchmark"],
+            f"{r['avg@n']:.1f} [{r['avg@n_ci_low']:.1f}, {r['avg@n_ci_high']:.1f}] (n = {int(r['n'])})",
+            r["published"],
+            f"{r['difference']:+.1f}",
+            "yes" if r["avg@n_ci_low"] <= r["published"] <= r["avg@n_ci_high"] else "no",
+        ]
+        for r in compared.to_dict("records")
+    ]
+    header = ["model", "published as", "benchmark", "measured avg@n [95 % CI]", "published", "difference", "in CI"]
+    by_name = {entry.name: entry for entry in published.values()}
+    used = [by_name[name] for name in dict.fromkeys(compared["published_as"])]
+    sources = [f"- {e.name}: {e.metric} ({e.sampling}); {e.source}" for e in used]
+    return (
+        markdown_table(header, rows)
+        + "\n\nDifference = measured - published, in points. Sources:\n"
+        + "\n".join(sources)
+    )
+
+
 def filter_markdown(stats: Mapping[str, Any]) -> str:
     """Counts per difficulty bucket through the selection (the filter stage's stats.json)."""
     stages = [("scored", stats["scored"]), ("in band", stats["in_band"]), ("selected", stats["selected"])]
@@ -197,25 +244,26 @@ def filter_markdown(stats: Mapping[str, Any]) -> str:
 
 
 def summary_markdown(
-    frame: pd.DataFrame, filter_stats: Mapping[str, Any] | None, plots: Sequence[tuple[str, str]]
+    frame: pd.DataFrame,
+    filter_stats: Mapping[str, Any] | None,
+    plots: Sequence[tuple[str, str]],
+    published: Mapping[str, PublishedModel] | None = None,
 ) -> str:
-    """The whole summary.md: headline table, details, filtering counts, the plots by relative path."""
+    """The whole summary.md: headline table, the published comparison, details, filtering counts,
+    the plots by relative path."""
     n_values = sorted({int(v) for v in frame.loc[frame["source"] == "ours", "n"]})
     parts = [
         "# agentrl run summary",
         f"## Accuracy (avg@n in %, n = {', '.join(map(str, n_values))}; [95 % bootstrap interval over problems])",
         headline_markdown(frame),
     ]
-    if (frame["source"] != "ours").any():
-        parts.append(
-            "Rows in italics are the paper's Table 2 (mean accuracy of 32 samples); they compare with "
-            "the paper preset's runs, not with the embedded tiny model."
-        )
     gradings = sorted(set(frame.loc[frame["source"] == "ours", "grading"]))
     parts.append(
         f"Grading: {'; '.join(gradings)} (reward.math_mode, reward.choice_mode; "
         "'math strict, choice exact' is upstream's strict box check, docs/fidelity.md)."
     )
+    if published and frame["published"].notna().any():
+        parts += ["## Measured and published", published_markdown(frame, published)]
     parts += [
         "## Metrics per benchmark",
         detail_markdown(frame),

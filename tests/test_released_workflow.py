@@ -1,0 +1,160 @@
+"""The released-model presets through Snakemake, with local folders standing in for the hub ids.
+
+No network here: tiny models built by the package's own builder (tests/released_fixtures.py)
+take the place of Gen-Verse/DemyAgent-4B, Qwen/Qwen3-4B-Instruct-2507 and
+Gen-Verse/Qwen3-4B-RA-SFT, and the upstream data sources are the fixture files (tests/fixtures).
+What the issue asks of the presets: the dry run of each lists exactly its jobs (no sft job with
+sft.from set; for the eval preset nothing but the eval data, the two model links, evaluation and
+the report); a rehearsal-size run of the eval preset writes a report with the published figures;
+changing sft.from re-runs scoring, GRPO and the evaluation of the models built on it, nothing else.
+Slow: each Snakemake call pays its start-up, the real runs a few minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from released_fixtures import build_fixture_model
+from test_reruns import TINY, jobs_in_listing, merged, models_of, planned, rules_of, snakemake, write_config
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures"
+BENCHMARKS = ("aime2024", "aime2025", "gpqa_diamond", "livecodebench_v6")
+RELEASED = ("DemyAgent-4B", "Qwen3-4B-Instruct-2507")
+# The upstream sources, read from the fixture files instead of the hub.
+FIXTURE_DATA = {
+    "data": {
+        "upstream": {
+            "sft": {"id": str(FIXTURES / "sft.parquet"), "file": None},
+            "rl": {"id": str(FIXTURES / "rl.parquet"), "file": None},
+            "eval": {
+                "aime2024": {"id": str(FIXTURES / "eval/aime2024/aime_2024_problems.parquet")},
+                "aime2025": {"id": str(FIXTURES / "eval/aime2025/aime_2025_problems.parquet")},
+                "gpqa_diamond": {"id": str(FIXTURES / "eval/gpqa-diamond/gpqa_diamond.parquet")},
+                "livecodebench_v6": {"id": str(FIXTURES / "eval/livecodebench-v6/lcb_v6_2502_2505.parquet")},
+            },
+        }
+    }
+}
+# Rehearsal budgets: the paper preset's settings, with a CPU engine, short answers and few samples.
+REHEARSAL = {
+    "sandbox": {"workers": 2},
+    "rollout": {"engine": "hf", "dtype": "auto", "max_turns": 2, "max_response_tokens": 24},
+    "reward": {"overlong": {"max_response_length": 24, "buffer_length": 8}},
+    "eval": {"n": 2},
+}
+
+
+@pytest.fixture(scope="module")
+def stand_ins(tmp_path_factory) -> dict[str, Path]:
+    """One tiny model folder per released model (different seeds: different weights)."""
+    root = tmp_path_factory.mktemp("stand_ins")
+    names = (*RELEASED, "Qwen3-4B-RA-SFT", "other-SFT")
+    return {name: build_fixture_model(root / name, seed=seed) for seed, name in enumerate(names)}
+
+
+def preset_config(workdir: Path, preset: str, overlay: dict) -> Path:
+    """workdir/config.yaml = config.yaml + the Qwen3 paper preset + ``preset`` + fixture data + ``overlay``."""
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    for name in ("paper-qwen3-4b.yaml", preset):
+        config = merged(config, yaml.safe_load((ROOT / "presets" / name).read_text()))
+    config = merged(merged(config, FIXTURE_DATA), overlay)
+    path = workdir / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def released_checkpoints(stand_ins: dict[str, Path]) -> dict:
+    return {"eval": {"checkpoints": {name: {"id": str(stand_ins[name]), "revision": None} for name in RELEASED}}}
+
+
+def test_eval_released_preset_plans_evaluation_and_the_report_only(stand_ins, tmp_path):
+    preset_config(tmp_path, "paper-eval-released.yaml", released_checkpoints(stand_ins))
+    jobs = planned(tmp_path)
+    counts = Counter(rule for rule, _ in jobs)
+    assert counts == {
+        "prepare_data": 1,  # the eval sets
+        "fetch_checkpoint": 2,  # the two released models, linked by local jobs
+        "evaluate": 8,
+        "export_livecodebench": 2,
+        "report": 1,
+    }
+    assert models_of(jobs, "evaluate") == set(RELEASED)
+    assert {(w["model"], w["benchmark"]) for r, w in jobs if r == "evaluate"} == {
+        (m, b) for m in RELEASED for b in BENCHMARKS
+    }
+
+
+def test_rl_from_released_sft_preset_plans_no_sft_job(stand_ins, tmp_path):
+    sft_from = {"sft": {"from": {"id": str(stand_ins["Qwen3-4B-RA-SFT"]), "revision": None}}}
+    preset_config(tmp_path, "paper-rl-from-released-sft.yaml", sft_from)
+    jobs = planned(tmp_path)
+    counts = Counter(rule for rule, _ in jobs)
+    assert counts == {
+        "prepare_data": 1,
+        "released_sft": 1,
+        "score_rl_pool": 1,
+        "select_rl_data": 1,
+        "grpo": 1,
+        "evaluate": 8,
+        "export_livecodebench": 2,
+        "report": 1,
+    }
+    assert models_of(jobs, "evaluate") == {"sft", "rl"}
+
+
+def test_rehearsal_of_the_eval_preset_reports_the_published_figures(stand_ins, tmp_path):
+    preset_config(tmp_path, "paper-eval-released.yaml", merged(released_checkpoints(stand_ins), REHEARSAL))
+    done = snakemake(tmp_path, timeout=1200)
+    ran = Counter(rule for rule, _ in jobs_in_listing(done.stdout + done.stderr))
+    assert set(ran) == {"prepare_data", "fetch_checkpoint", "evaluate", "export_livecodebench", "report"}
+    results = tmp_path / "results-eval-released"
+    source = json.loads((results / "models/checkpoints/DemyAgent-4B/config.json").read_text())["agentrl_source"]
+    assert source["id"] == str(stand_ins["DemyAgent-4B"])
+
+    frame = pd.read_csv(results / "report" / "summary.csv")
+    compared = frame.dropna(subset=["published"])
+    assert len(compared) == 8, "every released model on every benchmark"
+    demy = compared[compared["model"] == "DemyAgent-4B"].set_index("benchmark")
+    assert demy["published"].to_dict() == {
+        "aime2024": 72.6,
+        "aime2025": 70.0,
+        "gpqa_diamond": 58.5,
+        "livecodebench_v6": 26.8,
+    }
+    assert (demy["difference"] - (demy["avg@n"] - demy["published"])).abs().max() < 0.01
+    qwen = compared[compared["model"] == "Qwen3-4B-Instruct-2507"].set_index("benchmark")
+    assert qwen.loc["aime2024", "published"] == 17.9 and qwen.loc["livecodebench_v6", "published"] == 23.0
+    md = (results / "report" / "summary.md").read_text()
+    assert "## Measured and published" in md
+    assert "| DemyAgent-4B | Gen-Verse/DemyAgent-4B | aime2024 |" in md
+    assert "| Qwen3-4B-Instruct-2507 | Qwen/Qwen3-4B-Instruct-2507 | gpqa_diamond |" in md
+
+
+@pytest.fixture(scope="module")
+def completed_from_sft(stand_ins, tmp_path_factory):
+    """The tiny embedded workflow, run to the end with sft.from = a stand-in released SFT model."""
+    workdir = tmp_path_factory.mktemp("from_sft")
+    write_config(workdir, {"sft": {"from": str(stand_ins["Qwen3-4B-RA-SFT"])}})
+    done = snakemake(workdir, timeout=1200)
+    assert "sft" not in rules_of(jobs_in_listing(done.stdout + done.stderr))
+    assert planned(workdir) == [], "a finished run plans nothing"
+    return workdir
+
+
+def test_a_changed_sft_from_reruns_what_is_built_on_the_sft_model_only(completed_from_sft, stand_ins, tmp_path):
+    override = tmp_path / "override.yaml"
+    override.write_text(yaml.safe_dump({"sft": {"from": str(stand_ins["other-SFT"])}}))
+    jobs = planned(completed_from_sft, "--configfile", str(completed_from_sft / "config.yaml"), str(override))
+    expected = {"released_sft", "score_rl_pool", "select_rl_data", "grpo", "evaluate", "export_livecodebench", "report"}
+    assert rules_of(jobs) == expected, "not the data, the base model or its evaluation"
+    assert models_of(jobs, "evaluate") == {"sft", "rl"} == models_of(jobs, "export_livecodebench")
+    assert TINY["data"]["embedded"]["families"] == ["arith", "program"]
+    assert len(jobs) == 1 + 3 + 2 * 2 + 2 + 1, "one job each: link, score, select, grpo; 4 evaluations, 2 exports"
