@@ -5,6 +5,8 @@
 # its model is evaluated, and the filter stats when the RL model is (the RL data exists then).
 import shlex
 
+import yaml
+
 # A released SFT model (sft.from) has no training log.
 REPORT_TRAINING_STAGES = [
     stage for stage in ("sft", "rl") if stage in config["eval"]["models"] and not (stage == "sft" and SFT_FROM)
@@ -33,6 +35,14 @@ REPORT_OPTIONAL_ARGS = " ".join(
 # file); entries for models this config does not evaluate are skipped (a preset maps rl and base,
 # an overlay may evaluate only one of them).
 PUBLISHED_FILE = f"{SRC}/agentrl/resources/published.yaml"
+# A misspelt entry stops the workflow now, not in the report after days of training.
+_published_entries = sorted(yaml.safe_load(Path(PUBLISHED_FILE).read_text(encoding="utf-8")) or {})
+_unknown_published = sorted(set(config["eval"]["published"].values()) - {None, *_published_entries})
+if _unknown_published:
+    raise ValueError(
+        f"config: eval.published names {_unknown_published}, which {PUBLISHED_FILE} does not hold "
+        f"(its entries: {_published_entries})"
+    )
 REPORT_PUBLISHED_ARGS = " ".join(
     f"--published-model {shlex.quote(f'{model}={name}')}"
     for model, name in config["eval"]["published"].items()

@@ -72,7 +72,11 @@ def preset_config(workdir: Path, preset: str, overlay: dict) -> Path:
 
 
 def released_checkpoints(stand_ins: dict[str, Path]) -> dict:
-    return {"eval": {"checkpoints": {name: {"id": str(stand_ins[name]), "revision": None} for name in RELEASED}}}
+    """The eval preset's checkpoints, and model.base (its tokenizer measures the prompts: fit_*_prompts)."""
+    return {
+        "model": {"base": str(stand_ins["Qwen3-4B-Instruct-2507"])},
+        "eval": {"checkpoints": {name: {"id": str(stand_ins[name]), "revision": None} for name in RELEASED}},
+    }
 
 
 def test_eval_released_preset_plans_evaluation_and_the_report_only(stand_ins, tmp_path):
@@ -81,6 +85,8 @@ def test_eval_released_preset_plans_evaluation_and_the_report_only(stand_ins, tm
     counts = Counter(rule for rule, _ in jobs)
     assert counts == {
         "prepare_data": 1,  # the eval sets
+        "base_model": 1,  # Qwen3-4B-Instruct-2507 linked: its tokenizer measures the prompts
+        "fit_eval_prompts": 1,  # overlong eval prompts dropped
         "fetch_checkpoint": 2,  # the two released models, linked by local jobs
         "evaluate": 8,
         "export_livecodebench": 2,
@@ -93,12 +99,18 @@ def test_eval_released_preset_plans_evaluation_and_the_report_only(stand_ins, tm
 
 
 def test_rl_from_released_sft_preset_plans_no_sft_job(stand_ins, tmp_path):
-    sft_from = {"sft": {"from": {"id": str(stand_ins["Qwen3-4B-RA-SFT"]), "revision": None}}}
+    sft_from = {
+        "model": {"base": str(stand_ins["Qwen3-4B-Instruct-2507"])},
+        "sft": {"from": {"id": str(stand_ins["Qwen3-4B-RA-SFT"]), "revision": None}},
+    }
     preset_config(tmp_path, "paper-rl-from-released-sft.yaml", sft_from)
     jobs = planned(tmp_path)
     counts = Counter(rule for rule, _ in jobs)
     assert counts == {
         "prepare_data": 1,
+        "base_model": 1,  # the tokenizer of fit_*_prompts
+        "fit_rl_prompts": 1,
+        "fit_eval_prompts": 1,
         "released_sft": 1,
         "score_rl_pool": 1,
         "select_rl_data": 1,
@@ -114,7 +126,15 @@ def test_rehearsal_of_the_eval_preset_reports_the_published_figures(stand_ins, t
     preset_config(tmp_path, "paper-eval-released.yaml", merged(released_checkpoints(stand_ins), REHEARSAL))
     done = snakemake(tmp_path, timeout=1200)
     ran = Counter(rule for rule, _ in jobs_in_listing(done.stdout + done.stderr))
-    assert set(ran) == {"prepare_data", "fetch_checkpoint", "evaluate", "export_livecodebench", "report"}
+    assert set(ran) == {
+        "prepare_data",
+        "base_model",
+        "fit_eval_prompts",
+        "fetch_checkpoint",
+        "evaluate",
+        "export_livecodebench",
+        "report",
+    }
     results = tmp_path / "results-eval-released"
     source = json.loads((results / "models/checkpoints/DemyAgent-4B/config.json").read_text())["agentrl_source"]
     assert source["id"] == str(stand_ins["DemyAgent-4B"])
@@ -142,7 +162,10 @@ def test_rehearsal_of_the_eval_preset_reports_the_published_figures(stand_ins, t
 def completed_from_sft(stand_ins, tmp_path_factory):
     """The tiny embedded workflow, run to the end with sft.from = a stand-in released SFT model."""
     workdir = tmp_path_factory.mktemp("from_sft")
-    write_config(workdir, {"sft": {"from": str(stand_ins["Qwen3-4B-RA-SFT"])}})
+    # The stand-in's tokenizer (trained on three lines) needs more tokens for a prompt than the
+    # embedded base model's, which fit_*_prompts measure with.
+    limits = {"rollout": {"max_prompt_tokens": 2048}, "eval": {"max_prompt_tokens": 2048}}
+    write_config(workdir, {"sft": {"from": str(stand_ins["Qwen3-4B-RA-SFT"])}, **limits})
     done = snakemake(workdir, timeout=1200)
     assert "sft" not in rules_of(jobs_in_listing(done.stdout + done.stderr))
     assert planned(workdir) == [], "a finished run plans nothing"
