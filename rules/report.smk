@@ -34,7 +34,8 @@ REPORT_OPTIONAL_ARGS = " ".join(
 # The published figures beside the measured ones (eval.published: evaluated model -> entry of the
 # file); entries for models this config does not evaluate are skipped (a preset maps rl and base,
 # an overlay may evaluate only one of them).
-PUBLISHED_FILE = f"{SRC}/agentrl/resources/published.yaml"
+# (beside this file's checkout, also when another Snakefile includes it)
+PUBLISHED_FILE = str(Path(workflow.current_basedir).parent / "src" / "agentrl" / "resources" / "published.yaml")
 # A misspelt entry stops the workflow now, not in the report after days of training.
 _published_entries = sorted(yaml.safe_load(Path(PUBLISHED_FILE).read_text(encoding="utf-8")) or {})
 _unknown_published = sorted(set(config["eval"]["published"].values()) - {None, *_published_entries})

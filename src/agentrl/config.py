@@ -467,8 +467,8 @@ def _source_prefix(error: jsonschema.ValidationError, source_of: Callable[[tuple
 def _build(cls: Any, value: Any, key: str) -> Any:
     """Turn validated plain data into the (possibly nested) dataclass ``cls``."""
     origin = typing.get_origin(cls)
-    if cls is ModelSourceConfig and isinstance(value, str):
-        value = {"id": value, "revision": None}
+    if cls is ModelSourceConfig:  # a string is an id; a revision left out is the hub's main
+        value = {"id": value, "revision": None} if isinstance(value, str) else {"revision": None, **value}
     if dataclasses.is_dataclass(cls):
         hints = typing.get_type_hints(cls)
         kwargs = {}
