@@ -54,9 +54,15 @@ rule prepare_data:
 # results/data/prompt_lengths/ (upstream's filter_overlong_prompts): the RL pool to
 # rollout.max_prompt_tokens, the eval sets to eval.max_prompt_tokens (two rules: a changed eval
 # limit re-runs no RL job). The base model's tokenizer measures them (the SFT and RL models share
-# it); with sft.from, the released SFT model's (no base model is built for it).
+# it); with sft.from and no base model evaluated, the released SFT model's (no base model is built
+# for it). A base model that is built anyway keeps measuring: then a changed sft.from re-runs no
+# fit job, and so not the base model's evaluation either.
 FIT_LENGTH_KEYS = ("max_prompt_tokens", "prompt_length_with_tools")
-FIT_TOKENIZER = result("models/sft/config.json") if SFT_FROM is not None else result("models/base/config.json")
+FIT_TOKENIZER = (
+    result("models/sft/config.json")
+    if SFT_FROM is not None and "base" not in config["eval"]["models"]
+    else result("models/base/config.json")
+)
 
 
 rule fit_rl_prompts:

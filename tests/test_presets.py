@@ -101,6 +101,8 @@ def test_eval_released_preset_evaluates_the_two_released_models_only():
         "Qwen3-4B-Instruct-2507": "Qwen/Qwen3-4B-Instruct-2507",
     }
     assert all(source.revision for source in released.eval.checkpoints.values()), "a revision is named"
+    qwen = released.eval.checkpoints["Qwen3-4B-Instruct-2507"]
+    assert (qwen.id, qwen.revision) == (released.model.base, released.model.revision), "the base model's pin"
     # the published evaluation's sampling, from the paper preset
     assert (released.eval.n, released.eval.temperature, released.eval.top_p) == (32, 1.0, 0.6)
     assert released.results_dir != resolved("paper-qwen3-4b.yaml").results_dir

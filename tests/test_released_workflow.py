@@ -107,8 +107,7 @@ def test_rl_from_released_sft_preset_plans_no_sft_job(stand_ins, tmp_path):
     jobs = planned(tmp_path)
     counts = Counter(rule for rule, _ in jobs)
     assert counts == {
-        "prepare_data": 1,
-        "base_model": 1,  # the tokenizer of fit_*_prompts
+        "prepare_data": 1,  # no base_model: the released SFT model's tokenizer measures the prompts
         "fit_rl_prompts": 1,
         "fit_eval_prompts": 1,
         "released_sft": 1,
