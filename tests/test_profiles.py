@@ -130,11 +130,21 @@ def test_local_profile_gives_gpu_jobs_their_gpus_and_cpus():
     # --cores as on a 128-core workstation: Snakemake caps a job's threads at the cores it has
     done = _dry_run("--profile", "profiles/local", "--configfile", PAPER, "--printshellcmds", "--cores", "128")
     assert done.returncode == 0, done.stderr[-2000:]
-    out = done.stdout
-    assert "python -m agentrl.devices --gpus 8 -- python -m agentrl sft" in out
-    assert "--nproc 8 --threads 64" in out
-    assert out.count("python -m agentrl.devices --gpus 1 -- python -m agentrl evaluate run") == 12
-    assert out.count("--threads 8 --problems") == 12  # 8 CPUs per GPU
+    commands = [line for line in done.stdout.splitlines() if line.startswith("Shell command:")]
+    seen = {"training": 0, "rollouts": 0}
+    for command in commands:
+        if re.search(r"python -m agentrl (sft|grpo) ", command):
+            kind, gpus, threads = "training", 8, "--nproc 8 --threads 64"
+        elif re.search(r"python -m agentrl (evaluate run|filter score)", command):
+            kind, gpus, threads = "rollouts", 1, "--threads 8"
+        else:
+            assert "agentrl.devices" not in command or "--gpus 0 --" in command, command[:200]
+            continue
+        # each GPU job claims its own devices (agentrl.devices) before the stage starts
+        assert command.startswith(f"Shell command: python -m agentrl.devices --gpus {gpus} -- "), command[:200]
+        assert threads in command, command[-400:]
+        seen[kind] += 1
+    assert seen["training"] == 2 and seen["rollouts"] >= 13  # sft, grpo; 3 x 4 evaluations + scoring
 
 
 def _gpu_capable_rules() -> set[str]:
