@@ -4,6 +4,7 @@ renders tool calls the way Qwen3's template does."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.config import load_config
 from agentrl.data.prompts import CODE_INTERPRETER_TOOL
+from agentrl.errors import ModelFolderError
 from agentrl.model.build import count_parameters, resolve_pretrained, save_embedded_model
 from agentrl.model.folder import MODEL_DIGEST_KEY, model_digest, stamp_model_digest
 
@@ -110,12 +112,20 @@ def test_local_folder_is_linked_and_bad_names_are_refused(tmp_path, model_dir):
     assert json.loads((out / "config.json").read_text())[MODEL_DIGEST_KEY] == model_digest(model_dir)
     assert AutoModelForCausalLM.from_pretrained(out) is not None
     resolve_pretrained(str(model_dir), out)  # a re-run replaces the folder it made
-    with pytest.raises(FileNotFoundError, match="neither an existing folder nor a hub id"):
+    with pytest.raises(ModelFolderError, match="neither an existing folder nor a hub id"):
         resolve_pretrained("./no/such/model/here", tmp_path / "x")
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(FileNotFoundError, match="no config.json"):
+    with pytest.raises(ModelFolderError, match="no config.json"):
         resolve_pretrained(str(empty), tmp_path / "y")
+    (tmp_path / "results").mkdir()
+    here = os.getcwd()
+    os.chdir(tmp_path)
+    try:  # "results/base" spells a hub id too; with results/ present it was looked up on the hub
+        with pytest.raises(ModelFolderError, match="read as a local path, not a hub id"):
+            resolve_pretrained("results/base", tmp_path / "z")
+    finally:
+        os.chdir(here)
 
 
 def test_new_weights_change_config_json_and_same_weights_do_not(tmp_path, model_dir):

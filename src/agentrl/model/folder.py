@@ -127,20 +127,23 @@ def resolve_pretrained(base: str, out_dir: str | Path, revision: str | None = No
     source = Path(base).expanduser()
     if source.is_dir():
         if revision is not None:
-            raise ValueError(f"{key}={base!r} is a local folder: a revision ({revision!r}) pins a hub id only")
+            raise ModelFolderError(f"{key}={base!r} is a local folder: a revision ({revision!r}) pins a hub id only")
         if not (source / "config.json").exists():
-            raise FileNotFoundError(
-                f"{key}={base!r}: the folder has no config.json; is it a Hugging Face model folder?"
-            )
+            raise ModelFolderError(f"{key}={base!r}: the folder has no config.json; is it a Hugging Face model folder?")
         record = {"id": str(source.resolve()), "revision": None, "commit": None}
         source = source.resolve()
+    elif is_hub_id(base) and source.parent.is_dir():
+        # "results/base" with results/ present is a local folder that is missing, not a hub repository.
+        raise ModelFolderError(
+            f"{key}={base!r}: no such folder ({source.parent} exists, so it is read as a local path, not a hub id)"
+        )
     elif is_hub_id(base):
         from huggingface_hub import snapshot_download  # only needed when a hub model is asked for
 
         source = Path(snapshot_download(repo_id=base, revision=revision))
         record = {"id": base, "revision": revision, "commit": source.name}
     else:
-        raise FileNotFoundError(f"{key}={base!r} is neither an existing folder nor a hub id 'org/name'")
+        raise ModelFolderError(f"{key}={base!r} is neither an existing folder nor a hub id 'org/name'")
     _link_model_folder(source, out_dir)
     _record_source(out_dir, record)
     return out_dir
