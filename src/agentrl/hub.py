@@ -16,15 +16,14 @@ be on a file system the compute nodes see (docs/paper-scale.md).
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from agentrl.cli_help import HelpFormatter
 from agentrl.config import Config, SourceConfig, add_config_arguments, config_from_args
+from agentrl.stage_cli import setup_logging, stage_parser
 
 log = logging.getLogger("agentrl.hub")
 LOCAL_DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
@@ -103,15 +102,13 @@ def download(cfg: Config) -> dict[str, dict[str, str | None]]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="agentrl hub-download",
-        description="Download the hub data sets and base model the config names into the local hub cache.",
-        formatter_class=HelpFormatter,
+    parser = stage_parser(
+        "hub-download", "Download the hub data sets and base model the config names into the local hub cache."
     )
     add_config_arguments(parser)
     parser.add_argument("--manifest", type=Path, required=True, help="output: JSON of what was fetched, by config key")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    setup_logging()
     manifest = download(config_from_args(args))
     args.manifest.parent.mkdir(parents=True, exist_ok=True)
     args.manifest.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")

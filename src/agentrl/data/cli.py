@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 from pathlib import Path
 
-from agentrl.cli_help import HelpFormatter
 from agentrl.config import Config, RewardConfig, add_config_arguments, config_from_args
 from agentrl.data import upstream
 from agentrl.data.records import write_records
 from agentrl.paths import check_writable
+from agentrl.stage_cli import setup_logging, stage_parser
 
 log = logging.getLogger("agentrl.prepare_data")
 
@@ -88,13 +87,13 @@ def prepare(cfg: Config, sft_out: Path, rl_out: Path, eval_dir: Path) -> dict[st
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="agentrl prepare-data", description=__doc__, formatter_class=HelpFormatter)
+    parser = stage_parser("prepare-data", __doc__)
     add_config_arguments(parser)
     parser.add_argument("--sft", type=Path, required=True, help="output: normalized SFT parquet")
     parser.add_argument("--rl-pool", type=Path, required=True, help="output: normalized RL-pool parquet")
     parser.add_argument("--eval-dir", type=Path, required=True, help="output folder: <benchmark>.parquet")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    setup_logging()
     cfg = config_from_args(args)
     check_writable((args.sft, "--sft"), (args.rl_pool, "--rl-pool"), (args.eval_dir / "x.parquet", "--eval-dir"))
     counts = prepare(cfg, args.sft, args.rl_pool, args.eval_dir)

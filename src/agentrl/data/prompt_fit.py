@@ -19,7 +19,6 @@ limit and the kept / dropped counts per data source.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 from collections import Counter
@@ -27,10 +26,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agentrl.cli_help import HelpFormatter
 from agentrl.config import add_config_arguments, config_from_args
 from agentrl.data.prompts import CODE_INTERPRETER_TOOL
 from agentrl.data.records import Message, Problem, read_problems, write_records
+from agentrl.stage_cli import setup_logging, stage_parser
 
 log = logging.getLogger("agentrl.fit_prompts")
 
@@ -92,9 +91,7 @@ def _fit_file(source: Path, out: Path, tokenizer, limit: int, with_tools: bool) 
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="agentrl fit-prompts", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter
-    )
+    parser = stage_parser("fit-prompts", __doc__.split("\n\n")[0])
     add_config_arguments(parser)
     parser.add_argument("--model", type=Path, required=True, help="model folder whose tokenizer measures the prompts")
     parser.add_argument(
@@ -109,7 +106,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out-dir", type=Path, required=True, help="output folder: the kept problems, same file names")
     parser.add_argument("--stats", type=Path, required=True, help="output: counts per file and data source (JSON)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    setup_logging()
     cfg = config_from_args(args)
     from transformers import AutoTokenizer
 

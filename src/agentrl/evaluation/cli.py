@@ -15,7 +15,6 @@ distributions agree.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import logging
@@ -30,6 +29,7 @@ from agentrl.evaluation.metrics import summarize_benchmark
 from agentrl.evaluation.samples import read_jsonl, write_jsonl
 from agentrl.model.folder import check_model_folder
 from agentrl.paths import check_writable
+from agentrl.stage_cli import setup_logging, stage_parser
 from agentrl.tracking import Tracker, check_tracking
 
 log = logging.getLogger("agentrl.evaluate")
@@ -107,7 +107,7 @@ def run(
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="agentrl evaluate", description=__doc__, formatter_class=HelpFormatter)
+    parser = stage_parser("evaluate", __doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     p_run = commands.add_parser(
         "run",
@@ -135,7 +135,7 @@ def main(argv: list[str]) -> int:
     p_lcb.add_argument("--samples", type=Path, required=True, help="samples.jsonl written by `evaluate run`")
     p_lcb.add_argument("--out", type=Path, required=True, help="output: the custom_output_file JSON")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    setup_logging()
     if args.command == "run":
         check_writable((args.samples, "--samples"), (args.metrics, "--metrics"))
         check_model_folder(args.model, "--model")

@@ -10,7 +10,6 @@ The two are separate stages so that changing a threshold re-runs only the cheap 
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import time
@@ -26,6 +25,7 @@ from agentrl.filtering.pass_rates import pass_rate_table, read_pass_rates, write
 from agentrl.filtering.selection import select_problems, target_shares_from_table
 from agentrl.model.folder import check_model_folder
 from agentrl.paths import check_writable
+from agentrl.stage_cli import setup_logging, stage_parser
 
 log = logging.getLogger("agentrl.filter")
 
@@ -112,7 +112,7 @@ def select(
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="agentrl filter", description=__doc__, formatter_class=HelpFormatter)
+    parser = stage_parser("filter", __doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     p_score = commands.add_parser(
         "score",
@@ -137,7 +137,7 @@ def main(argv: list[str]) -> int:
     p_select.add_argument("--stats", type=Path, required=True, help="output: stats.json")
     p_select.add_argument("--histogram", type=Path, required=True, help="output: the pass-rate histogram (PNG)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    setup_logging()
     cfg = config_from_args(args)
     if args.command == "score":
         check_writable((args.out, "--out"), (args.samples, "--samples"))

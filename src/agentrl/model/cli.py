@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 from collections.abc import Iterator
 from pathlib import Path
 
-from agentrl.cli_help import HelpFormatter
 from agentrl.config import add_config_arguments, config_from_args
 from agentrl.data.prompts import CODE_INTERPRETER_TOOL
 from agentrl.data.records import read_problems, read_sft_examples
+from agentrl.stage_cli import setup_logging, stage_parser
 
 log = logging.getLogger("agentrl.base_model")
 
@@ -31,13 +30,13 @@ def embedded_corpus(sft_path: Path, rl_pool_path: Path) -> Iterator[str]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="agentrl base-model", description=__doc__, formatter_class=HelpFormatter)
+    parser = stage_parser("base-model", __doc__)
     add_config_arguments(parser)
     parser.add_argument("--sft", type=Path, help="normalized SFT parquet (tokenizer corpus; embedded only)")
     parser.add_argument("--rl-pool", type=Path, help="normalized RL-pool parquet (tokenizer corpus; embedded only)")
     parser.add_argument("--out", type=Path, required=True, help="output Hugging Face model folder")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    setup_logging()
     cfg = config_from_args(args)
 
     from agentrl.model import build

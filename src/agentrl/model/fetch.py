@@ -8,24 +8,23 @@ its source (:func:`agentrl.model.folder.resolve_pretrained`); nothing else is re
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 from pathlib import Path
 
-from agentrl.cli_help import HelpFormatter
+from agentrl.stage_cli import setup_logging, stage_parser
 
 log = logging.getLogger("agentrl.fetch_model")
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="agentrl fetch-model", description=__doc__, formatter_class=HelpFormatter)
+    parser = stage_parser("fetch-model", __doc__)
     parser.add_argument("--id", required=True, help="hub model id 'org/name', or a local Hugging Face model folder")
     parser.add_argument("--revision", help="hub branch, tag or commit (default: the hub's main); not for a folder")
     parser.add_argument("--key", default="--id", help="the config key that named the model (for errors)")
     parser.add_argument("--out", type=Path, required=True, help="output model folder")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    setup_logging()
     from agentrl.model.folder import MODEL_SOURCE_KEY, resolve_pretrained
 
     out = resolve_pretrained(args.id, args.out, revision=args.revision or None, key=args.key)

@@ -33,7 +33,6 @@ how many did. Rates are shown in percent.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
@@ -51,10 +50,10 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from agentrl.cli_help import HelpFormatter  # noqa: E402
 from agentrl.config import AblationsConfig, ConfigError, add_config_arguments, config_from_args  # noqa: E402
 from agentrl.evaluation.metrics import SampleRecord, tool_use_stats  # noqa: E402
 from agentrl.evaluation.samples import read_jsonl  # noqa: E402
+from agentrl.stage_cli import setup_logging, stage_parser  # noqa: E402
 from agentrl.training.metrics import read_metrics  # noqa: E402
 
 log = logging.getLogger("agentrl.report.ablations")
@@ -549,9 +548,7 @@ def write_ablations(cfg: AblationsConfig, runs_by_arm: Mapping[str, Sequence[Run
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="agentrl report ablations", description=__doc__, formatter_class=HelpFormatter
-    )
+    parser = stage_parser("report ablations", __doc__)
     add_config_arguments(parser)
     parser.add_argument(
         "--training",
@@ -578,7 +575,7 @@ def main(argv: list[str]) -> int:
         "--out-dir", type=Path, required=True, help="output folder: {data,algorithm,reasoning}.{md,csv,png}"
     )
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    setup_logging()
     try:
         cfg = config_from_args(args).ablations
         check_ablations(cfg)

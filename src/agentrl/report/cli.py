@@ -20,10 +20,10 @@ import logging
 import os
 from pathlib import Path
 
-from agentrl.cli_help import HelpFormatter
 from agentrl.errors import read_json_file
 from agentrl.report.plots import plot_accuracy_by_stage, plot_reasoning_modes, plot_training_curves
 from agentrl.report.tables import PUBLISHED_PATH, read_eval_results, read_published, summary_frame, summary_markdown
+from agentrl.stage_cli import setup_logging, stage_parser
 
 log = logging.getLogger("agentrl.report")
 
@@ -88,7 +88,7 @@ def main(argv: list[str]) -> int:
         from agentrl.report import ablations
 
         return ablations.main(argv[1:])
-    parser = argparse.ArgumentParser(prog="agentrl report", description=__doc__, formatter_class=HelpFormatter)
+    parser = stage_parser("report", __doc__)
     parser.add_argument(
         "--metrics",
         type=Path,
@@ -119,7 +119,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--sft-plot", type=Path, help="output: SFT training curves (PNG), with --sft-metrics")
     parser.add_argument("--rl-plot", type=Path, help="output: RL training curves (PNG), with --rl-metrics")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    setup_logging()
     build_report(args)
     log.info("wrote %s and %s", args.table_md, args.table_csv)
     return 0

@@ -16,18 +16,16 @@ import json
 import sys
 from pathlib import Path
 
-from agentrl.cli_help import HelpFormatter
 from agentrl.config import ConfigError, add_config_arguments, config_from_args
 from agentrl.data.records import Problem
 from agentrl.rewards.base import InvalidGroundTruthError
 from agentrl.rewards.registry import UnknownDataSourceError, family_of
 from agentrl.rewards.reward_function import RewardFunction
+from agentrl.stage_cli import read_text, stage_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m agentrl reward", description=__doc__.split("\n")[0], formatter_class=HelpFormatter
-    )
+    parser = stage_parser("reward", __doc__.split("\n")[0])
     parser.add_argument("--data-source", required=True, help="e.g. AIME2024, gpqa_diamond, LiveCodeBench_v6")
     truth = parser.add_mutually_exclusive_group(required=True)
     truth.add_argument("--ground-truth", help="answer string, or the JSON of a code row's tests")
@@ -44,25 +42,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _read_text(path: str | Path, what: str) -> str:
-    if str(path) == "-":
-        return sys.stdin.read()
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise FileNotFoundError(f"{what} {path}: {exc.strerror}") from None
-
-
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     sandbox = None
     try:
         cfg = config_from_args(args)
-        response = _read_text(args.response_file, "--response-file")
+        response = read_text(args.response_file, "--response-file")
         ground_truth = (
             args.ground_truth
             if args.ground_truth is not None
-            else _read_text(args.ground_truth_file, "--ground-truth-file").strip()
+            else read_text(args.ground_truth_file, "--ground-truth-file").strip()
         )
         if family_of(args.data_source, cfg.reward.unknown_source) == "code":
             from agentrl.tools.sandbox import make_sandbox  # only code needs it

@@ -16,18 +16,16 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from agentrl.cli_help import HelpFormatter
 from agentrl.config import ConfigError, add_config_arguments, config_from_args
 from agentrl.model.folder import check_model_folder
 from agentrl.paths import check_writable
+from agentrl.stage_cli import setup_logging, stage_parser
 
 log = logging.getLogger("agentrl.rollout")
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m agentrl rollout", description=__doc__.split("\n\n")[1], formatter_class=HelpFormatter
-    )
+    parser = stage_parser("rollout", __doc__.split("\n\n")[1])
     parser.add_argument("--model", required=True, type=Path, help="Hugging Face model folder")
     parser.add_argument("--problems", required=True, type=Path, help="normalized problem parquet")
     parser.add_argument("--n", type=int, default=1, help="samples per problem (default 1)")
@@ -63,7 +61,7 @@ def main(argv: list[str]) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     _check(parser, args)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    setup_logging()
     try:
         cfg = config_from_args(args)
     except ConfigError as exc:

@@ -14,30 +14,19 @@ import json
 import sys
 from pathlib import Path
 
-from agentrl.cli_help import HelpFormatter
 from agentrl.config import ConfigError, add_config_arguments, config_from_args
+from agentrl.stage_cli import read_text, stage_parser
 from agentrl.tools.sandbox import SandboxUnavailableError, make_sandbox
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m agentrl sandbox", description=__doc__.split("\n\n")[1], formatter_class=HelpFormatter
-    )
+    parser = stage_parser("sandbox", __doc__.split("\n\n")[1])
     parser.add_argument("file", help="Python file to run, or - for standard input")
     parser.add_argument("--timeout", type=float, help="wall-clock limit in seconds (default: sandbox.timeout_s)")
     parser.add_argument("--memory-mb", type=int, help="memory limit in MB (default: sandbox.memory_mb)")
     parser.add_argument("--stdin", type=Path, help="file whose content is the program's standard input")
     add_config_arguments(parser)
     return parser
-
-
-def _read_text(path: str | Path, what: str) -> str:
-    if str(path) == "-":
-        return sys.stdin.read()
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read the {what} {path}: {exc.strerror}") from None
 
 
 def main(argv: list[str]) -> int:
@@ -49,8 +38,8 @@ def main(argv: list[str]) -> int:
         parser.error(f"--memory-mb must be >= 16, got {args.memory_mb}")
     try:
         sandbox_cfg = config_from_args(args).sandbox
-        code = _read_text(args.file, "program")
-        stdin = _read_text(args.stdin, "stdin file") if args.stdin is not None else None
+        code = read_text(args.file, "the program")
+        stdin = read_text(args.stdin, "the stdin file") if args.stdin is not None else None
     except ConfigError as exc:
         print(f"agentrl sandbox: {exc}", file=sys.stderr)
         return 2

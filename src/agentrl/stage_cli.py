@@ -1,0 +1,56 @@
+"""What every stage CLI shares: its parser, its logging, reading an input file or stdin.
+
+Each ``agentrl <stage>`` module builds its parser with :func:`stage_parser` (help texts without
+markup, :mod:`agentrl.cli_help`), calls :func:`setup_logging` once after parsing, and reads
+text inputs with :func:`read_text`, so every stage reports an unreadable input the same way.
+The training stages' shared arguments and launch are :mod:`agentrl.training.cli`'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from agentrl.cli_help import HelpFormatter
+from agentrl.config import Config, ConfigError, config_from_args
+
+LOG_FORMAT = "%(asctime)s %(name)s: %(message)s"
+
+
+def stage_parser(stage: str, description: str | None) -> argparse.ArgumentParser:
+    """The parser of ``agentrl <stage>``; ``description`` is usually the module docstring."""
+    return argparse.ArgumentParser(prog=f"agentrl {stage}", description=description, formatter_class=HelpFormatter)
+
+
+def setup_logging() -> None:
+    """INFO lines with time and logger name on stderr (Snakemake redirects them to the job log)."""
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+
+
+def read_text(path: str | Path, what: str) -> str:
+    """The text of ``path`` (``-``: standard input); a file that cannot be read is a
+    :class:`~agentrl.config.ConfigError` naming ``what`` (the option) and the path."""
+    if str(path) == "-":
+        return sys.stdin.read()
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror}") from None
+
+
+def config_or_exit(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, *checks: Callable[[Config], Any]
+) -> Config:
+    """The validated config of ``--config``/``--config-json`` and the stage's own ``checks``;
+    a :class:`~agentrl.config.ConfigError` exits with the short message and status 2."""
+    try:
+        cfg = config_from_args(args)
+        for check in checks:
+            check(cfg)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    return cfg

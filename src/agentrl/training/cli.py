@@ -1,0 +1,82 @@
+"""What the ``sft`` and ``grpo`` CLIs share: their training arguments, the launch, the exit codes.
+
+Both take ``--out``, ``--metrics``, ``--checkpoint-dir``, ``--deepspeed-config``, ``--nproc`` and
+``--threads`` (:func:`add_training_arguments`); both re-execute themselves under torchrun/srun
+when one process is not enough (:func:`launch`, :mod:`agentrl.launch`); both exit with
+:data:`~agentrl.training.preemption.EXIT_CODE` after a stop request and 1 when another trainer
+holds the checkpoint folder (:func:`run_trainer`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+
+def add_training_arguments(parser: argparse.ArgumentParser, section: str) -> None:
+    """The output, checkpoint and process arguments of a training stage (config section ``section``)."""
+    parser.add_argument("--out", type=Path, required=True, help="the trained model: a Hugging Face folder")
+    parser.add_argument("--metrics", type=Path, required=True, help="metrics, one JSON line per training step")
+    parser.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        required=True,
+        help="DeepSpeed checkpoints; a rerun resumes from the newest one made by the same setup "
+        "(one trainer per folder: a second one refuses)",
+    )
+    parser.add_argument(
+        "--deepspeed-config",
+        type=Path,
+        default=None,
+        help=f"DeepSpeed JSON (default: configs/deepspeed/zero<{section}.deepspeed.zero_stage>.json)",
+    )
+    parser.add_argument(
+        "--nproc",
+        default="auto",
+        help="processes per node: a number (0 = one CPU process) or auto (GPUs granted, else 1)",
+    )
+    parser.add_argument("--threads", type=int, help="CPU threads for torch per process (the rule's threads)")
+
+
+def launch(parser: argparse.ArgumentParser, stage: str, argv: Sequence[str], args: argparse.Namespace) -> None:
+    """Re-execute under torchrun/srun when ``--nproc`` asks for more processes than this one (does
+    not return then); else set the torch threads and quiet DeepSpeed's INFO lines."""
+    from agentrl.launch import relaunch_if_needed
+
+    try:
+        relaunch_if_needed(stage, list(argv), args.nproc)
+    except ValueError as exc:
+        parser.error(str(exc))
+    import deepspeed
+
+    from agentrl.training.threads import set_torch_threads
+
+    deepspeed.utils.logger.setLevel(logging.WARNING)
+    set_torch_threads(args.threads)
+
+
+def deepspeed_config(args: argparse.Namespace, zero_stage: int) -> Path:
+    """``--deepspeed-config``, else ``configs/deepspeed/zero<zero_stage>.json``."""
+    from agentrl.training.deepspeed_engine import find_deepspeed_config
+
+    return args.deepspeed_config or find_deepspeed_config(zero_stage)
+
+
+def run_trainer(train: Callable[[], Any], log: logging.Logger) -> int:
+    """Run ``train``; the stage's exit status: 0, EXIT_CODE after a stop request (the rerun
+    resumes), 1 when another trainer holds the checkpoint folder."""
+    from agentrl.training.folder_lock import CheckpointFolderInUse
+    from agentrl.training.preemption import EXIT_CODE, StoppedForRetry
+
+    try:
+        train()
+    except StoppedForRetry as stopped:
+        log.warning("%s", stopped)
+        return EXIT_CODE
+    except CheckpointFolderInUse as busy:
+        log.error("%s", busy)
+        return 1
+    return 0
