@@ -66,7 +66,7 @@ rule ablation_stitched_sft:
         "../envs/train.yaml"
     params:
         **config_params("seed", "sft"),  # the main SFT recipe; only the data differs
-        model_dir=lambda wildcards, input: str(Path(input.model).parent),
+        model_dir=input_dir("model"),
         out_dir=parent_dir("model"),
         checkpoints=ablation_result("shared/stitched_sft/checkpoints"),
         # as in rules/sft.smk: metrics beside the checkpoints (a resumed run keeps its lines), copied when done
@@ -96,12 +96,12 @@ rule ablation_grpo:
     benchmark:
         result("timings/ablations/{arm}/seed{seed}/grpo.tsv")
     conda:
-        "../envs/vllm.yaml" if config["rollout"]["engine"] == "vllm" else "../envs/train.yaml"
+        ROLLOUT_ENV
     wildcard_constraints:
         **ABLATION_WILDCARDS,
     params:
         **config_params(build=ablation_grpo_cfg, example=ABLATION_EXAMPLE),
-        model_dir=lambda wildcards, input: str(Path(input.model).parent),
+        model_dir=input_dir("model"),
         out_dir=parent_dir("model"),
         # a param, not an output: a re-run job must find its checkpoints to resume (rules/rl.smk)
         checkpoints=lambda wildcards: ablation_result(f"{wildcards.arm}/seed{wildcards.seed}/rl/checkpoints"),
@@ -129,12 +129,12 @@ rule ablation_evaluate:
     benchmark:
         result("timings/ablations/{arm}/seed{seed}/evaluate/{benchmark}.tsv")
     conda:
-        "../envs/vllm.yaml" if config["rollout"]["engine"] == "vllm" else "../envs/train.yaml"
+        ROLLOUT_ENV
     wildcard_constraints:
         **ABLATION_WILDCARDS,
     params:
         **config_params(build=ablation_eval_cfg, example=ABLATION_EXAMPLE),
-        model_dir=lambda wildcards, input: str(Path(input.model).parent),
+        model_dir=input_dir("model"),
         max_problems="" if ABLATION_MAX_PROBLEMS is None else f"--max-problems {ABLATION_MAX_PROBLEMS}",
     threads: 1
     resources:

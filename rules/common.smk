@@ -130,6 +130,15 @@ def check_one_node_per_job():
                 )
 
 
+# The conda env of the stages that roll out (filter scoring, GRPO, evaluation): vLLM when it is the engine.
+ROLLOUT_ENV = "../envs/vllm.yaml" if config["rollout"]["engine"] == "vllm" else "../envs/train.yaml"
+
+
+def input_dir(input_key="model"):
+    """A param holding the folder of an input file (a model folder is an input through its config.json)."""
+    return lambda wildcards, input: str(Path(input[input_key]).parent)
+
+
 def parent_dir(output_key):
     """A param holding the folder of an output file (model folders are tracked by a file inside)."""
 

@@ -80,7 +80,7 @@ rule fit_rl_prompts:
         "../envs/train.yaml"  # transformers: the tokenizer
     params:
         **config_params(build=lambda wildcards: {"rollout": {k: config["rollout"][k] for k in FIT_LENGTH_KEYS}}),
-        model_dir=lambda wildcards, input: str(Path(input.model).parent),
+        model_dir=input_dir("model"),
         out_dir=parent_dir("problems"),
     threads: 1
     shell:
@@ -108,7 +108,7 @@ rule fit_eval_prompts:
                 "eval": {"max_prompt_tokens": config["eval"]["max_prompt_tokens"]},
             }
         ),
-        model_dir=lambda wildcards, input: str(Path(input.model).parent),
+        model_dir=input_dir("model"),
         out_dir=parent_dir("problems"),
     threads: 1
     shell:

@@ -35,13 +35,13 @@ rule evaluate:
     benchmark:
         result("timings/evaluate/{model}/{benchmark}.tsv")
     conda:
-        "../envs/vllm.yaml" if config["rollout"]["engine"] == "vllm" else "../envs/train.yaml"
+        ROLLOUT_ENV
     wildcard_constraints:
         model="|".join(map(re.escape, EVAL_MODELS)) or "(?!)",
         benchmark="|".join(map(re.escape, benchmarks())),
     params:
         **EVAL_CONFIG,
-        model_dir=lambda wildcards, input: str(Path(input.model).parent),
+        model_dir=input_dir("model"),
     threads: 1
     resources:
         gpu=0,  # the profiles give each evaluation its GPU(s) (rules/common.smk on_gpus)

@@ -19,7 +19,6 @@ FILTER_SELECT_CONFIG = config_params(
 )
 # Another model's pass rates when the config matches its histogram (the weak-model preset).
 FILTER_TARGET = [config["filter"]["target_pass_rates"]] if config["filter"]["target_pass_rates"] else []
-ROLLOUT_ENV = "../envs/vllm.yaml" if config["rollout"]["engine"] == "vllm" else "../envs/train.yaml"
 
 
 rule score_rl_pool:
@@ -38,7 +37,7 @@ rule score_rl_pool:
     cache: True
     params:
         **FILTER_SCORE_CONFIG,
-        model_dir=lambda wildcards, input: str(Path(input.model).parent),
+        model_dir=input_dir("model"),
     priority: 10  # the training chain is the critical path: before evaluations that could wait
     threads: 2
     resources:

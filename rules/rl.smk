@@ -18,10 +18,10 @@ rule grpo:
     benchmark:
         result("timings/grpo.tsv")
     conda:
-        "../envs/vllm.yaml" if config["rollout"]["engine"] == "vllm" else "../envs/train.yaml"
+        ROLLOUT_ENV
     params:
         **GRPO_CONFIG,
-        model_dir=lambda wildcards, input: str(Path(input.model).parent),
+        model_dir=input_dir("model"),
         out_dir=parent_dir("model"),
         checkpoints=result("rl/checkpoints"),
     priority: 10  # the training chain is the critical path: before evaluations that could wait

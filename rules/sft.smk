@@ -20,7 +20,7 @@ rule sft:
         "../envs/train.yaml"
     params:
         **config_params("seed", "sft"),
-        model_dir=lambda wildcards, input: str(Path(input.model).parent),
+        model_dir=input_dir("model"),
         out_dir=parent_dir("model"),
         checkpoints=result("sft/checkpoints"),
         running_metrics=result("sft/checkpoints/metrics.jsonl"),
