@@ -65,22 +65,20 @@ rule ablation_stitched_sft:
     conda:
         "../envs/train.yaml"
     params:
-        **config_params("seed", "sft"),  # the main SFT recipe; only the data differs
+        **config_params("seed", "sft", "tracking"),  # the main SFT recipe; only the data differs
         model_dir=input_dir("model"),
         out_dir=parent_dir("model"),
         checkpoints=ablation_result("shared/stitched_sft/checkpoints"),
-        # as in rules/sft.smk: metrics beside the checkpoints (a resumed run keeps its lines), copied when done
-        running_metrics=ablation_result("shared/stitched_sft/checkpoints/metrics.jsonl"),
     threads: 2
     resources:
         gpu=0,  # the job's GPUs, all on one node (0: one CPU process); the profiles set it for GPU runs
     shell:
         on_gpus(
             "python -m agentrl sft --config-json {params.cfg:q} --model {params.model_dir} --data {input.data} "
-            "--out {params.out_dir} --metrics {params.running_metrics} --checkpoint-dir {params.checkpoints} "
+            "--out {params.out_dir} --metrics {output.metrics} --checkpoint-dir {params.checkpoints} "
             "--nproc {resources.gpu} --threads {threads}"
         )
-        + " > {log} 2>&1 && cp {params.running_metrics} {output.metrics}"
+        + " > {log} 2>&1"
 
 
 rule ablation_grpo:

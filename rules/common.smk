@@ -171,12 +171,12 @@ def ablation_result(path):
 def ablation_grpo_cfg(wildcards):
     """The grpo stage's config for one arm and seed: the main sections, the ablation budget, the arm's variant."""
     grpo = {**config["grpo"], **ABLATIONS["grpo"], "variant": ABLATIONS["arms"][wildcards.arm]["variant"], "algorithm": {}}
-    sections = {key: config[key] for key in ("rollout", "reward", "sandbox", "tool")}
+    sections = {key: config[key] for key in ("rollout", "reward", "sandbox", "tool", "tracking")}
     return {"seed": int(wildcards.seed), **sections, "grpo": grpo}
 
 
 def ablation_eval_cfg(wildcards):
-    sections = {key: config[key] for key in ("rollout", "reward", "sandbox", "tool")}
+    sections = {key: config[key] for key in ("rollout", "reward", "sandbox", "tool", "tracking")}
     sampling = {
         "n": ABLATIONS["eval"]["n"],
         **{key: config["eval"][key] for key in ("temperature", "top_p", "max_prompt_tokens")},

@@ -11,7 +11,7 @@ CODE_BENCHMARKS = [b for b in benchmarks() if b in ("program", "livecodebench_v6
 # Only the sampling keys of eval: adding a model or a checkpoint re-runs no finished job.
 EVAL_CONFIG = config_params(
     build=lambda wildcards: {
-        **{key: config[key] for key in ("seed", "rollout", "reward", "sandbox", "tool")},
+        **{key: config[key] for key in ("seed", "rollout", "reward", "sandbox", "tool", "tracking")},
         "eval": {key: config["eval"][key] for key in ("n", "temperature", "top_p", "max_prompt_tokens")},
     }
 )

@@ -2,7 +2,7 @@
 # set, validated on the eval sets. The checkpoint folder is a param, not an output: Snakemake
 # removes a job's outputs before it (re)runs, and a requeued job must find its checkpoints to
 # resume (the metrics file is restored from the newest checkpoint).
-GRPO_CONFIG = config_params("seed", "rollout", "reward", "sandbox", "tool", "grpo")
+GRPO_CONFIG = config_params("seed", "rollout", "reward", "sandbox", "tool", "grpo", "tracking")
 
 
 rule grpo:

@@ -1,8 +1,8 @@
 # SFT on real multi-turn tool-use trajectories (docs/recipe.md section 5), on DeepSpeed. The
 # checkpoint folder is a param, not an output: Snakemake removes a job's outputs before it
-# (re)runs, and a killed or requeued job must find its checkpoints to resume. For the same reason
-# the stage writes its metrics beside the checkpoints (a resumed run keeps the lines up to its
-# checkpoint) and the finished job copies them to the output.
+# (re)runs, and a killed or requeued job must find its checkpoints to resume. The metrics file is
+# the output itself, readable while SFT runs: a resumed run rewrites it from the checkpoint's
+# records (agentrl.training.metrics), as GRPO does.
 
 
 rule sft:
@@ -19,11 +19,10 @@ rule sft:
     conda:
         "../envs/train.yaml"
     params:
-        **config_params("seed", "sft"),
+        **config_params("seed", "sft", "tracking"),
         model_dir=input_dir("model"),
         out_dir=parent_dir("model"),
         checkpoints=result("sft/checkpoints"),
-        running_metrics=result("sft/checkpoints/metrics.jsonl"),
     priority: 10  # the training chain is the critical path: before evaluations that could wait
     threads: 2
     resources:
@@ -31,7 +30,7 @@ rule sft:
     shell:
         on_gpus(
             "python -m agentrl sft --config-json {params.cfg:q} --model {params.model_dir} --data {input.data} "
-            "--out {params.out_dir} --metrics {params.running_metrics} --checkpoint-dir {params.checkpoints} "
+            "--out {params.out_dir} --metrics {output.metrics} --checkpoint-dir {params.checkpoints} "
             "--nproc {resources.gpu} --threads {threads}"
         )
-        + " > {log} 2>&1 && cp {params.running_metrics} {output.metrics}"
+        + " > {log} 2>&1"

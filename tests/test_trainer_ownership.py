@@ -153,7 +153,7 @@ def test_kill_9_of_snakemake_alone_then_the_recovery_recipe_holds_every_step_onc
     total = 20
     results = tmp_path / "results"
     checkpoints = results / "sft" / "checkpoints"
-    running_metrics = checkpoints / "metrics.jsonl"
+    running_metrics = results / "sft" / "metrics.jsonl"  # the output, written as SFT runs
     workflow = subprocess.Popen(
         snakemake_command(tmp_path, "--until", "sft"),
         cwd=tmp_path,
