@@ -232,3 +232,11 @@ def test_the_smoke_preset_plans_every_job_of_the_default_target(tmp_path):
     assert default.returncode == 0 and smoke.returncode == 0, smoke.stderr[-3000:]
     assert _planned_rules(smoke.stdout) == _planned_rules(default.stdout) >= {"sft", "grpo", "evaluate", "report"}
     assert "results/smoke/report/summary.md" in smoke.stdout, "the smoke run keeps its own folder"
+
+
+def test_tracking_reaches_every_training_and_evaluation_stage(tmp_path):
+    done = dry_run(tmp_path, "--config", "tracking={tensorboard: true}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    for stage, jobs in (("sft", 1), ("grpo", 1), ("evaluate run", 9)):
+        configs = stage_configs(done.stdout, stage)
+        assert len(configs) == jobs and all(c["tracking"]["tensorboard"] is True for c in configs), stage
