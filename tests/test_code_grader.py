@@ -188,3 +188,134 @@ def test_leetcode_objects_and_in_place_changes_cross_the_process_boundary(reward
 def test_leetcode_ground_truth_without_an_assert_line_is_invalid():
     with pytest.raises(InvalidGroundTruthError, match="at least one assert"):
         parse_code_tests({**LEETCODE, "test_code": "def check(candidate):\n"})
+
+
+# The shape of the released RL pool's LeetCode rows (LeetCodeDataset's import_prefix): star imports
+# of the standard library, then ListNode / TreeNode and their helpers.
+UPSTREAM_STYLE_PREFIX = """\
+import random
+import functools
+import collections
+import string
+import math
+import datetime
+
+from typing import *
+from functools import *
+from collections import *
+from itertools import *
+from heapq import *
+from bisect import *
+from string import *
+from operator import *
+from math import *
+
+inf = float('inf')
+
+class TreeNode:
+    def __init__(self, val=0, left=None, right=None):
+        self.val = val
+        self.left = left
+        self.right = right
+
+def tree_node(values: list):
+    if not values:
+        return None
+    root = TreeNode(values[0])
+    i = 1
+    queue = deque()
+    queue.append(root)
+    while queue:
+        node = queue.popleft()
+        if i < len(values) and values[i] is not None:
+            node.left = TreeNode(values[i])
+            queue.append(node.left)
+        i += 1
+        if i < len(values) and values[i] is not None:
+            node.right = TreeNode(values[i])
+            queue.append(node.right)
+        i += 1
+    return root
+
+def is_same_tree(p, q):
+    if not p and not q:
+        return True
+    elif not p or not q:
+        return False
+    elif p.val != q.val:
+        return False
+    else:
+        return is_same_tree(p.left, q.left) and is_same_tree(p.right, q.right)
+"""
+
+
+def test_an_upstream_style_row_with_trees_and_star_imports(reward_fn):
+    truth = {
+        "entry_point": "Solution().invertTree",
+        "import_prefix": UPSTREAM_STYLE_PREFIX,
+        "test_code": (
+            "def check(candidate):\n"
+            "    assert is_same_tree(candidate(root = tree_node([4,2,7,1,3,6,9])), tree_node([4,7,2,9,6,3,1]))\n"
+            "    assert is_same_tree(candidate(root = tree_node([2,1,3])), tree_node([2,3,1]))\n"
+            "    assert candidate(root = tree_node([])) is None\n"
+        ),
+    }
+    solution = (
+        "class Solution:\n"
+        "    def invertTree(self, root: Optional[TreeNode]) -> Optional[TreeNode]:\n"
+        "        if root:\n"
+        "            root.left, root.right = self.invertTree(root.right), self.invertTree(root.left)\n"
+        "        return root\n"
+    )
+    value, details = score(reward_fn, truth, solution)
+    assert value == 1.0, details
+    counter = {
+        "entry_point": "Solution().count",
+        "import_prefix": UPSTREAM_STYLE_PREFIX,
+        "test_code": "def check(candidate):\n    assert candidate('abca') == {'a': 2, 'b': 1, 'c': 1}\n",
+    }
+    returns_counter = "class Solution:\n    def count(self, s: str):\n        return Counter(s)\n"
+    assert score(reward_fn, counter, returns_counter)[0] == 1.0  # a standard container is data
+
+
+def test_numpy_values_and_defaultdicts_count_as_their_plain_values(reward_fn):
+    """Upstream compares them in one process (numpy.int64(5) == 5): the same answers pass here."""
+    truth = {**LEETCODE, "test_code": "def check(candidate):\n    assert candidate([1, 5, 3]) == 5\n"}
+    numpy_int = "import numpy\nclass Solution:\n    def maxValue(self, nums):\n        return numpy.max(nums)\n"
+    assert score(reward_fn, truth, numpy_int)[0] == 1.0
+    counts = {**LEETCODE, "test_code": "def check(candidate):\n    assert candidate([1, 1]) == {1: 2}\n"}
+    default = (
+        "from collections import defaultdict\nclass Solution:\n    def maxValue(self, nums):\n"
+        "        d = defaultdict(lambda: 0)\n        for x in nums:\n            d[x] += 1\n        return d\n"
+    )
+    assert score(reward_fn, counts, default)[0] == 1.0
+
+
+READS_THE_TEST = r"""
+import gc, re
+texts = []
+for name in ("main.py", "/proc/self/cmdline", "/dev/stdin"):
+    try:
+        texts.append(open(name).read())
+    except OSError:
+        pass
+for obj in gc.get_objects():  # strings held by code constants, dicts and lists of this process
+    if isinstance(obj, (tuple, list)):
+        texts += [x for x in obj if isinstance(x, str)]
+    elif isinstance(obj, dict):
+        texts += [x for x in obj.values() if isinstance(x, str)]
+answers = {}
+for text in texts:
+    for args, value in re.findall(r"candidate\((?:nums=)?(\[[^\]]*\])\) == (-?\d+)", text):
+        answers[args.replace(" ", "")] = int(value)
+class Solution:
+    def maxValue(self, nums):
+        return answers.get(str(nums).replace(" ", ""), 0)
+"""
+
+
+def test_the_expected_values_are_out_of_the_solutions_reach(reward_fn):
+    """The test reaches the checker on its stdin after the solution's process was forked: not in
+    main.py, not in the solution's memory, not on its stdin."""
+    value, details = score(reward_fn, LEETCODE, READS_THE_TEST)
+    assert value == 0.0, details

@@ -31,7 +31,8 @@ The grader decides correctness on the host from the run's status and output. A p
 must print its return value, which the host compares, and a LeetCode case passes only when the
 check process of :mod:`agentrl.rewards.leetcode_harness` ran the assert to its end and printed
 its pass line, on a stdout the solution's process does not hold; the solution runs in a process
-of its own and hands back return values as plain data only. So ``os._exit(0)``,
+of its own, which never sees the test (it arrives on the checker's stdin after the fork), and
+hands back return values as plain data only. So ``os._exit(0)``,
 ``sys.exit(0)``, ``atexit`` hooks, a redefined ``check`` or ``AssertionError``, patched builtins
 and always-equal objects score as failures. (Departure: upstream runs ``prefix + solution +
 check`` as one program and pays any exit status 0; docs/fidelity.md.) The solution's own
@@ -161,17 +162,17 @@ class CheckHarness:
         return len(self.assert_lines)
 
     def jobs(self, code: str) -> list[Job]:
-        return [(self.program(code, line), None) for line in self.assert_lines]
+        return [(f"{_leetcode_harness_source()}\nrun()\n", self.case(code, line)) for line in self.assert_lines]
 
-    def program(self, code: str, assert_line: str) -> str:
-        """The harness (the check process) with this case's data: the solution never runs in it."""
+    def case(self, code: str, assert_line: str) -> str:
+        """The stdin of one case's run (the harness reads it; it is never a file the solution could read)."""
         spec = {
             "import_prefix": self.import_prefix,
             "solution": code,
             "check": self.check_header + assert_line,  # upstream's join: "def check(c):    assert ..."
             "entry_point": self.entry_point,
         }
-        return f"{_leetcode_harness_source()}\nrun({spec!r})\n"
+        return json.dumps(spec, ensure_ascii=False)
 
     def outcome(self, index: int, result: ExecutionResult) -> str:
         if result.status != "ok":

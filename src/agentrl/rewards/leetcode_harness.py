@@ -1,8 +1,9 @@
 """The program of one LeetCode-style test: the row's check with one assert, against a solution it never runs.
 
-:class:`agentrl.rewards.code_verifier.CheckHarness` sends this file's source as ``main.py`` of a
-sandbox run, followed by the line ``run({...})`` (the row's ``import_prefix``, the solution, the
-check definition with one assert, the ``entry_point``). Standard library only: it runs inside the
+:class:`agentrl.rewards.code_verifier.CheckHarness` sends this file's source, followed by the line
+``run()``, as ``main.py`` of a sandbox run, and the case as JSON on its stdin (the row's
+``import_prefix``, the solution, the check definition with one assert, the ``entry_point``), so
+the test is never in a file the solution could read. Standard library only: it runs inside the
 sandbox, where the agentrl package is not visible.
 
 Why two processes. If the solution and the assert share a process, the solution decides what
@@ -16,9 +17,10 @@ point over a pipe; the checker's ``candidate`` sends the arguments and gets back
 unpickler admits only plain Python values, a few standard containers and the classes the import
 prefix defines (``ListNode``, ``TreeNode``), never an object of a class of the solution's own.
 The checker then runs the assert itself and prints :data:`PASSED` on its stdout. The solution
-process holds no descriptor of that stdout (its 0 and 1 are ``/dev/null``), and the checker is
-not dumpable, so ``/proc/<checker>/fd``, ``/proc/<checker>/mem`` and ptrace are closed to a
-process of the same uid. What the solution does to its own process changes only the values it
+process holds no descriptor of that stdout (its 0 and 1 are ``/dev/null``), was forked before
+the checker read the test (so the assert and its expected value were never in its memory), and
+the checker is not dumpable, so ``/proc/<checker>/fd``, ``/proc/<checker>/mem`` and ptrace are
+closed to a process of the same uid. What the solution does to its own process changes only the values it
 returns; if it dies or hangs, the call fails or the run times out.
 """
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import io
+import json
 import os
 import pickle
 import struct
@@ -142,16 +145,24 @@ def _dumps_reply(reply: tuple) -> bytes:
     return buffer.getvalue()
 
 
-def _serve_solution(module: types.ModuleType, source: str, entry_point: str, requests: int, replies: int) -> None:
-    """The solution process: run the solution, then answer calls of the entry point until EOF."""
+def _serve_solution(requests: int, replies: int) -> None:
+    """The solution process: take the prefix, the solution and the entry point (never the test),
+    run them, then answer calls of the entry point until EOF."""
     _prctl(_PR_SET_PDEATHSIG, _SIGKILL)
     devnull = os.open(os.devnull, os.O_RDWR)
-    os.dup2(devnull, 0)
+    os.dup2(devnull, 0)  # the test arrives on the checker's stdin: never readable here
     os.dup2(devnull, 1)  # the checker's stdout, the channel of the verdict: never here
     sys.stdin = open(0, closefd=False)  # noqa: SIM115 - the process's stdin until it exits
     sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+    setup = _receive(requests)
+    if setup is None:
+        return
+    import_prefix, solution, entry_point = pickle.loads(setup)  # noqa: S301 - from the checker
+    module = types.ModuleType(_MODULE)
+    sys.modules[_MODULE] = module
     try:
-        exec(compile(source, "<solution>", "exec"), module.__dict__)  # noqa: S102 - the point of a grader
+        exec(compile(import_prefix, "<import_prefix>", "exec"), module.__dict__)  # noqa: S102
+        exec(compile(solution, "<solution>", "exec"), module.__dict__)  # noqa: S102 - the point of a grader
         target = eval(entry_point, module.__dict__)  # noqa: S307 - the row's entry point, e.g. Solution().f
         setup_error = None
     except BaseException:  # noqa: BLE001 - SystemExit included: reported as the solution's failure
@@ -228,12 +239,28 @@ class _Candidate:
         return result
 
 
-def run(spec: dict) -> None:
-    """Run ``spec['check']`` (``def check(candidate): assert ...``) on the solution; print PASSED if it held."""
+def run() -> None:
+    """Read the case (JSON on stdin: import_prefix, solution, check, entry_point), run ``check`` (``def
+    check(candidate): assert ...``) on the solution, print PASSED if the assert held."""
     _prctl(_PR_SET_DUMPABLE, 0)  # before the fork: the solution must never see into this process
     # The working directory is writable by the solution: nothing is imported from it from now on.
     here = os.path.realpath(os.getcwd())
     sys.path[:] = [entry for entry in sys.path if entry and os.path.realpath(entry) != here]
+    requests_r, requests_w = os.pipe()
+    replies_r, replies_w = os.pipe()
+    # Forked before the test is read: the solution process's memory never held it.
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(requests_w)
+            os.close(replies_r)
+            _serve_solution(requests_r, replies_w)
+        finally:
+            os._exit(0)
+    os.close(requests_r)
+    os.close(replies_w)
+    spec = json.loads(sys.stdin.read())
+    _send(requests_w, pickle.dumps((spec["import_prefix"], spec["solution"], spec["entry_point"])))
     checker = types.ModuleType(_MODULE)
     sys.modules[_MODULE] = checker
     exec(compile(spec["import_prefix"], "<import_prefix>", "exec"), checker.__dict__)  # noqa: S102
@@ -242,21 +269,7 @@ def run(spec: dict) -> None:
         for name, value in checker.__dict__.items()
         if isinstance(value, type) and value.__module__ == _MODULE
     }
-    check_code = compile(spec["check"], "<test_code>", "exec")
-    requests_r, requests_w = os.pipe()
-    replies_r, replies_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(requests_w)
-            os.close(replies_r)
-            # The solution runs on top of the import prefix, as upstream's prefix + solution.
-            _serve_solution(checker, spec["solution"], spec["entry_point"], requests_r, replies_w)
-        finally:
-            os._exit(0)
-    os.close(requests_r)
-    os.close(replies_w)
-    exec(check_code, checker.__dict__)  # noqa: S102 - the row's test code
+    exec(compile(spec["check"], "<test_code>", "exec"), checker.__dict__)  # noqa: S102 - the row's test code
     checker.check(_Candidate(requests_w, replies_r, classes))
     sys.stdout.write(PASSED + "\n")
     sys.stdout.flush()
