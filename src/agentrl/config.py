@@ -165,6 +165,8 @@ class RewardConfig:
 @dataclass(frozen=True)
 class VllmConfig:
     gpu_memory_utilization: float
+    colocated_gpu_memory_utilization: float
+    sleep_mode: bool
     tensor_parallel_size: int
     enforce_eager: bool
     max_num_seqs: int

@@ -70,7 +70,13 @@ class GrpoPaths:
 NOT_IN_FINGERPRINT = {
     "grpo": ("save_freq", "save_every_minutes", "collective_timeout_minutes", "keep_checkpoints"),
     "sandbox": ("workers", "sandbox_fusion_url"),  # parallelism and the service's address
-    "rollout.vllm": ("gpu_memory_utilization", "max_num_seqs", "enforce_eager"),  # memory and speed
+    "rollout.vllm": (
+        "gpu_memory_utilization",
+        "colocated_gpu_memory_utilization",
+        "sleep_mode",
+        "max_num_seqs",
+        "enforce_eager",
+    ),  # memory and speed
 }
 # The config sections a GRPO step reads (the same as the rule's params in rules/rl.smk): the
 # sampling (rollout), the tool's output (tool), what code execution returns (sandbox: time and
@@ -113,6 +119,10 @@ def check_config(cfg: Config) -> None:
     from agentrl.config import check_cross_keys
 
     check_cross_keys(cfg)
+    if cfg.rollout.engine == "vllm":
+        from agentrl.rollout.vllm_engine import check_colocated
+
+        check_colocated(cfg.rollout)
 
 
 def reward_config(cfg: Config, settings: AlgorithmSettings):
@@ -173,7 +183,14 @@ def build_components(cfg: Config, paths: GrpoPaths, ctx: dse.DistributedContext,
             ref_model, logit_chunk_tokens=cfg.grpo.logit_chunk_tokens, temperature=cfg.rollout.temperature
         )
     policy = engine.module.model
-    rollout_engine = make_engine(cfg.rollout, str(paths.model), model=policy, tokenizer=tokenizer)
+    rollout_engine = make_engine(
+        cfg.rollout,
+        str(paths.model),
+        model=policy,
+        tokenizer=tokenizer,
+        colocated=True,
+        seed=derived_seed(cfg.seed, "grpo-engine", ctx.rank),
+    )
     loop = AgentLoop(rollout_engine, tokenizer, CodeInterpreter(sandbox, cfg.tool), cfg.rollout)
     reward_fn = RewardFunction(reward_config(cfg, settings), sandbox)
     parts = Components(
@@ -239,6 +256,9 @@ def _train(cfg: Config, paths: GrpoPaths, stop) -> int:
         if state is not None:
             sampler.load_state_dict(state["sampler"])
             start, records = int(state["step"]), list(state["metrics"])
+            # The rollout engine loaded the initial model: the resumed policy must reach it before
+            # the first rollout, not only after the next update.
+            parts.rollout_engine.update_weights(policy.named_parameters())
             log.info("resumed from %s: step %d of %d done", paths.checkpoints, start, steps)
         writer = None
         if ctx.is_main:

@@ -343,6 +343,7 @@ class GrpoStep:
         samples = self.samples(groups, advantages)
         plan = self.plan(len(groups), samples)
 
+        self.parts.rollout_engine.sleep()  # its memory to the trainer until the weights are pushed
         t0 = time.perf_counter()
         mismatch = self.recompute_logprobs(samples, plan)
         t1 = time.perf_counter()

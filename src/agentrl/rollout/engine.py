@@ -118,7 +118,13 @@ class Engine(Protocol):
         ...
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load the trainer's current parameters (Hugging Face names) into the engine, in memory."""
+        """Load the trainer's current parameters (Hugging Face names) into the engine, in memory;
+        a sleeping engine wakes up."""
+        ...
+
+    def sleep(self) -> None:
+        """Free the accelerator memory the engine holds, for the trainer's update, until the next
+        ``update_weights`` or ``generate`` (a no-op where nothing can be freed)."""
         ...
 
 
@@ -158,12 +164,16 @@ def load_policy(model_dir: str, *, dtype: str = "auto", device: str | None = Non
     return model, tokenizer
 
 
-def make_engine(cfg: RolloutConfig, model_dir: str, *, model=None, tokenizer=None) -> Engine:
+def make_engine(
+    cfg: RolloutConfig, model_dir: str, *, model=None, tokenizer=None, colocated: bool = False, seed: int = 0
+) -> Engine:
     """The engine named by ``cfg.engine``.
 
     ``hf`` generates with ``model`` when given (the trainer's own in-memory module: then weight
     updates are free) or loads ``model_dir``. ``vllm`` always loads ``model_dir`` into an
-    in-process vLLM engine; the trainer pushes new weights with ``update_weights``.
+    in-process vLLM engine; the trainer pushes new weights with ``update_weights``. ``colocated``:
+    the engine of one trainer rank (GRPO: vLLM's external launcher on the rank's own device, see
+    :mod:`agentrl.rollout.vllm_engine`), ``seed`` its default seed (requests carry their own).
     """
     if cfg.engine == "hf":
         from agentrl.rollout.hf_engine import HFEngine
@@ -178,7 +188,7 @@ def make_engine(cfg: RolloutConfig, model_dir: str, *, model=None, tokenizer=Non
     if cfg.engine == "vllm":
         from agentrl.rollout.vllm_engine import VllmEngine
 
-        return VllmEngine(model_dir, cfg)
+        return VllmEngine(model_dir, cfg, seed=seed, colocated=colocated)
     raise ValueError(f"rollout.engine = {cfg.engine!r} is not known; choose one of: hf, vllm")
 
 

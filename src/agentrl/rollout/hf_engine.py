@@ -190,6 +190,9 @@ class HFEngine:
         )
         return out.logits[:, -1, :]
 
+    def sleep(self) -> None:
+        """Nothing to free: the module is the trainer's own (or holds no cache between calls)."""
+
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy the given tensors into the module; tensors that already are its parameters are skipped."""

@@ -5,10 +5,30 @@ weights from the trainer's in-memory parameters after each optimizer step; nothi
 reloaded from disk. vLLM 0.32's V1 engine runs its core in a child process unless
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0``; this engine sets that variable, so that the worker's
 ``reload_weights`` (reached through ``LLM.collective_rpc``) reads the trainer's tensors directly
-(no serialisation); the prefix cache, stale after an update, is then reset. With
-``tensor_parallel_size > 1`` vLLM uses worker processes and the same call ships the tensors
-through its RPC channel (in memory, serialised; not exercised by the tests, which run one CPU
-worker); vLLM's NCCL weight-transfer engine would be the next step at that scale.
+(no serialisation); the prefix cache, stale after an update, is then reset.
+
+Two placements (:func:`engine_arguments`):
+
+- **colocated** (GRPO): every trainer rank owns one engine on its own accelerator, built with
+  ``distributed_executor_backend="external_launcher"`` (vLLM's SPMD mode for torchrun, the one
+  TRL's colocate mode and verl use). The engine joins the process group the trainer already has
+  and takes its device from ``LOCAL_RANK``; the default executor would put every rank's engine on
+  ``cuda:0``. Tensor parallelism is 1: each rank samples its own shard of the step's prompts
+  (prompt i on rank i mod W) with seeds derived from (seed, step, round, rank). TP > 1 would need
+  the ranks of a TP group to submit identical prompts and then split the trajectories for the
+  update; it is refused (``rollout.vllm.tensor_parallel_size``) - Qwen3-4B and Qwen2.5-7B fit
+  one GPU each. Memory: ``rollout.vllm.colocated_gpu_memory_utilization`` (the trainer holds the
+  rest); with ``rollout.vllm.sleep_mode`` on a GPU the engine sleeps while the trainer recomputes
+  log-probs and updates (:meth:`VllmEngine.sleep`: weights offloaded to host memory, KV cache
+  dropped) and :meth:`VllmEngine.update_weights` wakes it in the order that never holds two
+  copies: weights, new weights pushed, then the KV cache.
+- **standalone** (scoring, evaluation, rollout CLI): the engine has the accelerator to itself,
+  ``rollout.vllm.gpu_memory_utilization`` (about 0.9 at paper scale) and
+  ``rollout.vllm.tensor_parallel_size`` as configured.
+
+vLLM-CPU has no sleep mode (``enable_sleep_mode`` fails with "Sleep mode is not supported on
+current platform"); there the engine is built without it and ``LLM.sleep`` / ``LLM.wake_up`` run
+their scheduler bookkeeping only (the worker ignores them), which keeps the call order tested.
 
 On CPU, chunked prefill is turned off: vLLM-CPU 0.32 cannot rewind a seeded request's generator
 after a partial prefill and fails once a seeded batch exceeds one scheduler step.
@@ -26,44 +46,94 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 
-from agentrl.config import RolloutConfig
+from agentrl.config import ConfigError, RolloutConfig
 from agentrl.rollout.engine import GenerationOutput, SamplingParams, default_device, resolve_dtype
+
+TP_KEY = "rollout.vllm.tensor_parallel_size"
+
+
+def check_colocated(cfg: RolloutConfig) -> None:
+    """Refuse settings a colocated (one engine per trainer rank) engine cannot honour."""
+    if cfg.vllm.tensor_parallel_size != 1:
+        raise ConfigError(
+            f"{TP_KEY} = {cfg.vllm.tensor_parallel_size}: GRPO runs one vLLM engine per trainer rank on "
+            f"its own GPU (tensor parallel size 1); set {TP_KEY}: 1 (scoring and evaluation may use more)"
+        )
+
+
+def engine_arguments(model_dir: str, cfg: RolloutConfig, *, device: str, seed: int, colocated: bool) -> dict[str, Any]:
+    """The keyword arguments of ``vllm.LLM`` for this placement (a pure function of its inputs).
+
+    Colocated: external launcher, TP 1, the colocated memory fraction, sleep mode where the
+    platform has it (CUDA). Standalone: vLLM's default executor, the configured TP and fraction.
+    """
+    max_model_len = cfg.max_prompt_tokens + cfg.max_response_tokens
+    args: dict[str, Any] = {
+        "model": str(model_dir),
+        "dtype": str(resolve_dtype(cfg.dtype, device)).removeprefix("torch."),
+        "seed": seed,
+        "enforce_eager": cfg.vllm.enforce_eager,
+        "max_num_seqs": cfg.vllm.max_num_seqs,
+        "max_model_len": max_model_len,
+        "enable_prefix_caching": True,  # turns of one trajectory share their whole history
+        "logprobs_mode": "processed_logprobs",
+    }
+    if colocated:
+        check_colocated(cfg)
+        args |= {
+            "distributed_executor_backend": "external_launcher",
+            "tensor_parallel_size": 1,
+            "gpu_memory_utilization": cfg.vllm.colocated_gpu_memory_utilization,
+            "enable_sleep_mode": cfg.vllm.sleep_mode and device.startswith("cuda"),
+        }
+    else:
+        args |= {
+            "tensor_parallel_size": cfg.vllm.tensor_parallel_size,
+            "gpu_memory_utilization": cfg.vllm.gpu_memory_utilization,
+        }
+    if device == "cpu":
+        # vLLM rewinds a seeded request's generator after a partial (chunked) prefill with
+        # Generator.set_offset, which only CUDA generators have: on CPU a seeded batch larger
+        # than one scheduler step fails ("CPU Generator does not use offset"). Whole prefills avoid it.
+        args |= {"enable_chunked_prefill": False, "max_num_batched_tokens": max(max_model_len, 8192)}
+    return args
+
+
+def refresh_cpu_lm_head(model: torch.nn.Module) -> None:
+    """Re-pack vLLM-CPU's output projection from its current weight (run inside the worker).
+
+    vLLM-CPU 0.32 packs every GEMM weight for its kernels when the model loads; ``reload_weights``
+    re-packs the layers it reloads, but a tied ``lm_head`` (Qwen3's small models) is not one of
+    them, so after a weight push the logits still came from the initial embedding (measured:
+    0.057 max logit error on the tiny test model, 0 after this). GPUs use the weight directly.
+    """
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    head = getattr(model, "lm_head", None)
+    if head is not None and hasattr(head, "cpu_linear"):
+        dispatch_cpu_unquantized_gemm(head, remove_weight=False)
 
 
 class VllmEngine:
-    """Generation with an in-process ``vllm.LLM`` (implements :class:`engine.Engine`)."""
+    """Generation with an in-process ``vllm.LLM`` (implements :class:`engine.Engine`).
 
-    def __init__(self, model_dir: str, cfg: RolloutConfig, *, seed: int = 0) -> None:
+    ``colocated=True``: one engine per trainer rank (external launcher, see the module notes);
+    the process group must exist already (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` set).
+    """
+
+    def __init__(self, model_dir: str, cfg: RolloutConfig, *, seed: int = 0, colocated: bool = False) -> None:
         # In-process engine core: the only way update_weights can hand tensors over by reference.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vLLM-CPU's default is 4
         from vllm import LLM
 
-        device = default_device()
-        max_model_len = cfg.max_prompt_tokens + cfg.max_response_tokens
-        extra = {}
-        if device == "cpu":
-            # vLLM rewinds a seeded request's generator after a partial (chunked) prefill with
-            # Generator.set_offset, which only CUDA generators have: on CPU a seeded batch larger
-            # than one scheduler step fails ("CPU Generator does not use offset"). Whole prefills avoid it.
-            extra = {"enable_chunked_prefill": False, "max_num_batched_tokens": max(max_model_len, 8192)}
-        dtype = resolve_dtype(cfg.dtype, device)
-        self.llm = LLM(
-            model=str(model_dir),
-            dtype=str(dtype).removeprefix("torch."),
-            seed=seed,
-            gpu_memory_utilization=cfg.vllm.gpu_memory_utilization,
-            tensor_parallel_size=cfg.vllm.tensor_parallel_size,
-            enforce_eager=cfg.vllm.enforce_eager,
-            max_num_seqs=cfg.vllm.max_num_seqs,
-            max_model_len=max_model_len,
-            enable_prefix_caching=True,  # turns of one trajectory share their whole history
-            logprobs_mode="processed_logprobs",
-            **extra,
-        )
+        self.args = engine_arguments(model_dir, cfg, device=default_device(), seed=seed, colocated=colocated)
+        self.llm = LLM(**self.args)
+        self.asleep = False
 
     def generate(
         self,
@@ -75,6 +145,7 @@ class VllmEngine:
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.inputs import TokensPrompt
 
+        self.wake_up()
         caps = list(max_tokens) if max_tokens is not None else [params.max_tokens] * len(prompt_ids)
         assert len(caps) == len(prompt_ids), f"{len(caps)} max_tokens for {len(prompt_ids)} prompts"
         requests = [
@@ -113,5 +184,25 @@ class VllmEngine:
         """
         weights = [(name, tensor.detach()) for name, tensor in named_tensors]
         assert weights, "update_weights got no tensors"
+        if self.asleep:
+            self.llm.wake_up(tags=["weights"])  # the old weights' memory back, the KV cache still freed
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+        if default_device() == "cpu":
+            self.llm.apply_model(refresh_cpu_lm_head)
+        if self.asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
         self.llm.reset_prefix_cache()
+
+    def sleep(self) -> None:
+        """Free the accelerator for the trainer until the next :meth:`update_weights` or generate:
+        weights to host memory, KV cache dropped (vLLM sleep level 1; a no-op worker on CPU)."""
+        if not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def wake_up(self) -> None:
+        """Weights and KV cache back as they were (for a generate without a weight update)."""
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
