@@ -271,6 +271,7 @@ class GrpoValidationConfig:
     temperature: float
     top_p: float
     max_problems: int | None
+    benchmarks: tuple[str, ...] | None
 
 
 @dataclass(frozen=True)
