@@ -21,6 +21,7 @@ import os
 from pathlib import Path
 
 from agentrl.errors import read_json_file
+from agentrl.paths import check_writable
 from agentrl.report.plots import plot_accuracy_by_stage, plot_reasoning_modes, plot_training_curves
 from agentrl.report.tables import PUBLISHED_PATH, read_eval_results, read_published, summary_frame, summary_markdown
 from agentrl.stage_cli import setup_logging, stage_parser
@@ -120,6 +121,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rl-plot", type=Path, help="output: RL training curves (PNG), with --rl-metrics")
     args = parser.parse_args(argv)
     setup_logging()
+    check_writable(
+        (args.table_md, "--table-md"),
+        (args.table_csv, "--table-csv"),
+        (args.accuracy_plot, "--accuracy-plot"),
+        (args.modes_plot, "--modes-plot"),
+        (args.sft_plot, "--sft-plot"),
+        (args.rl_plot, "--rl-plot"),
+    )
     build_report(args)
     log.info("wrote %s and %s", args.table_md, args.table_csv)
     return 0
