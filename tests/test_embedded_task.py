@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from agentrl.config import load_config
+from agentrl.config import EmbeddedDataConfig, load_config
 from agentrl.data import embedded
 from agentrl.tools.code_interpreter import CodeInterpreter
 from agentrl.tools.sandbox import make_sandbox
@@ -24,14 +24,18 @@ def interpreter():
 
 def _generate(interpreter, seed=0, per_family=12, share=0.5):
     tool, sandbox = interpreter
-    return embedded.generate(
-        seed=seed,
+    setup = EmbeddedDataConfig(
         families=("arith", "choice", "program"),
         sft_per_family=per_family,
         rl_pool_per_family=per_family * 2,
         eval_per_family=per_family,
         failed_attempt_share=share,
         prompt_style="compact",
+        sft_trajectories="real",
+    )
+    return embedded.generate(
+        setup,
+        seed,
         execute=lambda code: tool.execute(code).text,
         run_program=lambda jobs: [r.stdout for r in sandbox.run_many(jobs)],
     )

@@ -81,12 +81,14 @@ def test_broadcast_advantages_zero_outside_mask():
 #   5    +2   0.5    -1.0       -1.6     -1.0    -         -1.0   -1.0   (A>0 below 1-eps: no clip)
 # token-mean: sum 9.72 / 6; gradient = column / 6.
 RATIOS = [1.5, 1.1, 0.5, 1.5, 20.0, 0.5]
+# The clip settings of the table (GRPO-TCR's: eps_low 0.2, eps_high 0.28, dual clip c = 10).
+TCR_CLIP = {"clip_low": 0.2, "clip_high": 0.28, "clip_c": 10.0}
 ADVANTAGES = [1.0, 1.0, -2.0, -1.0, -1.0, 2.0]
 
 
 def test_policy_loss_asymmetric_and_dual_clip_by_hand():
     logp = _leaf([[math.log(r) for r in RATIOS]])
-    loss, stats = policy_loss(logp, torch.zeros(1, 6), torch.tensor([ADVANTAGES]), torch.ones(1, 6))
+    loss, stats = policy_loss(logp, torch.zeros(1, 6), torch.tensor([ADVANTAGES]), torch.ones(1, 6), **TCR_CLIP)
     assert loss.item() == pytest.approx(9.72 / 6, abs=1e-12)
     loss.backward()
     assert logp.grad[0].tolist() == pytest.approx([0.0, -1.1 / 6, 0.0, 1.5 / 6, 0.0, -1.0 / 6], abs=1e-12)
@@ -102,7 +104,9 @@ def test_policy_loss_asymmetric_and_dual_clip_by_hand():
 
 def test_policy_loss_without_dual_clip_keeps_large_negative_loss():
     logp = _leaf([[math.log(20.0)]])
-    loss, stats = policy_loss(logp, torch.zeros(1, 1), torch.tensor([[-1.0]]), torch.ones(1, 1), clip_c=None)
+    loss, stats = policy_loss(
+        logp, torch.zeros(1, 1), torch.tensor([[-1.0]]), torch.ones(1, 1), **{**TCR_CLIP, "clip_c": None}
+    )
     loss.backward()
     assert loss.item() == pytest.approx(20.0)
     assert logp.grad.item() == pytest.approx(20.0)  # d(-A e^logp)/dlogp = 20
@@ -127,7 +131,7 @@ def test_masked_tokens_contribute_nothing_to_loss_or_gradient():
                 logp = _leaf(values)
                 # advantages at masked positions are perturbed too: they must not matter either
                 noisy_adv = torch.where(mask.bool(), adv, torch.full_like(adv, 123.0))
-                loss, stats = policy_loss(logp, old, noisy_adv, mask, agg_mode=mode, ratio_level=level)
+                loss, stats = policy_loss(logp, old, noisy_adv, mask, agg_mode=mode, ratio_level=level, **TCR_CLIP)
                 loss.backward()
                 results.append((loss.item(), logp.grad.clone(), {k: v.item() for k, v in stats.items()}))
             (loss_a, grad_a, stats_a), (loss_b, grad_b, stats_b) = results
@@ -173,7 +177,7 @@ def test_sequence_level_clip_zeroes_the_whole_sequence():
     # s = exp(mean(0.5, 0.3)) = exp(0.4) = 1.49 > 1 + 0.28 with A > 0: clipped, zero gradient
     logp = _leaf([[0.5, 0.3], [0.01, -0.01]])
     adv = torch.tensor([[1.0, 1.0], [1.0, 1.0]])
-    loss, stats = policy_loss(logp, torch.zeros(2, 2), adv, torch.ones(2, 2), ratio_level="sequence")
+    loss, stats = policy_loss(logp, torch.zeros(2, 2), adv, torch.ones(2, 2), ratio_level="sequence", **TCR_CLIP)
     loss.backward()
     assert logp.grad[0].tolist() == [0.0, 0.0]
     assert logp.grad[1].tolist() == pytest.approx([-1.0 / 4, -1.0 / 4], abs=1e-12)  # s_1 = exp(0) = 1
@@ -207,21 +211,26 @@ def test_micro_batches_with_global_token_count_sum_to_the_mini_batch_token_mean(
     adv = broadcast_advantages(torch.tensor([1.0, -1.0, 0.5, -0.5]), mask)
 
     full = _leaf(logp_values)
-    full_loss, _ = policy_loss(full, old, adv, mask)
+    full_loss, _ = policy_loss(full, old, adv, mask, **TCR_CLIP)
     full_loss.backward()
 
     micro = _leaf(logp_values)
     total_tokens = int(mask.sum())  # 12 tokens; micro-batches hold 5 and 7
     accumulated = 0.0
     for rows in (slice(0, 2), slice(2, 4)):
-        part, _ = policy_loss(micro[rows], old[rows], adv[rows], mask[rows], global_token_count=total_tokens)
+        part, _ = policy_loss(
+            micro[rows], old[rows], adv[rows], mask[rows], global_token_count=total_tokens, **TCR_CLIP
+        )
         part.backward()
         accumulated += part.item()
     assert accumulated == pytest.approx(full_loss.item(), abs=1e-12)
     assert torch.allclose(micro.grad, full.grad, atol=1e-12)
 
     # Averaging the micro-batch token means is a different quantity here (5 vs 7 tokens).
-    means = [policy_loss(micro[r].detach(), old[r], adv[r], mask[r])[0].item() for r in (slice(0, 2), slice(2, 4))]
+    means = [
+        policy_loss(micro[r].detach(), old[r], adv[r], mask[r], **TCR_CLIP)[0].item()
+        for r in (slice(0, 2), slice(2, 4))
+    ]
     assert sum(means) / 2 != pytest.approx(full_loss.item(), abs=1e-6)
 
 

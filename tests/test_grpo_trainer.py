@@ -341,3 +341,15 @@ def test_kl_variant_measures_the_distance_to_the_reference_model():
     )
     assert len(norms) == 2
     assert stats["actor/kl_ref"] > 0
+
+
+def test_batch_sizes_that_do_not_split_over_the_ranks_are_a_config_error():
+    from agentrl.grpo.trainer import Components, GrpoStep
+    from agentrl.training.deepspeed_engine import DistributedContext
+
+    cfg = load_config({"grpo": {"batch_prompts": 6, "mini_batch_prompts": 3}})
+    two_ranks = DistributedContext(rank=0, world_size=2, local_rank=0, device=torch.device("cpu"))
+    with pytest.raises(
+        ConfigError, match=r"grpo.mini_batch_prompts \(3\) must be multiples of the process count \(2\)"
+    ):
+        GrpoStep(Components(cfg, resolve_algorithm(cfg.grpo), two_ranks, None, None, None, None, None, 0))

@@ -152,7 +152,7 @@ def test_plan_matches_the_deepspeed_batch_identity():
     odd = load_config({"sft": {"global_batch_size": 6, "micro_batch_size": 4}}).sft
     plan = plan_steps(odd, num_examples=12, world_size=1)
     assert plan.micro_batch_size * plan.accumulation == 6
-    with pytest.raises(ValueError, match="multiple of the process count"):
+    with pytest.raises(ConfigError, match="multiple of the process count"):
         plan_steps(odd, num_examples=12, world_size=4)
 
 

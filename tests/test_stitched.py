@@ -9,7 +9,7 @@ import re
 import pandas as pd
 import pytest
 
-from agentrl.config import ConfigError, load_config
+from agentrl.config import ConfigError, EmbeddedDataConfig, load_config
 from agentrl.data import embedded
 from agentrl.data.cli import prepare
 from agentrl.data.records import read_sft_examples
@@ -29,14 +29,18 @@ def interpreter():
 
 def _generate(interpreter, writer):
     tool, sandbox = interpreter
-    return embedded.generate(
-        seed=3,
+    setup = EmbeddedDataConfig(
         families=("arith", "choice", "program"),
         sft_per_family=12,
         rl_pool_per_family=8,
         eval_per_family=6,
         failed_attempt_share=SHARE,
         prompt_style="compact",
+        sft_trajectories="real",  # the writer is passed below
+    )
+    return embedded.generate(
+        setup,
+        3,
         execute=lambda code: tool.execute(code).text,
         run_program=lambda jobs: [r.stdout for r in sandbox.run_many(jobs)],
         trajectory_writer=writer,

@@ -398,9 +398,7 @@ def _extend_with_defaults(validator_class):
     def set_defaults(validator, properties, instance, schema):
         if isinstance(instance, dict):
             for key, sub in properties.items():
-                if "default" in sub and key not in instance:
-                    instance[key] = json.loads(json.dumps(sub["default"]))
-                elif "$ref" in sub and key not in instance and "default" in sub:
+                if "default" in sub and key not in instance:  # a $ref'd key too: its default sits beside the $ref
                     instance[key] = json.loads(json.dumps(sub["default"]))
         yield from validate_properties(validator, properties, instance, schema)
 

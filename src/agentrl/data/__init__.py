@@ -1,1 +1,8 @@
-"""agentrl.data"""
+"""The data of every stage, as normalized records (docs/recipe.md section 1).
+
+- ``records``: the one schema every source is normalized into (problems, SFT conversations, trajectories);
+- ``embedded``: the embedded default's three task families; ``stitched``: the data ablation's stitched SFT;
+- ``upstream``: loaders for the paper's released data; ``prompts``: the recipe's prompt templates;
+- ``prompt_fit``: prompts over the token limits dropped before any rollout;
+- ``cli``: ``python -m agentrl prepare-data``.
+"""

@@ -34,13 +34,8 @@ def _embedded(cfg: Config):
             return [r.stdout for r in results]
 
         return embedded.generate(
-            seed=cfg.seed,
-            families=e.families,
-            sft_per_family=e.sft_per_family,
-            rl_pool_per_family=e.rl_pool_per_family,
-            eval_per_family=e.eval_per_family,
-            failed_attempt_share=e.failed_attempt_share,
-            prompt_style=e.prompt_style,
+            e,
+            cfg.seed,
             execute=lambda code: interpreter.execute(code).text,
             run_program=run_program,
             trajectory_writer=trajectory_writers[e.sft_trajectories],

@@ -33,6 +33,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from agentrl.config import EmbeddedDataConfig
 from agentrl.data.prompts import CODE_INTERPRETER_TOOL, embedded_prompt
 from agentrl.data.records import Message, Problem, SftExample
 
@@ -175,14 +176,14 @@ PROGRAM_TEMPLATES: tuple[ProgramTemplate, ...] = (
 )
 
 
-def _with_stdin(solution: str, stdin: str) -> str:
+def with_stdin(solution: str, stdin: str) -> str:
     """Tool code that runs ``solution`` on ``stdin``: the interpreter tool itself has no stdin."""
     return f"import io, sys\nsys.stdin = io.StringIO({stdin + chr(10)!r})\n{solution}"
 
 
 # --------------------------------------------------------------------------- problems
 @dataclass(frozen=True)
-class _Draft:
+class Draft:
     """A problem before grading material that needs execution (program outputs) is filled in."""
 
     family: str
@@ -192,11 +193,11 @@ class _Draft:
     level: int
 
 
-def _draft(family: str, rng: random.Random) -> _Draft:
+def _draft(family: str, rng: random.Random) -> Draft:
     if family == "arith":
         level = rng.randint(1, 5)
         expression = _arith_expression(rng, level)
-        return _Draft(family, expression, {"expression": expression}, str(eval(expression)), level)
+        return Draft(family, expression, {"expression": expression}, str(eval(expression)), level)
     if family == "choice":
         level = rng.randint(1, 5)
         expression = _arith_expression(rng, level)
@@ -205,12 +206,12 @@ def _draft(family: str, rng: random.Random) -> _Draft:
         rng.shuffle(options)
         lines = options_text(options)
         answer = LETTERS[options.index(value)]
-        return _Draft(family, f"{expression}|{lines}", {"expression": expression, "options": lines}, answer, level)
+        return Draft(family, f"{expression}|{lines}", {"expression": expression, "options": lines}, answer, level)
     if family == "program":
         level = rng.randrange(len(PROGRAM_TEMPLATES))
         template = PROGRAM_TEMPLATES[level]
         inputs = [template.make_input(rng) for _ in range(NUM_CODE_CASES)]
-        return _Draft(
+        return Draft(
             family,
             f"{template.name}|{inputs}",
             {"statement": template.statement, "inputs": json.dumps(inputs)},
@@ -220,8 +221,8 @@ def _draft(family: str, rng: random.Random) -> _Draft:
     raise ValueError(f"unknown embedded family {family!r}; known: {sorted(DATA_SOURCES)}")
 
 
-def _drafts(family: str, count: int, rng: random.Random, taken: set[str]) -> list[_Draft]:
-    out: list[_Draft] = []
+def _drafts(family: str, count: int, rng: random.Random, taken: set[str]) -> list[Draft]:
+    out: list[Draft] = []
     attempts = 0
     while len(out) < count:
         attempts += 1
@@ -234,7 +235,7 @@ def _drafts(family: str, count: int, rng: random.Random, taken: set[str]) -> lis
     return out
 
 
-def _problem(draft: _Draft, split: str, index: int, style: str, case_outputs: list[str] | None) -> Problem:
+def _problem(draft: Draft, split: str, index: int, style: str, case_outputs: list[str] | None) -> Problem:
     fields = dict(draft.fields)
     ground_truth: str | dict
     if draft.family == "program":
@@ -271,7 +272,8 @@ def broken_print(expression: str, rng: random.Random) -> str:
     return f"prnt({expression})" if rng.random() < 0.5 else f"result = {expression}"
 
 
-def _call(code: str, content: str) -> Message:
+def tool_call_turn(code: str, content: str) -> Message:
+    """An assistant turn with ``content`` and one code_interpreter call running ``code``."""
     return {
         "role": "assistant",
         "content": content,
@@ -279,7 +281,8 @@ def _call(code: str, content: str) -> Message:
     }
 
 
-def _last_line(text: str) -> str:
+def last_line(text: str) -> str:
+    """The last non-empty line of a tool output, stripped (what an answer is read from)."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return lines[-1] if lines else ""
 
@@ -294,7 +297,7 @@ class ScriptedSolver:
 
     def _tool_turn(self, messages: list[Message], code: str, content: str) -> str:
         output = self.execute(code)
-        messages += [_call(code, content), {"role": "tool", "content": output}]
+        messages += [tool_call_turn(code, content), {"role": "tool", "content": output}]
         return output
 
     def _compute(self, messages: list[Message], expression: str, setup: str = "") -> str:
@@ -310,10 +313,10 @@ class ScriptedSolver:
             elif "Error" in output:
                 intro = "The code failed. Let me fix it."
             else:
-                intro = f"It printed {_last_line(output)}. Let me check it once more."
-        return _last_line(self._tool_turn(messages, f"{prefix}print({expression})", intro))
+                intro = f"It printed {last_line(output)}. Let me check it once more."
+        return last_line(self._tool_turn(messages, f"{prefix}print({expression})", intro))
 
-    def solve(self, problem: Problem, draft: _Draft) -> list[Message]:
+    def solve(self, problem: Problem, draft: Draft) -> list[Message]:
         messages: list[Message] = [dict(problem.prompt[0])]
         if draft.family == "arith":
             value = self._compute(messages, draft.fields["expression"])
@@ -334,15 +337,15 @@ class ScriptedSolver:
         expected = problem.ground_truth["outputs"][0].rstrip("\n")
         intro = "Let me test my program on the example."
         if self.rng.random() < self.failed_attempt_share:
-            wrong_code = _with_stdin(template.wrong_solution, example_input)
+            wrong_code = with_stdin(template.wrong_solution, example_input)
             output = self.execute(wrong_code)
             # Only a bug that shows on the example makes a recovery story; one that does not
             # show would teach the model to rewrite code that just passed its check.
-            if _last_line(output) != expected:
-                messages += [_call(wrong_code, intro), {"role": "tool", "content": output}]
-                intro = f"It printed {_last_line(output) or 'nothing'}, but {expected} is expected. Let me fix it."
-        output = self._tool_turn(messages, _with_stdin(template.solution, example_input), intro)
-        if _last_line(output) != expected:
+            if last_line(output) != expected:
+                messages += [tool_call_turn(wrong_code, intro), {"role": "tool", "content": output}]
+                intro = f"It printed {last_line(output) or 'nothing'}, but {expected} is expected. Let me fix it."
+        output = self._tool_turn(messages, with_stdin(template.solution, example_input), intro)
+        if last_line(output) != expected:
             raise RuntimeError(f"{problem.id}: reference solution printed {output!r}, expected {expected!r}")
         messages.append(
             {"role": "assistant", "content": f"The output matches the example.\n```python\n{template.solution}\n```"}
@@ -358,41 +361,38 @@ class EmbeddedDataset:
 
 
 def generate(
-    *,
+    cfg: EmbeddedDataConfig,
     seed: int,
-    families: tuple[str, ...],
-    sft_per_family: int,
-    rl_pool_per_family: int,
-    eval_per_family: int,
-    failed_attempt_share: float,
-    prompt_style: str,
+    *,
     execute: Callable[[str], str],
     run_program: Callable[[list[tuple[str, str]]], list[str]],
     trajectory_writer: Callable = ScriptedSolver,
 ) -> EmbeddedDataset:
-    """Draw every split of every family, then write the SFT trajectories through the real tool.
+    """Draw every split of every family of ``cfg`` (``data.embedded``), then write the SFT
+    trajectories through the real tool.
 
     ``execute(code) -> text`` is the code-interpreter tool; ``run_program([(code, stdin)]) ->
     [stdout]`` runs reference solutions to make the hidden test cases of ``program`` problems.
     Eval problems are drawn first so that no later split can take their text.
     ``trajectory_writer(execute, rng, failed_attempt_share)`` writes the SFT conversations:
-    ScriptedSolver (real trajectories) or agentrl.data.stitched.StitchedSolver.
+    ScriptedSolver (real trajectories) or agentrl.data.stitched.StitchedSolver, the writer that
+    ``cfg.sft_trajectories`` names (the caller picks it: stitched builds on this module).
     """
     rng = random.Random(seed)
     sft: list[SftExample] = []
     rl_pool: list[Problem] = []
     eval_sets: dict[str, list[Problem]] = {}
-    solver = trajectory_writer(execute, random.Random(seed + 1), failed_attempt_share)
-    for family in families:
+    solver = trajectory_writer(execute, random.Random(seed + 1), cfg.failed_attempt_share)
+    for family in cfg.families:
         taken: set[str] = set()
         splits = {
-            "eval": _drafts(family, eval_per_family, rng, taken),
-            "sft": _drafts(family, sft_per_family, rng, taken),
-            "rl": _drafts(family, rl_pool_per_family, rng, taken),
+            "eval": _drafts(family, cfg.eval_per_family, rng, taken),
+            "sft": _drafts(family, cfg.sft_per_family, rng, taken),
+            "rl": _drafts(family, cfg.rl_pool_per_family, rng, taken),
         }
         outputs = _program_outputs(splits, run_program) if family == "program" else {}
         problems = {
-            split: [_problem(d, split, i, prompt_style, outputs.get((split, i))) for i, d in enumerate(drafts)]
+            split: [_problem(d, split, i, cfg.prompt_style, outputs.get((split, i))) for i, d in enumerate(drafts)]
             for split, drafts in splits.items()
         }
         eval_sets[family] = problems["eval"]
@@ -403,7 +403,7 @@ def generate(
     return EmbeddedDataset(sft=sft, rl_pool=rl_pool, eval_sets=eval_sets)
 
 
-def _program_outputs(splits: dict[str, list[_Draft]], run_program) -> dict[tuple[str, int], list[str]]:
+def _program_outputs(splits: dict[str, list[Draft]], run_program) -> dict[tuple[str, int], list[str]]:
     """Reference outputs of every test case, computed by really running the reference solution."""
     jobs, where = [], []
     for split, drafts in splits.items():

@@ -48,14 +48,14 @@ from collections.abc import Callable
 
 from agentrl.data.embedded import (
     PROGRAM_TEMPLATES,
-    _call,
-    _Draft,
-    _last_line,
-    _with_stdin,
+    Draft,
     broken_print,
     choice_code,
     choice_conclusion,
+    last_line,
     option_letters,
+    tool_call_turn,
+    with_stdin,
 )
 from agentrl.data.records import Message, Problem
 
@@ -124,7 +124,7 @@ class StitchedSolver:
         """The pre-written text, the call spliced in after it with its real output, the conclusion."""
         output = self.execute(code)
         messages += [
-            _call(code, pre_written),
+            tool_call_turn(code, pre_written),
             {"role": "tool", "content": output},
             {"role": "assistant", "content": conclusion},
         ]
@@ -136,7 +136,7 @@ class StitchedSolver:
             return prefix + broken_print(expression, self.rng)
         return f"{prefix}print({expression})"
 
-    def solve(self, problem: Problem, draft: _Draft) -> list[Message]:
+    def solve(self, problem: Problem, draft: Draft) -> list[Message]:
         messages: list[Message] = [dict(problem.prompt[0])]
         if draft.family in ("arith", "choice"):
             expression = draft.fields["expression"]
@@ -162,12 +162,12 @@ class StitchedSolver:
             template = next(t for t in PROGRAM_TEMPLATES if t.name == problem.extra["template"])
             example_input = problem.ground_truth["inputs"][0].rstrip("\n")
             expected = problem.ground_truth["outputs"][0].rstrip("\n")
-            code = _with_stdin(template.solution, example_input)
+            code = with_stdin(template.solution, example_input)
             if self.rng.random() < self.failed_attempt_share:
-                wrong = _with_stdin(template.wrong_solution, example_input)
+                wrong = with_stdin(template.wrong_solution, example_input)
                 # The real generator shows a failed attempt only when its bug shows on the
                 # example; the same test keeps the same problems failing in both data sets.
-                if _last_line(self.execute(wrong)) != expected:
+                if last_line(self.execute(wrong)) != expected:
                     code = wrong
             pre_written = f"On the example my program should print {expected}. Let me test it."
             conclusion = f"The output matches the example.\n```python\n{template.solution}\n```"

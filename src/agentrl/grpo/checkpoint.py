@@ -33,8 +33,6 @@ from agentrl.training import deepspeed_engine as dse
 
 log = logging.getLogger("agentrl.grpo")
 
-# Differences named in the discard warning; the rest are counted.
-
 
 def checkpoint_path(root: str | Path, step: int) -> Path:
     return Path(root) / f"step_{step}"

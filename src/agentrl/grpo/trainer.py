@@ -38,11 +38,11 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from agentrl.config import Config
+from agentrl.config import Config, ConfigError
 from agentrl.data.records import Problem, Trajectory
 from agentrl.grpo import algorithm as alg
 from agentrl.grpo.batching import MicroBatch, PolicySample, collate, pack_micro_batches, unpad_response
@@ -51,6 +51,13 @@ from agentrl.grpo.metrics import TokenWeightedStats, TrajectorySummary, rollout_
 from agentrl.grpo.variants import AlgorithmSettings
 from agentrl.training.deepspeed_engine import DistributedContext
 from agentrl.training.seeds import derived_seed
+
+if TYPE_CHECKING:  # the heavy imports stay out of a step's module import
+    from deepspeed import DeepSpeedEngine
+
+    from agentrl.grpo.policy import ResponseLogProbs
+    from agentrl.rewards import RewardFunction
+    from agentrl.rollout import AgentLoop, Engine
 
 log = logging.getLogger("agentrl.grpo")
 
@@ -72,16 +79,16 @@ class Group:
 
 @dataclass
 class Components:
-    """What a step works with (built by :mod:`agentrl.grpo.cli`)."""
+    """What a step works with (built by :func:`agentrl.grpo.runner.build_components`)."""
 
     cfg: Config
     settings: AlgorithmSettings
     ctx: DistributedContext
-    engine: Any  # DeepSpeed engine around ResponseLogProbs
-    reference: torch.nn.Module | None  # ResponseLogProbs of the frozen initial policy (KL variants)
-    rollout_engine: Any
-    loop: Any  # AgentLoop
-    reward_fn: Any  # RewardFunction
+    engine: DeepSpeedEngine  # around the actor, a ResponseLogProbs of the policy
+    reference: ResponseLogProbs | None  # of the frozen initial policy (KL variants)
+    rollout_engine: Engine  # generates with the actor's weights (pushed after each update)
+    loop: AgentLoop
+    reward_fn: RewardFunction
     pad_token_id: int
 
 
@@ -95,10 +102,12 @@ class GrpoStep:
         self.settings = parts.settings
         self.ctx = parts.ctx
         world = self.ctx.world_size
-        assert self.grpo.batch_prompts % world == 0 and self.grpo.mini_batch_prompts % world == 0, (
-            f"grpo.batch_prompts ({self.grpo.batch_prompts}) and grpo.mini_batch_prompts "
-            f"({self.grpo.mini_batch_prompts}) must be multiples of the {world} ranks"
-        )
+        if self.grpo.batch_prompts % world or self.grpo.mini_batch_prompts % world:
+            raise ConfigError(
+                f"grpo.batch_prompts ({self.grpo.batch_prompts}) and grpo.mini_batch_prompts "
+                f"({self.grpo.mini_batch_prompts}) must be multiples of the process count ({world}): "
+                "every rank rolls out the same number of prompts"
+            )
 
     # ------------------------------------------------------------------ rollout
     def collect(self, step: int, sampler) -> tuple[list[Group], dict[str, float]]:

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from agentrl.config import SftConfig, TrackingConfig
+from agentrl.config import ConfigError, SftConfig, TrackingConfig
 from agentrl.data.records import read_sft_examples
 from agentrl.progress import progress as make_progress
 from agentrl.sft.batching import (
@@ -120,7 +120,7 @@ class StepPlan:
 
 def plan_steps(cfg: SftConfig, num_examples: int, world_size: int) -> StepPlan:
     if cfg.global_batch_size % world_size:
-        raise ValueError(
+        raise ConfigError(
             f"sft.global_batch_size={cfg.global_batch_size} must be a multiple of the process count ({world_size})"
         )
     per_epoch = steps_per_epoch(num_examples, cfg.global_batch_size)

@@ -67,7 +67,9 @@ def deepspeed_config(args: argparse.Namespace, zero_stage: int) -> Path:
 
 def run_trainer(train: Callable[[], Any], log: logging.Logger) -> int:
     """Run ``train``; the stage's exit status: 0, EXIT_CODE after a stop request (the rerun
-    resumes), 1 when another trainer holds the checkpoint folder."""
+    resumes), 1 when another trainer holds the checkpoint folder, 2 for a config error found
+    once the processes started (batch sizes against the process count)."""
+    from agentrl.config import ConfigError
     from agentrl.training.folder_lock import CheckpointFolderInUse
     from agentrl.training.preemption import EXIT_CODE, StoppedForRetry
 
@@ -79,4 +81,7 @@ def run_trainer(train: Callable[[], Any], log: logging.Logger) -> int:
     except CheckpointFolderInUse as busy:
         log.error("%s", busy)
         return 1
+    except ConfigError as exc:  # a check that needs the process count, known once the ranks started
+        log.error("%s", exc)
+        return 2
     return 0
