@@ -74,7 +74,7 @@ def preset_config(workdir: Path, preset: str, overlay: dict) -> Path:
 def released_checkpoints(stand_ins: dict[str, Path]) -> dict:
     """The eval preset's checkpoints, and model.base (its tokenizer measures the prompts: fit_*_prompts)."""
     return {
-        "model": {"base": str(stand_ins["Qwen3-4B-Instruct-2507"])},
+        "model": {"base": str(stand_ins["Qwen3-4B-Instruct-2507"]), "revision": None},  # a folder has no revision
         "eval": {"checkpoints": {name: {"id": str(stand_ins[name]), "revision": None} for name in RELEASED}},
     }
 
@@ -100,7 +100,7 @@ def test_eval_released_preset_plans_evaluation_and_the_report_only(stand_ins, tm
 
 def test_rl_from_released_sft_preset_plans_no_sft_job(stand_ins, tmp_path):
     sft_from = {
-        "model": {"base": str(stand_ins["Qwen3-4B-Instruct-2507"])},
+        "model": {"base": str(stand_ins["Qwen3-4B-Instruct-2507"]), "revision": None},  # a folder has no revision
         "sft": {"from": {"id": str(stand_ins["Qwen3-4B-RA-SFT"]), "revision": None}},
     }
     preset_config(tmp_path, "paper-rl-from-released-sft.yaml", sft_from)
