@@ -313,6 +313,19 @@ for path in sys.argv_paths:
 """
 
 
+def worker_python_paths() -> list[str]:
+    """The Python directories a worker shows (computed as the worker does: ``python -I``)."""
+    import agentrl
+
+    root = str(Path(agentrl.__file__).resolve().parents[1])
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); "
+        "from agentrl.tools.sandbox_worker import python_paths; del sys.path[0]; print(json.dumps(python_paths()))"
+    )
+    completed = subprocess.run([sys.executable, "-I", "-c", code, root], capture_output=True, text=True, check=True)
+    return json.loads(completed.stdout)
+
+
 def try_reading(sb, paths):
     result = sb.run(READ_PROBE.replace("sys.argv_paths", repr([str(p) for p in paths])))
     assert result.status == "ok", result
@@ -342,9 +355,11 @@ def test_files_outside_python_and_the_workdir_are_invisible(sandbox):
         output = try_reading(sandbox, paths)
         assert "READ" not in output, output
         assert output.count("refused") == len(paths)
-        listing = sandbox.run("import os\nprint(sorted(os.listdir('/')))").stdout
-        for host_only in ("work", "srv", "opt", "home", "mnt"):
-            assert f"'{host_only}'" not in listing or not Path(f"/{host_only}").exists(), listing
+        listing = json.loads(sandbox.run("import json, os\nprint(json.dumps(os.listdir('/')))").stdout)
+        python_tops = {Path(p).parts[1] for p in worker_python_paths() if len(Path(p).parts) > 1}
+        for host_only in ("work", "srv", "opt", "home", "mnt", "boot", "run"):
+            if Path(f"/{host_only}").exists() and host_only not in python_tops:
+                assert host_only not in listing, listing
     finally:
         shutil.rmtree(secret_dir, ignore_errors=True)
         shutil.rmtree(results_dir.parents[1], ignore_errors=True)
