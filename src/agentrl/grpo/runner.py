@@ -135,26 +135,18 @@ def build_engine(
     actor: torch.nn.Module, cfg: Config, paths: GrpoPaths, ctx: dse.DistributedContext, dtype: torch.dtype, steps: int
 ):
     """DeepSpeed around the actor: one sequence list per backward, boundaries set by the trainer."""
-    grpo = cfg.grpo
-    ds_config = dse.fill_deepspeed_config(
-        dse.load_deepspeed_config(paths.deepspeed_config, grpo.deepspeed.zero_stage),
-        micro_batch_size=1,
-        gradient_accumulation_steps=1,
-        world_size=ctx.world_size,
-        grad_clip=grpo.grad_clip,
-        dtype=dtype,
+    return dse.build_stage_engine(
+        actor,
+        cfg.grpo,
+        paths.deepspeed_config,
+        ctx,
+        dtype,
         hidden_size=actor.model.config.get_text_config().hidden_size,
-        origin=str(paths.deepspeed_config),
-    )
-    optim = dse.OptimizerSettings(
-        lr=grpo.lr,
-        betas=tuple(grpo.betas),
-        weight_decay=grpo.weight_decay,
-        schedule=grpo.lr_schedule,
-        warmup_steps=grpo.lr_warmup_steps,
+        micro_batch_size=1,
+        accumulation=1,
+        warmup_steps=cfg.grpo.lr_warmup_steps,
         total_steps=steps * optimizer_steps_per_step(cfg),
     )
-    return dse.build_engine(actor, ds_config, optim)
 
 
 def build_components(cfg: Config, paths: GrpoPaths, ctx: dse.DistributedContext, sandbox, steps: int):

@@ -217,25 +217,18 @@ def _train_sft(cfg: SftConfig, seed: int, paths: SftPaths, stop, tracking: Track
     plan = plan_steps(cfg, len(examples), ctx.world_size)
     dtype = dse.resolve_dtype(cfg.deepspeed.dtype, ctx.device)
     lm = load_causal_lm(paths.model_dir, dtype=dtype, gradient_checkpointing=cfg.deepspeed.gradient_checkpointing)
-    ds_config = dse.fill_deepspeed_config(
-        dse.load_deepspeed_config(paths.deepspeed_config, cfg.deepspeed.zero_stage),
-        micro_batch_size=plan.micro_batch_size,
-        gradient_accumulation_steps=plan.accumulation,
-        world_size=ctx.world_size,
-        grad_clip=cfg.grad_clip,
-        dtype=dtype,
+    engine = dse.build_stage_engine(
+        AssistantTokenNll(lm),
+        cfg,
+        paths.deepspeed_config,
+        ctx,
+        dtype,
         hidden_size=lm.config.get_text_config().hidden_size,
-        origin=str(paths.deepspeed_config),
-    )
-    optim = dse.OptimizerSettings(
-        lr=cfg.lr,
-        betas=tuple(cfg.betas),
-        weight_decay=cfg.weight_decay,
-        schedule=cfg.lr_schedule,
+        micro_batch_size=plan.micro_batch_size,
+        accumulation=plan.accumulation,
         warmup_steps=plan.warmup_steps,
         total_steps=plan.total_steps,
     )
-    engine = dse.build_engine(AssistantTokenNll(lm), ds_config, optim)
     log.info(
         "%d conversations, %d steps/epoch x %d epochs = %d steps (warmup %d), %d process(es), ZeRO-%d, %s",
         len(examples),

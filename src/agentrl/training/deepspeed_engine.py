@@ -257,6 +257,43 @@ def build_engine(model: torch.nn.Module, ds_config: dict[str, Any], optim: Optim
     return engine
 
 
+def build_stage_engine(
+    model: torch.nn.Module,
+    section: Any,
+    deepspeed_config: str | Path,
+    ctx: DistributedContext,
+    dtype: torch.dtype,
+    *,
+    hidden_size: int,
+    micro_batch_size: int,
+    accumulation: int,
+    warmup_steps: int,
+    total_steps: int,
+):
+    """:func:`build_engine` with the optimizer and DeepSpeed settings of a stage's config section
+    (``sft`` or ``grpo``: ``lr``, ``betas``, ``weight_decay``, ``lr_schedule``, ``grad_clip``,
+    ``deepspeed.zero_stage``) and the ``"auto"`` values of ``deepspeed_config`` filled."""
+    ds_config = fill_deepspeed_config(
+        load_deepspeed_config(deepspeed_config, section.deepspeed.zero_stage),
+        micro_batch_size=micro_batch_size,
+        gradient_accumulation_steps=accumulation,
+        world_size=ctx.world_size,
+        grad_clip=section.grad_clip,
+        dtype=dtype,
+        hidden_size=hidden_size,
+        origin=str(deepspeed_config),
+    )
+    optim = OptimizerSettings(
+        lr=section.lr,
+        betas=tuple(section.betas),
+        weight_decay=section.weight_decay,
+        schedule=section.lr_schedule,
+        warmup_steps=warmup_steps,
+        total_steps=total_steps,
+    )
+    return build_engine(model, ds_config, optim)
+
+
 def current_lr(engine) -> float:
     return float(engine.get_lr()[0])
 
