@@ -51,6 +51,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from agentrl.config import AblationsConfig, ConfigError, add_config_arguments, config_from_args  # noqa: E402
+from agentrl.errors import read_json_file  # noqa: E402
 from agentrl.evaluation.metrics import SampleRecord, tool_use_stats  # noqa: E402
 from agentrl.evaluation.samples import read_jsonl  # noqa: E402
 from agentrl.stage_cli import setup_logging, stage_parser  # noqa: E402
@@ -486,7 +487,7 @@ def load_runs(training: Sequence[Path], eval_metrics: Sequence[Path], samples: S
     evals: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}
     for path in eval_metrics:
         arm, seed, benchmark = locate(path, "eval")
-        evals.setdefault((arm, seed), {})[benchmark] = json.loads(Path(path).read_text(encoding="utf-8"))
+        evals.setdefault((arm, seed), {})[benchmark] = read_json_file(path)
     rows: dict[tuple[str, int], dict[str, list[SampleRecord]]] = {}
     for path in samples:
         arm, seed, benchmark = locate(path, "eval")
