@@ -49,6 +49,11 @@ REPORT_PUBLISHED_ARGS = " ".join(
     for model, name in config["eval"]["published"].items()
     if model in EVAL_MODELS and name is not None
 )
+# Each evaluated model's config.json: the report lists where the models not trained here came from.
+REPORT_MODEL_CONFIGS = {
+    model: checkpoint_config(model) if model in EVAL_CHECKPOINTS else result(f"models/{model}/config.json")
+    for model in EVAL_MODELS
+}
 REPORT_TARGETS = [result("report/summary.md")]
 
 
@@ -56,6 +61,7 @@ rule report:
     input:
         **REPORT_INPUTS,
         published=PUBLISHED_FILE,
+        model_configs=list(REPORT_MODEL_CONFIGS.values()),
     output:
         table_md=report(result("report/summary.md"), caption="../workflow/report/summary.rst", category="Summary"),
         table_csv=report(result("report/summary.csv"), caption="../workflow/report/summary.rst", category="Summary"),
@@ -87,9 +93,12 @@ rule report:
     params:
         optional=REPORT_OPTIONAL_ARGS,
         published=REPORT_PUBLISHED_ARGS,
+        model_configs=" ".join(
+            f"--model-config {shlex.quote(f'{model}={path}')}" for model, path in REPORT_MODEL_CONFIGS.items()
+        ),
     threads: 1
     shell:
         "python -m agentrl report --metrics {input.metrics} {params.optional} "
-        "--published {input.published} {params.published} "
+        "--published {input.published} {params.published} {params.model_configs} "
         "--table-md {output.table_md} --table-csv {output.table_csv} "
         "--accuracy-plot {output.accuracy} --modes-plot {output.modes} > {log} 2>&1"

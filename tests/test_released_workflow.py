@@ -155,6 +155,7 @@ def test_rehearsal_of_the_eval_preset_reports_the_published_figures(stand_ins, t
     assert "## Measured and published" in md
     assert "| DemyAgent-4B | Gen-Verse/DemyAgent-4B | aime2024 |" in md
     assert "| Qwen3-4B-Instruct-2507 | Qwen/Qwen3-4B-Instruct-2507 | gpqa_diamond |" in md
+    assert f"| DemyAgent-4B | {stand_ins['DemyAgent-4B']} | - | - |" in md, "where the released model came from"
 
 
 @pytest.fixture(scope="module")

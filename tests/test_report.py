@@ -258,6 +258,33 @@ def test_published_figures_are_checked_and_cited(run_dir, tmp_path):
         report_cli.main([*base, "--published-model", "rl=Gen-Verse/DemyAgent-4B"])
 
 
+def test_the_sources_of_models_not_trained_here_are_listed(run_dir, tmp_path):
+    linked = tmp_path / "models/rl/config.json"
+    linked.parent.mkdir(parents=True)
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    source = {"id": "Gen-Verse/DemyAgent-4B", "revision": "main", "commit": commit}
+    linked.write_text(json.dumps({"model_type": "qwen3", "agentrl_source": source}))
+    trained = tmp_path / "models/base/config.json"
+    trained.parent.mkdir(parents=True)
+    trained.write_text(json.dumps({"model_type": "qwen3"}))
+    out = _outputs(run_dir["root"])
+    args = [
+        "--metrics",
+        *map(str, run_dir["metrics"][:3]),
+        "--table-md",
+        str(out["md"]),
+        "--table-csv",
+        str(out["csv"]),
+    ]
+    args += ["--accuracy-plot", str(out["acc"]), "--modes-plot", str(out["modes"])]
+    args += ["--model-config", f"rl={linked}", "--model-config", f"base={trained}"]
+    assert report_cli.main(args) == 0
+    md = out["md"].read_text()
+    assert "## Models not trained here" in md
+    assert f"| rl | Gen-Verse/DemyAgent-4B | main | {commit} |" in md
+    assert "| base |" not in md.split("## Models not trained here")[1].split("##")[0], "a trained model has no source"
+
+
 def test_training_logs_are_grouped_by_metric_name(tmp_path):
     log = _write_log(
         tmp_path / "m.jsonl",

@@ -21,6 +21,7 @@ import os
 from pathlib import Path
 
 from agentrl.errors import read_json_file
+from agentrl.model.folder import MODEL_SOURCE_KEY
 from agentrl.paths import check_writable
 from agentrl.report.plots import plot_accuracy_by_stage, plot_reasoning_modes, plot_training_curves
 from agentrl.report.tables import PUBLISHED_PATH, read_eval_results, read_published, summary_frame, summary_markdown
@@ -54,9 +55,24 @@ def published_for(pairs: list[str], published_path: Path, models: set[str]) -> d
     return chosen
 
 
+def model_sources(pairs: list[str]) -> dict[str, dict]:
+    """``MODEL=CONFIG_JSON`` pairs -> {model: its recorded source} for the models linked or
+    downloaded (``agentrl_source`` in config.json, :func:`agentrl.model.folder.resolve_pretrained`)."""
+    sources = {}
+    for pair in pairs:
+        model, sep, path = pair.partition("=")
+        if not sep or not model or not path:
+            raise SystemExit(f"agentrl report: --model-config {pair!r}: expected MODEL=PATH")
+        source = read_json_file(Path(path)).get(MODEL_SOURCE_KEY)
+        if source is not None:
+            sources[model] = source
+    return sources
+
+
 def build_report(args: argparse.Namespace) -> None:
     results = read_eval_results(args.metrics)
     published = published_for(args.published_model, args.published, {r.model for r in results})
+    sources = model_sources(args.model_config)
     frame = summary_frame(results, published)
     out_dir = args.table_md.parent
     plots: list[tuple[str, str]] = []
@@ -79,7 +95,7 @@ def build_report(args: argparse.Namespace) -> None:
     if args.pass_rate_histogram is not None:
         plots.append(("RL pool pass rates", _relative(args.pass_rate_histogram, out_dir)))
     args.table_md.parent.mkdir(parents=True, exist_ok=True)
-    args.table_md.write_text(summary_markdown(frame, filter_stats, plots, published), encoding="utf-8")
+    args.table_md.write_text(summary_markdown(frame, filter_stats, plots, published, sources), encoding="utf-8")
     args.table_csv.parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(args.table_csv, index=False)
 
@@ -105,6 +121,13 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument(
         "--published", type=Path, default=PUBLISHED_PATH, help="published figures (YAML; default: %(default)s)"
+    )
+    parser.add_argument(
+        "--model-config",
+        action="append",
+        default=[],
+        metavar="MODEL=PATH",
+        help="an evaluated model's config.json: a recorded source (hub id, revision, commit) is listed",
     )
     parser.add_argument(
         "--published-model",

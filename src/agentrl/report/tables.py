@@ -243,14 +243,23 @@ def filter_markdown(stats: Mapping[str, Any]) -> str:
     return markdown_table(["RL pool", "problems", "easy", "medium", "hard"], rows) + "\n\n" + note
 
 
+def sources_markdown(sources: Mapping[str, Mapping[str, Any]]) -> str:
+    """Where each linked or downloaded model came from: id, revision asked for, commit it resolved to."""
+    rows = [
+        [model, src.get("id"), src.get("revision") or "-", src.get("commit") or "-"] for model, src in sources.items()
+    ]
+    return markdown_table(["model", "source", "revision", "commit"], rows)
+
+
 def summary_markdown(
     frame: pd.DataFrame,
     filter_stats: Mapping[str, Any] | None,
     plots: Sequence[tuple[str, str]],
     published: Mapping[str, PublishedModel] | None = None,
+    sources: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> str:
-    """The whole summary.md: headline table, the published comparison, details, filtering counts,
-    the plots by relative path."""
+    """The whole summary.md: headline table, the published comparison, the sources of models not
+    trained here, details, filtering counts, the plots by relative path."""
     n_values = sorted({int(v) for v in frame.loc[frame["source"] == "ours", "n"]})
     parts = [
         "# agentrl run summary",
@@ -264,6 +273,8 @@ def summary_markdown(
     )
     if published and frame["published"].notna().any():
         parts += ["## Measured and published", published_markdown(frame, published)]
+    if sources:
+        parts += ["## Models not trained here", sources_markdown(sources)]
     parts += [
         "## Metrics per benchmark",
         detail_markdown(frame),
