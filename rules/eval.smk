@@ -1,5 +1,5 @@
-# Benchmark evaluation (docs/recipe.md section 7): every (model, benchmark) is one job, so that
-# `snakemake --forcerun evaluate` or one target path re-runs exactly what is asked.
+# Benchmark evaluation (docs/recipe.md section 7): every (model, benchmark) is its own shard jobs and
+# gather, so that `snakemake --forcerun evaluate` or one target path re-runs exactly what is asked.
 import re
 
 
@@ -20,38 +20,82 @@ LIVECODEBENCH_EXPORTS = expand(
 )
 
 
+# Each (model, benchmark) is sampled by eval.shards jobs (one GPU each in the profiles), each a
+# contiguous range of the problems into a resumable shard file (agentrl.evaluation.shards), then
+# gathered into samples.jsonl and metrics.json (pass@k and maj@k need all samples of a problem).
+EVAL_SHARDS = config["eval"]["shards"]
+EVAL_WILDCARDS = dict(
+    model="|".join(map(re.escape, EVAL_MODELS)) or "(?!)",
+    benchmark="|".join(map(re.escape, benchmarks())),
+)
+
+
+def eval_model_config(w):
+    """A model folder is tracked by its config.json: the stage's output, or the checkpoint's."""
+    return checkpoint_config(w.model) if w.model in EVAL_CHECKPOINTS else result(f"models/{w.model}/config.json")
+
+
 rule evaluate:
     input:
-        # A model folder is tracked by its config.json: the stage's output, or the checkpoint's.
-        model=lambda w: (
-            checkpoint_config(w.model) if w.model in EVAL_CHECKPOINTS else result(f"models/{w.model}/config.json")
-        ),
+        model=eval_model_config,
         problems=result("data/eval/{benchmark}.parquet"),
     output:
-        samples=result("eval/{model}/{benchmark}/samples.jsonl"),
-        metrics=result("eval/{model}/{benchmark}/metrics.json"),
+        shard=result("eval/{model}/{benchmark}/shards/{shard}-of-{shards}.jsonl"),
     log:
-        f"{LOGS}/evaluate/{{model}}/{{benchmark}}.log",
+        f"{LOGS}/evaluate/{{model}}/{{benchmark}}/{{shard}}-of-{{shards}}.log",
     benchmark:
-        result("timings/evaluate/{model}/{benchmark}.tsv")
+        result("timings/evaluate/{model}/{benchmark}/{shard}-of-{shards}.tsv")
     conda:
         ROLLOUT_ENV
     wildcard_constraints:
-        model="|".join(map(re.escape, EVAL_MODELS)) or "(?!)",
-        benchmark="|".join(map(re.escape, benchmarks())),
+        **EVAL_WILDCARDS,
+        shard=r"\d+",
+        shards=r"\d+",
     params:
         **EVAL_CONFIG,
         model_dir=input_dir("model"),
     threads: 1
     resources:
-        gpu=0,  # the profiles give each evaluation its GPU(s) (rules/common.smk on_gpus)
+        gpu=0,  # the profiles give each evaluation shard its GPU (rules/common.smk on_gpus)
     shell:
         on_gpus(
-            "python -m agentrl evaluate run --config-json {params.cfg:q} --model {params.model_dir} --threads {threads} "
+            "python -m agentrl evaluate shard --config-json {params.cfg:q} --model {params.model_dir} --threads {threads} "
             "--problems {input.problems} --benchmark {wildcards.benchmark} "
-            "--samples {output.samples} --metrics {output.metrics}"
+            "--shard {wildcards.shard} --shards {wildcards.shards} --out {output.shard}"
         )
         + " > {log} 2>&1"
+
+
+rule gather_evaluation:
+    input:
+        model=eval_model_config,
+        problems=result("data/eval/{benchmark}.parquet"),
+        shards=lambda w: expand(
+            result("eval/{model}/{benchmark}/shards/{shard}-of-{shards}.jsonl"),
+            model=w.model,
+            benchmark=w.benchmark,
+            shard=range(EVAL_SHARDS),
+            shards=EVAL_SHARDS,
+        ),
+    output:
+        samples=result("eval/{model}/{benchmark}/samples.jsonl"),
+        metrics=result("eval/{model}/{benchmark}/metrics.json"),
+    log:
+        f"{LOGS}/gather_evaluation/{{model}}/{{benchmark}}.log",
+    benchmark:
+        result("timings/gather_evaluation/{model}/{benchmark}.tsv")
+    conda:
+        "../envs/report.yaml"
+    wildcard_constraints:
+        **EVAL_WILDCARDS,
+    params:
+        **EVAL_CONFIG,
+        model_dir=input_dir("model"),
+    threads: 1
+    shell:
+        "python -m agentrl evaluate gather --config-json {params.cfg:q} --model {params.model_dir} "
+        "--problems {input.problems} --benchmark {wildcards.benchmark} --shard-files {input.shards} "
+        "--samples {output.samples} --metrics {output.metrics} > {log} 2>&1"
 
 
 rule export_livecodebench:

@@ -2,12 +2,14 @@
 # the optional histogram matching pick the RL training set. Two rules, so that a changed
 # threshold or target histogram re-runs only the cheap selection: each rule's params hold only
 # the filter keys it reads (scoring: how the rollouts are drawn; selection: the thresholds).
-FILTER_SCORE_CONFIG = config_params(
-    build=lambda wildcards: {
+def filter_score_config():
+    return {
         **{key: config[key] for key in ("seed", "rollout", "reward", "sandbox", "tool")},
         "filter": {key: config["filter"][key] for key in ("k", "temperature", "top_p")},
     }
-)
+
+
+FILTER_SCORE_CONFIG = config_params(build=lambda wildcards: filter_score_config())
 FILTER_SELECT_CONFIG = config_params(
     build=lambda wildcards: {
         "seed": config["seed"],
@@ -21,38 +23,91 @@ FILTER_SELECT_CONFIG = config_params(
 FILTER_TARGET = [config["filter"]["target_pass_rates"]] if config["filter"]["target_pass_rates"] else []
 
 
+# Scoring is scattered over filter.shards jobs (one GPU each in the profiles), each rating a
+# contiguous range of the pool into a resumable shard file (agentrl.evaluation.shards), and
+# gathered into the two files select_rl_data reads. Every rollout is seeded by (seed, problem id,
+# sample index), so the gathered files are byte-identical for any shard count.
+FILTER_SHARD_FILES = expand(
+    result("filter/shards/{shard}-of-{shards}.jsonl"), shard=range(config["filter"]["shards"]), shards=config["filter"]["shards"]
+)
+
+
 rule score_rl_pool:
     input:
         model=result("models/sft/config.json"),
         pool=result("data/rl_pool.parquet"),
     output:
-        pass_rates=result("filter/pass_rates.parquet"),
-        samples=result("filter/samples.jsonl"),
+        shard=result("filter/shards/{shard}-of-{shards}.jsonl"),
     log:
-        f"{LOGS}/score_rl_pool.log",
-    # No benchmark: Snakemake refuses it on a cached rule (a cache hit has no timing to write);
-    # the log states the wall time instead.
+        f"{LOGS}/score_rl_pool/{{shard}}-of-{{shards}}.log",
+    benchmark:
+        result("timings/score_rl_pool/{shard}-of-{shards}.tsv")
     conda:
         ROLLOUT_ENV
-    cache: True
+    wildcard_constraints:
+        shard=r"\d+",
+        shards=r"\d+",
     params:
         **FILTER_SCORE_CONFIG,
         model_dir=input_dir("model"),
     priority: 10  # the training chain is the critical path: before evaluations that could wait
     threads: 2
     resources:
-        gpu=0,  # the profiles give the scoring job its GPU(s) (rules/common.smk on_gpus)
+        gpu=0,  # the profiles give each scoring shard its GPU (rules/common.smk on_gpus)
     shell:
         on_gpus(
-            "python -m agentrl filter score --config-json {params.cfg:q} --model {params.model_dir} --threads {threads} "
-            "--pool {input.pool} --out {output.pass_rates} --samples {output.samples}"
+            "python -m agentrl filter score-shard --config-json {params.cfg:q} --model {params.model_dir} "
+            "--threads {threads} --pool {input.pool} --shard {wildcards.shard} --shards {wildcards.shards} "
+            "--out {output.shard}"
         )
         + " > {log} 2>&1"
 
 
+rule gather_pass_rates:
+    input:
+        pool=result("data/rl_pool.parquet"),
+        shards=FILTER_SHARD_FILES,
+    output:
+        pass_rates=result("filter/pass_rates.parquet"),
+        samples=result("filter/samples.jsonl"),
+    log:
+        f"{LOGS}/gather_pass_rates.log",
+    # No benchmark: Snakemake refuses it on a cached rule (a cache hit has no timing to write).
+    conda:
+        "../envs/report.yaml"
+    cache: True
+    params:
+        **FILTER_SCORE_CONFIG,
+    priority: 10
+    threads: 1
+    shell:
+        "python -m agentrl filter gather --config-json {params.cfg:q} --pool {input.pool} "
+        "--shard-files {input.shards} --out {output.pass_rates} --samples {output.samples} > {log} 2>&1"
+
+
+# The scoring config select_rl_data depends on, as a file of its own (the keys that re-run the
+# scoring, not filter.shards): see select_rl_data.
+rule scoring_config:
+    output:
+        result("filter/scoring_config.json"),
+    params:
+        **FILTER_SCORE_CONFIG,
+    localrule: True
+    run:
+        Path(output[0]).write_text(json.dumps(rerun_keys(json.loads(params.cfg)), indent=2, sort_keys=True) + "\n")
+
+
+# The pass rates are ancient() here: a new filter.shards re-runs the scoring shards (which take the
+# finished problems over from the old shard files) and the gather, whose byte-identical result
+# must not re-run the selection and GRPO; Snakemake would (it re-runs the consumers of every job
+# it runs, and does not even look at their params then). So this rule tracks what changes the
+# pass rates itself, as inputs: the scoring config, the SFT model and the pool. After
+# `--forcerun score_rl_pool`, force this rule as well.
 rule select_rl_data:
     input:
-        pass_rates=result("filter/pass_rates.parquet"),
+        pass_rates=ancient(result("filter/pass_rates.parquet")),
+        scoring=result("filter/scoring_config.json"),
+        model=result("models/sft/config.json"),
         pool=result("data/rl_pool.parquet"),
         target=FILTER_TARGET,
     output:

@@ -22,9 +22,11 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 WRAPPER = f"""
-from snakemake.utils import validate
+import sys
+sys.path.insert(0, "{ROOT}/src")
+from agentrl.config import check_workflow_config
 configfile: "{ROOT}/config.yaml"
-validate(config, "{ROOT}/workflow/schemas/config.schema.yaml")
+check_workflow_config(config, [])  # as workflow/Snakefile: coerce, validate, fill the defaults
 include: "{ROOT}/rules/common.smk"
 include: "{ROOT}/rules/eval.smk"
 include: "{ROOT}/rules/report.smk"
@@ -75,7 +77,7 @@ def workdir(tmp_path_factory) -> Path:
 
 def test_every_model_and_benchmark_is_one_job_and_code_benchmarks_are_exported(workdir):
     counts, out = _dry_run(workdir)
-    assert counts == {"evaluate": 9, "export_livecodebench": 3, "report": 1, "all": 1}
+    assert counts == {"evaluate": 9, "gather_evaluation": 9, "export_livecodebench": 3, "report": 1, "all": 1}
     assert "--sft-metrics results/sft/metrics.jsonl --sft-plot results/report/training_sft.png" in out
     assert "--filter-stats results/filter/stats.json" in out
     for model in ("base", "sft", "rl"):
@@ -85,14 +87,14 @@ def test_every_model_and_benchmark_is_one_job_and_code_benchmarks_are_exported(w
 
 def test_one_target_is_one_job(workdir):
     counts, _ = _dry_run(workdir, "results/eval/sft/arith/metrics.json")
-    assert counts == {"evaluate": 1}
+    assert counts == {"evaluate": 1, "gather_evaluation": 1}
 
 
 def test_models_and_checkpoints_come_from_the_config(workdir):
     override = workdir / "override.yaml"
     override.write_text(yaml.safe_dump({"eval": {"models": ["base"], "checkpoints": {"rl_step30": "ckpt/step_30"}}}))
     counts, out = _dry_run(workdir, "--configfile", str(override))
-    assert counts == {"evaluate": 6, "export_livecodebench": 2, "report": 1, "all": 1}
+    assert counts == {"evaluate": 6, "gather_evaluation": 6, "export_livecodebench": 2, "report": 1, "all": 1}
     assert "ckpt/step_30/config.json" in out and "results/eval/rl_step30/choice/metrics.json" in out
     # Without the trained stages evaluated, their logs and the filter stats are not inputs.
     assert "--sft-metrics" not in out and "--rl-metrics" not in out and "--filter-stats" not in out

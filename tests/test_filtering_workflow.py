@@ -35,9 +35,11 @@ TINY = {
     "sandbox": {"workers": 1, "preload_modules": []},
 }
 WRAPPER = f"""
-from snakemake.utils import validate
+import sys
+sys.path.insert(0, "{ROOT}/src")
+from agentrl.config import check_workflow_config
 configfile: "{ROOT}/config.yaml"
-validate(config, "{ROOT}/workflow/schemas/config.schema.yaml")
+check_workflow_config(config, [])  # as workflow/Snakefile: coerce, validate, fill the defaults
 include: "{ROOT}/rules/common.smk"
 include: "{ROOT}/rules/filter.smk"
 """
@@ -143,7 +145,9 @@ def scored_workdir(tmp_path_factory) -> Path:
     ]
     write_pass_rates(pass_rate_table(problems, rows, K), workdir / "results/filter/pass_rates.parquet")
     out = _snakemake(workdir, "results/filter/rl_train.parquet", "--configfile", str(workdir / "tiny.yaml"))
-    assert "rule select_rl_data:" in out and "rule score_rl_pool:" not in out, out
+    assert (
+        "rule select_rl_data:" in out and "rule score_rl_pool:" not in out and "rule gather_pass_rates:" not in out
+    ), out
     return workdir
 
 
@@ -176,4 +180,4 @@ def test_a_threshold_or_target_change_reruns_only_the_selection(scored_workdir, 
 def test_a_change_of_the_rollouts_reruns_the_scoring_too(scored_workdir, change):
     override = _override(scored_workdir, "override.yaml", change)
     out = _snakemake(scored_workdir, "results/filter/rl_train.parquet", "-n", "--configfile", override)
-    assert _planned_jobs(out) == {"score_rl_pool", "select_rl_data"}, out
+    assert _planned_jobs(out) == {"score_rl_pool", "gather_pass_rates", "scoring_config", "select_rl_data"}, out

@@ -135,7 +135,7 @@ def test_local_profile_gives_gpu_jobs_their_gpus_and_cpus():
     for command in commands:
         if re.search(r"python -m agentrl (sft|grpo) ", command):
             kind, gpus, threads = "training", 8, "--nproc 8 --threads 64"
-        elif re.search(r"python -m agentrl (evaluate run|filter score)", command):
+        elif re.search(r"python -m agentrl (evaluate (run|shard)|filter score)", command):
             kind, gpus, threads = "rollouts", 1, "--threads 8"
         else:
             assert "agentrl.devices" not in command or "--gpus 0 --" in command, command[:200]

@@ -65,6 +65,8 @@ TINY = {
     "eval": {"n": 1},
 }
 MODELS = {"base", "sft", "rl"}
+# A (model, benchmark) is sampled by its eval.shards evaluate jobs and gathered into its metrics.
+EVALUATION = {"evaluate", "gather_evaluation", "export_livecodebench", "report"}
 UPSTREAM_OF_EVAL = {
     "prepare_data",
     "base_model",
@@ -72,6 +74,8 @@ UPSTREAM_OF_EVAL = {
     "fit_eval_prompts",
     "sft",
     "score_rl_pool",
+    "gather_pass_rates",
+    "scoring_config",
     "select_rl_data",
     "grpo",
 }
@@ -166,14 +170,24 @@ def test_the_listing_parser_reads_rules_and_wildcards():
         ("base_model", {"prepare_data", "base_model"}),
         (
             "select_rl_data",
-            {"prepare_data", "base_model", "fit_rl_prompts", "sft", "score_rl_pool", "select_rl_data"},
+            {
+                "prepare_data",
+                "base_model",
+                "fit_rl_prompts",
+                "sft",
+                "score_rl_pool",
+                "gather_pass_rates",
+                "select_rl_data",
+            },
         ),
     ],
 )
 def test_until_plans_only_the_jobs_upstream_of_its_target(tmp_path, target, expected):
     write_config(tmp_path, {})
     everything = planned(tmp_path)
-    assert rules_of(everything) >= UPSTREAM_OF_EVAL | {"evaluate", "report"}, "a fresh folder plans the whole DAG"
+    assert rules_of(everything) >= UPSTREAM_OF_EVAL | EVALUATION - {"export_livecodebench"}, (
+        "a fresh folder plans the whole DAG"
+    )
     jobs = planned(tmp_path, "--until", target)
     assert rules_of(jobs) == expected
     assert len(jobs) == len(expected), "one job per rule upstream of the target"
@@ -192,7 +206,7 @@ def completed(tmp_path_factory):
 @pytest.mark.slow
 def test_forcerun_evaluate_replans_evaluation_and_its_consumers_only(completed):
     jobs = planned(completed, "--forcerun", "evaluate")
-    assert rules_of(jobs) == {"evaluate", "export_livecodebench", "report"}
+    assert rules_of(jobs) == EVALUATION
     evaluations = [w for rule, w in jobs if rule == "evaluate"]
     assert {(w["model"], w["benchmark"]) for w in evaluations} == {(m, b) for m in MODELS for b in ("arith", "program")}
     assert models_of(jobs, "export_livecodebench") == MODELS  # LiveCodeBench files are made from the samples
@@ -205,9 +219,17 @@ def test_forcerun_evaluate_replans_evaluation_and_its_consumers_only(completed):
         # selection thresholds: the cheap selection, not the scoring rollouts of score_rl_pool
         ({"filter": {"high": 0.99}}, {"select_rl_data", "grpo"}, {"rl"}),
         # how the pool is scored: scoring and what follows, not SFT
-        ({"filter": {"k": 2}}, {"score_rl_pool", "select_rl_data", "grpo"}, {"rl"}),
+        (
+            {"filter": {"k": 2}},
+            {"score_rl_pool", "gather_pass_rates", "scoring_config", "select_rl_data", "grpo"},
+            {"rl"},
+        ),
         # SFT: the SFT model and everything built on it, not the data or the base model
-        ({"sft": {"lr": 1.0e-3}}, {"sft", "score_rl_pool", "select_rl_data", "grpo"}, {"sft", "rl"}),
+        (
+            {"sft": {"lr": 1.0e-3}},
+            {"sft", "score_rl_pool", "gather_pass_rates", "select_rl_data", "grpo"},
+            {"sft", "rl"},
+        ),
         ({"grpo": {"lr": 5.0e-5}}, {"grpo"}, {"rl"}),
     ],
     ids=["filter.high", "filter.k", "sft.lr", "grpo.lr"],
@@ -216,7 +238,7 @@ def test_a_changed_parameter_reruns_only_what_it_feeds(completed, tmp_path, over
     override = tmp_path / "override.yaml"
     override.write_text(yaml.safe_dump(overlay))
     jobs = planned(completed, "--configfile", str(completed / "config.yaml"), str(override))
-    assert rules_of(jobs) == reruns | {"evaluate", "export_livecodebench", "report"}
+    assert rules_of(jobs) == reruns | EVALUATION
     assert models_of(jobs, "evaluate") == evaluated_models, "only the models the change feeds are re-evaluated"
     assert models_of(jobs, "export_livecodebench") == evaluated_models
 

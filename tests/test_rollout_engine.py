@@ -58,7 +58,9 @@ def test_sample_tokens_reports_the_logprob_of_the_sampled_distribution():
     torch.manual_seed(0)
     logits = torch.randn(64, 50)
     params = SamplingParams(temperature=0.7, top_k=10, top_p=0.9)
-    tokens, logprobs = sample_tokens(logits, params, torch.Generator().manual_seed(1))
+    tokens, logprobs = sample_tokens(
+        logits, params, torch.rand(64, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    )
     expected = filter_logits(logits / 0.7, 10, 0.9).log_softmax(-1).gather(-1, tokens[:, None])[:, 0]
     assert torch.allclose(logprobs, expected)
     assert torch.isfinite(logprobs).all(), "a token outside top-k/top-p was sampled"

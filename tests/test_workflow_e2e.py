@@ -118,6 +118,8 @@ def test_changing_an_eval_value_reruns_only_evaluation_and_what_follows(run):
         "fit_eval_prompts",
         "sft",
         "score_rl_pool",
+        "gather_pass_rates",
+        "scoring_config",
         "select_rl_data",
     )
     for upstream_rule in (*upstream, "grpo"):

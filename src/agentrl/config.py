@@ -230,6 +230,7 @@ class FilterConfig:
     target_histogram: dict[str, float] | None
     target_pass_rates: str | None
     target_size: int | None
+    shards: int
 
 
 @dataclass(frozen=True)
@@ -241,6 +242,7 @@ class EvalConfig:
     models: tuple[str, ...]
     checkpoints: dict[str, ModelSourceConfig]
     published: dict[str, str | None]
+    shards: int
 
 
 @dataclass(frozen=True)

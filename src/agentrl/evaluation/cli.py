@@ -1,10 +1,14 @@
-"""``python -m agentrl evaluate run|export-livecodebench``: benchmark evaluation of one model.
+"""``python -m agentrl evaluate run|shard|gather|export-livecodebench``: benchmark evaluation of one model.
 
 - ``run``: ``eval.n`` agentic samples per problem of one benchmark, with ``eval.temperature`` /
   ``eval.top_p`` (paper: 32 / 1.0 / 0.6), the RL rollout engine and agent loop, graded by the
   reward registry -> ``samples.jsonl`` (one row per sample, :mod:`agentrl.evaluation.samples`)
   and ``metrics.json`` (:func:`agentrl.evaluation.metrics.summarize_benchmark` of those rows,
   plus a ``run`` block saying what was evaluated and how).
+- ``shard`` and ``gather``: the same split into ``eval.shards`` jobs (the workflow's way): each
+  shard samples a range of the problems into a resumable shard file
+  (:mod:`agentrl.evaluation.shards`); the gather writes ``samples.jsonl`` in problem order and
+  then the metrics, so they are the same for any shard count.
 - ``export-livecodebench``: the samples of a code benchmark in the input format of
   LiveCodeBench's official evaluator (:mod:`agentrl.evaluation.livecodebench`).
 
@@ -23,10 +27,12 @@ from typing import Any
 
 from agentrl.cli_help import HelpFormatter
 from agentrl.config import Config, add_config_arguments, config_from_args
-from agentrl.data.records import read_problems
+from agentrl.data.records import read_problems, write_records
 from agentrl.evaluation.livecodebench import custom_outputs, write_custom_outputs
 from agentrl.evaluation.metrics import summarize_benchmark
 from agentrl.evaluation.samples import read_jsonl, write_jsonl
+from agentrl.evaluation.sampling import SamplingSetup
+from agentrl.evaluation.shards import gathered_rows, run_shard
 from agentrl.model.folder import check_model_folder
 from agentrl.paths import check_writable
 from agentrl.stage_cli import setup_logging, stage_parser
@@ -46,38 +52,29 @@ def metrics_of_samples(samples_path: Path, run: dict[str, Any]) -> dict[str, Any
     return {**summary, "mean_score": sum(scores) / len(scores), "finish_reasons": finish, "run": run}
 
 
-def run(
-    cfg: Config,
-    model_dir: Path,
-    problems_path: Path,
-    samples_out: Path,
-    metrics_out: Path,
-    benchmark: str,
-    max_problems: int | None = None,
-) -> dict:
-    from agentrl.evaluation.sampling import SamplingSetup, graded_sample_rows
-
-    check_tracking(cfg.tracking)  # a missing package stops the job before any sampling
-    problems = read_problems(problems_path)[:max_problems]  # None: all
+def eval_setup(cfg: Config, benchmark: str, problems_per_chunk: int = 256) -> SamplingSetup:
     e = cfg.eval
-    # Evaluation has its own prompt limit (upstream's eval scripts: 4096); fit_prompts kept only
-    # problems within it, and the engine's context is sized by it.
-    cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, max_prompt_tokens=e.max_prompt_tokens))
-    setup = SamplingSetup(
-        n=e.n, temperature=e.temperature, top_p=e.top_p, seed=cfg.seed, seed_tag=f"evaluate.{benchmark}"
-    )
-    log.info(
-        "evaluating %s on %s (%d problems): n=%d, temperature=%g, top_p=%g",
-        model_dir,
-        benchmark,
-        len(problems),
-        e.n,
-        e.temperature,
-        e.top_p,
-    )
-    count = write_jsonl(graded_sample_rows(cfg, str(model_dir), problems, setup), samples_out)
-    assert count == len(problems) * e.n, f"wrote {count} samples for {len(problems)} problems x n={e.n}"
-    run_info = {
+    return SamplingSetup(e.n, e.temperature, e.top_p, cfg.seed, f"evaluate.{benchmark}", problems_per_chunk)
+
+
+def eval_rollout_config(cfg: Config) -> Config:
+    """Evaluation has its own prompt limit (upstream's eval scripts: 4096); fit_prompts kept only
+    problems within it, and the engine's context is sized by it."""
+    rollout = dataclasses.replace(cfg.rollout, max_prompt_tokens=cfg.eval.max_prompt_tokens)
+    return dataclasses.replace(cfg, rollout=rollout)
+
+
+def eval_config(cfg: Config) -> dict:
+    """What the evaluation rollouts read, for the shard files' fingerprint."""
+    sections = {key: dataclasses.asdict(getattr(cfg, key)) for key in ("rollout", "reward", "sandbox", "tool")}
+    e = cfg.eval
+    return {"seed": cfg.seed, **sections, "eval": {"n": e.n, "temperature": e.temperature, "top_p": e.top_p}}
+
+
+def run_info(cfg: Config, model_dir: Path, problems_path: Path, benchmark: str, max_problems: int | None) -> dict:
+    """metrics.json's ``run`` block: what was evaluated and how."""
+    e = cfg.eval
+    return {
         "model": str(model_dir),
         "benchmark": benchmark,
         "problems": str(problems_path),
@@ -93,16 +90,76 @@ def run(
         "seed": cfg.seed,
         "max_problems": max_problems,
     }
+
+
+def run_shard_of(
+    cfg: Config,
+    model_dir: Path,
+    problems_path: Path,
+    benchmark: str,
+    shard: int,
+    shards: int,
+    out: Path,
+    problems_per_chunk: int = 256,
+) -> None:
+    """Shard ``shard`` of ``shards`` of a benchmark's problems -> its resumable shard file."""
+    e = cfg.eval
+    cfg = eval_rollout_config(cfg)
+    log.info("evaluating %s on %s: n=%d, temperature=%g, top_p=%g", model_dir, benchmark, e.n, e.temperature, e.top_p)
+    setup = eval_setup(cfg, benchmark, problems_per_chunk)
+    run_shard(cfg, model_dir, problems_path, setup, eval_config(cfg), shard, shards, out)
+
+
+def gather(
+    cfg: Config,
+    model_dir: Path,
+    problems_path: Path,
+    benchmark: str,
+    shard_paths: list[Path],
+    samples_out: Path,
+    metrics_out: Path,
+    max_problems: int | None = None,
+) -> dict:
+    """Shard files -> ``samples.jsonl`` in problem order, then ``metrics.json`` of all of it."""
+    check_tracking(cfg.tracking)  # a missing package stops the job before any work
+    problems = read_problems(problems_path)[:max_problems]
+    count = write_jsonl(gathered_rows(problems, shard_paths, cfg.eval.n), samples_out)
+    assert count == len(problems) * cfg.eval.n, f"wrote {count} samples for {len(problems)} problems x n={cfg.eval.n}"
+    info = run_info(cfg, model_dir, problems_path, benchmark, max_problems)
     try:
-        metrics = metrics_of_samples(samples_out, run_info)
+        metrics = metrics_of_samples(samples_out, info)
         metrics_out.parent.mkdir(parents=True, exist_ok=True)
         metrics_out.write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
     except BaseException:
         samples_out.unlink(missing_ok=True)  # no samples file without its metrics: the stage failed
         raise
-    tracker = Tracker(cfg.tracking, metrics_out.parent, f"eval/{model_dir.name}/{benchmark}", True, run_info)
+    tracker = Tracker(cfg.tracking, metrics_out.parent, f"eval/{model_dir.name}/{benchmark}", True, info)
     tracker.log({f"eval/{benchmark}/{key}": value for key, value in metrics.items()}, step=0)
     tracker.close()
+    return metrics
+
+
+def run(
+    cfg: Config,
+    model_dir: Path,
+    problems_path: Path,
+    samples_out: Path,
+    metrics_out: Path,
+    benchmark: str,
+    max_problems: int | None = None,
+) -> dict:
+    """One job for the whole benchmark: one shard (beside the samples), then the gather."""
+    check_tracking(cfg.tracking)  # a missing package stops the job before any sampling
+    problems_in = problems_path
+    if max_problems is not None:  # the first N problems as a problem file of their own
+        problems_in = samples_out.with_name(samples_out.stem + ".problems.parquet")
+        write_records(read_problems(problems_path)[:max_problems], problems_in)
+    shard_file = samples_out.with_name(samples_out.stem + ".shard.jsonl")
+    run_shard_of(cfg, model_dir, problems_in, benchmark, 0, 1, shard_file)
+    metrics = gather(cfg, model_dir, problems_path, benchmark, [shard_file], samples_out, metrics_out, max_problems)
+    shard_file.unlink()
+    if problems_in != problems_path:
+        problems_in.unlink()
     return metrics
 
 
@@ -126,6 +183,30 @@ def main(argv: list[str]) -> int:
     p_run.add_argument(
         "--max-problems", type=int, help="evaluate only the first N problems (a smaller budget, e.g. the ablations')"
     )
+    p_shard = commands.add_parser(
+        "shard", help="one shard of a benchmark's problems -> its shard file (resumable)", formatter_class=HelpFormatter
+    )
+    add_config_arguments(p_shard)
+    p_shard.add_argument("--model", type=Path, required=True, help="Hugging Face model folder")
+    p_shard.add_argument("--problems", type=Path, required=True, help="normalized eval parquet")
+    p_shard.add_argument("--benchmark", required=True, help="benchmark name (logs and the seed)")
+    p_shard.add_argument("--shard", type=int, required=True, help="this shard, 0-based")
+    p_shard.add_argument("--shards", type=int, required=True, help="shards in all (eval.shards)")
+    p_shard.add_argument("--out", type=Path, required=True, help="output: the shard file (jsonl)")
+    p_shard.add_argument(
+        "--problems-per-chunk", type=int, default=256, help="problems rolled out together (bounds memory)"
+    )
+    p_shard.add_argument("--threads", type=int, help="CPU threads for torch (the rule's threads)")
+    p_gather = commands.add_parser(
+        "gather", help="shard files -> samples.jsonl and metrics.json", formatter_class=HelpFormatter
+    )
+    add_config_arguments(p_gather)
+    p_gather.add_argument("--model", type=Path, required=True, help="the model folder (for the run block)")
+    p_gather.add_argument("--problems", type=Path, required=True, help="normalized eval parquet")
+    p_gather.add_argument("--benchmark", required=True, help="benchmark name")
+    p_gather.add_argument("--shard-files", type=Path, nargs="+", required=True, help="every shard file")
+    p_gather.add_argument("--samples", type=Path, required=True, help="output: samples.jsonl")
+    p_gather.add_argument("--metrics", type=Path, required=True, help="output: metrics.json")
     p_lcb = commands.add_parser(
         "export-livecodebench",
         help="code samples -> LiveCodeBench custom-evaluator JSON",
@@ -136,16 +217,28 @@ def main(argv: list[str]) -> int:
     p_lcb.add_argument("--out", type=Path, required=True, help="output: the custom_output_file JSON")
     args = parser.parse_args(argv)
     setup_logging()
-    if args.command == "run":
-        check_writable((args.samples, "--samples"), (args.metrics, "--metrics"))
+    if args.command == "shard":
+        check_writable((args.out, "--out"))
         check_model_folder(args.model, "--model")
         from agentrl.training.threads import set_torch_threads
 
         set_torch_threads(args.threads)
-        benchmark = args.benchmark or args.problems.stem
-        metrics = run(
-            config_from_args(args), args.model, args.problems, args.samples, args.metrics, benchmark, args.max_problems
+        cfg = config_from_args(args)
+        run_shard_of(
+            cfg, args.model, args.problems, args.benchmark, args.shard, args.shards, args.out, args.problems_per_chunk
         )
+    elif args.command in ("run", "gather"):
+        check_writable((args.samples, "--samples"), (args.metrics, "--metrics"))
+        cfg = config_from_args(args)
+        benchmark = args.benchmark or args.problems.stem
+        if args.command == "gather":
+            metrics = gather(cfg, args.model, args.problems, benchmark, args.shard_files, args.samples, args.metrics)
+        else:
+            check_model_folder(args.model, "--model")
+            from agentrl.training.threads import set_torch_threads
+
+            set_torch_threads(args.threads)
+            metrics = run(cfg, args.model, args.problems, args.samples, args.metrics, benchmark, args.max_problems)
         n = metrics["samples_per_problem"]
         log.info(
             "%s: avg@%d %.3f, pass@%d %.3f, tool calls/response %.2f",

@@ -6,14 +6,18 @@ agent loop that RL trains with, then the reward registry's verdict on each. Shar
 what makes a pass rate measured here mean the same thing as a reward during RL (docs/recipe.md
 section 6: the SFT model's pass rate under the RL rollout setup).
 
-Problems are rolled out in chunks, each with its own seed derived from the stage seed and the
-chunk's index, so a run is reproducible for a given config and progress is logged as it goes.
+Seeds: every rollout is seeded by (global seed, stage tag, problem id, sample index) and its turn
+(:func:`agentrl.rollout.agent_loop.turn_seed`), never by a position in a chunk or a shard, and
+the ``hf`` engine samples each sequence from its own seed; so a problem's samples are the same
+whichever problems share its batch, and the scoring and evaluation shards gather into the same
+files for any shard count. Problems are rolled out in chunks (bounded memory) and handed over
+one by one as each problem's last rollout ends, for the shard file to write.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,45 +49,47 @@ def load_tokenizer(model_dir: str) -> Any:
     return AutoTokenizer.from_pretrained(model_dir)
 
 
-def graded_sample_rows(
-    cfg: Config, model_dir: str, problems: Sequence[Problem], setup: SamplingSetup
-) -> Iterator[dict[str, Any]]:
-    """Yield one ``samples.jsonl`` row (:func:`agentrl.evaluation.samples.sample_row`) per rollout,
-    ordered by problem then sample index."""
+def grade_problems(
+    cfg: Config,
+    model_dir: str,
+    problems: Sequence[Problem],
+    setup: SamplingSetup,
+    on_problem: Callable[[Problem, list[dict[str, Any]]], None],
+) -> None:
+    """Roll out and grade ``setup.n`` samples of every problem; ``on_problem(problem, rows)`` gets
+    each problem's ``samples.jsonl`` rows (:func:`agentrl.evaluation.samples.sample_row`, by sample
+    index) as soon as its rollouts are done, in the order problems finish."""
     from agentrl.rollout import AgentLoop, SamplingParams, make_engine
     from agentrl.tools.code_interpreter import CodeInterpreter
     from agentrl.tools.sandbox import make_sandbox
 
     assert problems, "no problems to roll out"
     tokenizer = load_tokenizer(model_dir)
-    engine = make_engine(cfg.rollout, model_dir)
+    engine = make_engine(cfg.rollout, model_dir)  # standalone: rollout.vllm.gpu_memory_utilization
+    seed = derived_seed(setup.seed, setup.seed_tag)
+    params = SamplingParams.from_config(cfg.rollout, seed, temperature=setup.temperature, top_p=setup.top_p)
     with make_sandbox(cfg.sandbox) as sandbox:
         loop = AgentLoop(engine, tokenizer, CodeInterpreter(sandbox, cfg.tool), cfg.rollout)
         reward_fn = RewardFunction(cfg.reward, sandbox)
-        total = len(problems)
+        total, done, correct = len(problems), 0, 0
         bar = progress(total, setup.seed_tag, unit="problems", logger=log)
-        for index, start in enumerate(range(0, total, setup.problems_per_chunk)):
-            chunk = list(problems[start : start + setup.problems_per_chunk])
-            seed = derived_seed(setup.seed, setup.seed_tag, index)
-            params = SamplingParams.from_config(cfg.rollout, seed, temperature=setup.temperature, top_p=setup.top_p)
-            trajectories = loop.run(chunk, setup.n, params, seed)
-            assert len(trajectories) == len(chunk) * setup.n, (
-                f"agent loop returned {len(trajectories)} trajectories for {len(chunk)} problems x n={setup.n}"
-            )
-            by_id = {p.id: p for p in chunk}
+
+        def grade(trajectories):
+            nonlocal done, correct
+            problem = by_id[trajectories[0].problem_id]
             rewards = reward_fn.score_many(
-                [(by_id[t.problem_id], t.text, len(t.response_ids), len(t.tool_calls)) for t in trajectories]
+                [(problem, t.text, len(t.response_ids), len(t.tool_calls)) for t in trajectories]
             )
-            correct = sum(r.acc for r in rewards)
-            log.info(
-                "problems %d-%d of %d: %d/%d samples correct",
-                start + 1,
-                start + len(chunk),
-                total,
-                correct,
-                len(rewards),
+            on_problem(
+                problem, [sample_row(problem, t, r, tokenizer) for t, r in zip(trajectories, rewards, strict=True)]
             )
-            bar.update(len(chunk))
-            for trajectory, reward in zip(trajectories, rewards, strict=True):
-                yield sample_row(by_id[trajectory.problem_id], trajectory, reward, tokenizer)
+            done, correct = done + 1, correct + sum(r.acc for r in rewards)
+            bar.set_postfix(correct=f"{correct}/{done * setup.n}")
+            bar.update(1)
+
+        for start in range(0, total, setup.problems_per_chunk):
+            chunk = list(problems[start : start + setup.problems_per_chunk])
+            by_id = {p.id: p for p in chunk}
+            loop.run(chunk, setup.n, params, seed, on_problem_done=grade)
+            assert done == start + len(chunk), f"the agent loop handed over {done} of {start + len(chunk)} problems"
         bar.close()

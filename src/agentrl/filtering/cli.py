@@ -1,7 +1,11 @@
-"""``python -m agentrl filter score|select``: model-aware RL data filtering (docs/recipe.md section 6).
+"""``python -m agentrl filter score|score-shard|gather|select``: model-aware RL data filtering (docs/recipe.md section 6).
 
 - ``score``: the SFT model makes ``filter.k`` agentic rollouts of every RL-pool problem (the RL
   rollout engine and reward registry) -> the pass-rate table and the graded samples.
+- ``score-shard`` and ``gather``: the same split into ``filter.shards`` jobs (the workflow's way):
+  each shard writes its range of the pool to a resumable shard file
+  (:mod:`agentrl.evaluation.shards`), and the gather writes the table and samples from them,
+  byte for byte what ``score`` writes, for any shard count.
 - ``select``: the band and the optional histogram matching (:mod:`agentrl.filtering.selection`)
   -> the RL training set (normalized Problems), the counts that explain it, and a histogram.
 
@@ -10,6 +14,7 @@ The two are separate stages so that changing a threshold re-runs only the cheap 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -20,6 +25,8 @@ from agentrl.config import Config, add_config_arguments, config_from_args
 from agentrl.data.records import Problem, read_problems, write_records
 from agentrl.errors import DataFormatError
 from agentrl.evaluation.samples import write_jsonl
+from agentrl.evaluation.sampling import SamplingSetup
+from agentrl.evaluation.shards import gathered_rows, run_shard
 from agentrl.filtering.histogram import plot_pass_rate_histogram
 from agentrl.filtering.pass_rates import pass_rate_table, read_pass_rates, write_pass_rates
 from agentrl.filtering.selection import select_problems, target_shares_from_table
@@ -30,22 +37,39 @@ from agentrl.stage_cli import setup_logging, stage_parser
 log = logging.getLogger("agentrl.filter")
 
 
-def score(cfg: Config, model_dir: Path, pool_path: Path, pass_rates_out: Path, samples_out: Path) -> None:
-    from agentrl.evaluation.sampling import SamplingSetup, graded_sample_rows
+SEED_TAG = "filter.score"
 
-    problems = read_problems(pool_path)
+
+def scoring_setup(cfg: Config, problems_per_chunk: int = 256) -> SamplingSetup:
     f = cfg.filter
-    setup = SamplingSetup(n=f.k, temperature=f.temperature, top_p=f.top_p, seed=cfg.seed, seed_tag="filter.score")
-    log.info(
-        "scoring %d problems of %s with %s: k=%d, temperature=%g, top_p=%g",
-        len(problems),
-        pool_path,
-        model_dir,
-        f.k,
-        f.temperature,
-        f.top_p,
-    )
+    return SamplingSetup(f.k, f.temperature, f.top_p, cfg.seed, SEED_TAG, problems_per_chunk)
+
+
+def scoring_config(cfg: Config) -> dict:
+    """What the scoring rollouts read, for the shard files' fingerprint."""
+    sections = {key: dataclasses.asdict(getattr(cfg, key)) for key in ("rollout", "reward", "sandbox", "tool")}
+    return {
+        "seed": cfg.seed,
+        **sections,
+        "filter": {"k": cfg.filter.k, "temperature": cfg.filter.temperature, "top_p": cfg.filter.top_p},
+    }
+
+
+def score_shard(
+    cfg: Config, model_dir: Path, pool_path: Path, shard: int, shards: int, out: Path, problems_per_chunk: int = 256
+) -> None:
+    """Shard ``shard`` of ``shards`` of the pool: k graded rollouts per problem -> the shard file."""
+    f = cfg.filter
+    log.info("scoring %s with %s: k=%d, temperature=%g, top_p=%g", pool_path, model_dir, f.k, f.temperature, f.top_p)
     started = time.perf_counter()
+    setup = scoring_setup(cfg, problems_per_chunk)
+    run_shard(cfg, model_dir, pool_path, setup, scoring_config(cfg), shard, shards, out)
+    log.info("shard %d of %d written to %s in %.1f s", shard + 1, shards, out, time.perf_counter() - started)
+
+
+def gather(k: int, pool_path: Path, shard_paths: list[Path], pass_rates_out: Path, samples_out: Path) -> None:
+    """The shard files, in pool order -> ``samples.jsonl`` and the pass-rate table (the same for any shard count)."""
+    problems = read_problems(pool_path)
     rows = []
 
     def keep(stream):
@@ -55,17 +79,25 @@ def score(cfg: Config, model_dir: Path, pool_path: Path, pass_rates_out: Path, s
             rows.append({key: row[key] for key in ("problem_id", "acc", "score", "tool_calls", "response_length")})
             yield row
 
-    write_jsonl(keep(graded_sample_rows(cfg, str(model_dir), problems, setup)), samples_out)
-    table = pass_rate_table(problems, rows, f.k)
+    write_jsonl(keep(gathered_rows(problems, shard_paths, k)), samples_out)
+    table = pass_rate_table(problems, rows, k)
     write_pass_rates(table, pass_rates_out)
     log.info(
-        "mean pass rate %.3f; solved never %d, always %d, of %d; %.1f s",
+        "gathered %d shard files: mean pass rate %.3f; solved never %d, always %d, of %d",
+        len(shard_paths),
         table["pass_rate"].mean(),
         int((table["pass_rate"] == 0).sum()),
         int((table["pass_rate"] == 1).sum()),
         len(table),
-        time.perf_counter() - started,
     )
+
+
+def score(cfg: Config, model_dir: Path, pool_path: Path, pass_rates_out: Path, samples_out: Path) -> None:
+    """The whole pool in one process: one shard, then the gather (the shard file lands beside the samples)."""
+    shard_file = samples_out.with_name(samples_out.stem + ".shard.jsonl")
+    score_shard(cfg, model_dir, pool_path, 0, 1, shard_file)
+    gather(cfg.filter.k, pool_path, [shard_file], pass_rates_out, samples_out)
+    shard_file.unlink()
 
 
 def _rl_problem(problem: Problem, pass_rate: float, bucket: str) -> Problem:
@@ -125,6 +157,27 @@ def main(argv: list[str]) -> int:
     p_score.add_argument("--out", type=Path, required=True, help="output: pass_rates.parquet")
     p_score.add_argument("--samples", type=Path, required=True, help="output: graded samples (jsonl)")
     p_score.add_argument("--threads", type=int, help="CPU threads for torch (the rule's threads)")
+    p_shard = commands.add_parser(
+        "score-shard", help="one shard of the pool -> its shard file (resumable)", formatter_class=HelpFormatter
+    )
+    add_config_arguments(p_shard)
+    p_shard.add_argument("--model", type=Path, required=True, help="the SFT model folder")
+    p_shard.add_argument("--pool", type=Path, required=True, help="normalized RL-pool parquet")
+    p_shard.add_argument("--shard", type=int, required=True, help="this shard, 0-based")
+    p_shard.add_argument("--shards", type=int, required=True, help="shards in all (filter.shards)")
+    p_shard.add_argument("--out", type=Path, required=True, help="output: the shard file (jsonl)")
+    p_shard.add_argument(
+        "--problems-per-chunk", type=int, default=256, help="problems rolled out together (bounds memory)"
+    )
+    p_shard.add_argument("--threads", type=int, help="CPU threads for torch (the rule's threads)")
+    p_gather = commands.add_parser(
+        "gather", help="shard files -> pass_rates.parquet and samples.jsonl", formatter_class=HelpFormatter
+    )
+    add_config_arguments(p_gather)
+    p_gather.add_argument("--pool", type=Path, required=True, help="normalized RL-pool parquet")
+    p_gather.add_argument("--shard-files", type=Path, nargs="+", required=True, help="every shard file")
+    p_gather.add_argument("--out", type=Path, required=True, help="output: pass_rates.parquet")
+    p_gather.add_argument("--samples", type=Path, required=True, help="output: graded samples (jsonl)")
     p_select = commands.add_parser(
         "select",
         help="band + histogram matching -> the RL training set",
@@ -139,13 +192,20 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     setup_logging()
     cfg = config_from_args(args)
-    if args.command == "score":
-        check_writable((args.out, "--out"), (args.samples, "--samples"))
+    if args.command in ("score", "score-shard"):
+        outputs = [(args.out, "--out")] + ([(args.samples, "--samples")] if args.command == "score" else [])
+        check_writable(*outputs)
         check_model_folder(args.model, "--model")
         from agentrl.training.threads import set_torch_threads
 
         set_torch_threads(args.threads)
+    if args.command == "score":
         score(cfg, args.model, args.pool, args.out, args.samples)
+    elif args.command == "score-shard":
+        score_shard(cfg, args.model, args.pool, args.shard, args.shards, args.out, args.problems_per_chunk)
+    elif args.command == "gather":
+        check_writable((args.out, "--out"), (args.samples, "--samples"))
+        gather(cfg.filter.k, args.pool, args.shard_files, args.out, args.samples)
     else:
         check_writable((args.out, "--out"), (args.stats, "--stats"), (args.histogram, "--histogram"))
         stats = select(cfg, args.pass_rates, args.pool, args.out, args.stats, args.histogram)

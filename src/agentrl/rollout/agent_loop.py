@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agentrl.config import RolloutConfig
@@ -89,8 +90,13 @@ class RolloutStats:
     tools_s: float = 0.0
 
 
-def _turn_seed(seed: int, turn: int) -> int:
-    return random.Random(f"agentrl-rollout:{seed}:{turn}").getrandbits(31)
+def turn_seed(seed: int, problem_id: str, sample_index: int, turn: int) -> int:
+    """The sampling seed of one assistant turn of one rollout: (call seed, problem id, sample index, turn).
+
+    Never a position in the call, so a problem's rollouts are the same whichever problems share
+    the call (scoring shards, a resumed job, a smaller batch).
+    """
+    return random.Random(f"agentrl-rollout:{seed}:{problem_id}:{sample_index}:{turn}").getrandbits(31)
 
 
 class AgentLoop:
@@ -121,12 +127,20 @@ class AgentLoop:
             )
         return ids
 
-    def run(self, problems: list[Problem], n: int, params: SamplingParams, seed: int) -> list[Trajectory]:
+    def run(
+        self,
+        problems: list[Problem],
+        n: int,
+        params: SamplingParams,
+        seed: int,
+        on_problem_done: Callable[[list[Trajectory]], None] | None = None,
+    ) -> list[Trajectory]:
         """``n`` trajectories per problem, ordered by problem then sample index.
 
         ``params.max_tokens`` is ignored in favour of the budget ``rollout.max_response_tokens``;
-        ``params.seed`` is replaced by one drawn from ``seed`` and the turn number (an engine may
-        give request ``i`` the seed ``turn_seed + i``: drawn seeds keep those ranges apart).
+        ``params.seed`` is replaced by per-request seeds (:func:`turn_seed`) drawn from ``seed``,
+        the problem id, the sample index and the turn number. ``on_problem_done`` gets a problem's
+        ``n`` trajectories as soon as the last of them ends (a resumable stage writes them then).
         """
         assert n >= 1, f"n must be >= 1, got {n}"
         self.stats = RolloutStats()
@@ -138,17 +152,29 @@ class AgentLoop:
         turn = 0
         while live:
             turn_params = params.replace(
-                max_tokens=self.cfg.max_response_tokens,
-                seed=_turn_seed(seed, turn),
-                stop_token_ids=self.format.stop_token_ids,
+                max_tokens=self.cfg.max_response_tokens, seed=seed, stop_token_ids=self.format.stop_token_ids
             )
-            calls = self._generate_turn(live, turn_params)
+            calls = self._generate_turn(
+                live, turn_params, [turn_seed(seed, r.problem.id, r.sample_index, turn) for r in live]
+            )
             self._answer_calls(calls)
+            if on_problem_done is not None:
+                self._report_finished(rollouts, [r for r in live if r.finish_reason is not None], n, on_problem_done)
             live = [r for r in live if r.finish_reason is None]
             turn += 1
         return [self._trajectory(r) for r in rollouts]
 
-    def _generate_turn(self, live: list[_Rollout], params: SamplingParams) -> list[tuple[_Rollout, ToolCall]]:
+    def _report_finished(self, rollouts: list[_Rollout], ended: list[_Rollout], n: int, callback) -> None:
+        """Hand over each problem whose last rollouts ended this turn (``rollouts`` are grouped by problem)."""
+        position = {id(r): i for i, r in enumerate(rollouts)} if ended else {}
+        for first in sorted({position[id(r)] // n * n for r in ended}):
+            group = rollouts[first : first + n]
+            if all(r.finish_reason is not None for r in group):
+                callback([self._trajectory(r) for r in group])
+
+    def _generate_turn(
+        self, live: list[_Rollout], params: SamplingParams, seeds: list[int]
+    ) -> list[tuple[_Rollout, ToolCall]]:
         """One assistant turn for every live trajectory; returns the tool calls to answer."""
         budget = self.cfg.max_response_tokens
         started = time.perf_counter()
@@ -156,6 +182,7 @@ class AgentLoop:
             [r.prompt_ids + r.response_ids for r in live],
             params,
             max_tokens=[budget - len(r.response_ids) for r in live],
+            seeds=seeds,
         )
         self.stats.generate_s += time.perf_counter() - started
         calls = []

@@ -109,11 +109,14 @@ class Engine(Protocol):
         params: SamplingParams,
         *,
         max_tokens: Sequence[int] | None = None,
+        seeds: Sequence[int] | None = None,
     ) -> list[GenerationOutput]:
         """One continuation per prompt, in prompt order.
 
         ``max_tokens`` optionally caps each prompt's continuation below ``params.max_tokens`` (the
         agent loop's trajectories have different budgets left); a capped continuation ends 'length'.
+        ``seeds`` gives each prompt its own sampling seed (default: ``params.seed + i``, or fresh
+        randomness without ``params.seed``): a prompt's sample then does not depend on the others.
         """
         ...
 

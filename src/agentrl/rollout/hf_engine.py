@@ -8,9 +8,12 @@ they stop costing compute. Prompts are sorted by length and cut into batches of
 step with a ``DynamicCache``.
 
 Sampling order (as vLLM): ``logits / temperature`` -> top-k -> top-p -> sample from the softmax.
-With a seed, one ``torch.Generator`` drives the whole call, so a call is reproducible for the
-same prompts, batch size and device; unlike vLLM's per-request seeds, a sequence's sample still
-depends on which other sequences share its batch (greedy decoding does not).
+Seeds are per sequence, as vLLM's per-request seeds: row ``i`` of a call draws its tokens from
+its own ``random.Random(seeds[i])`` (default ``params.seed + i``), one uniform number per token,
+mapped through the row's cumulative distribution (inverse-CDF sampling, one batched
+``searchsorted``). So a sequence's sample depends on its seed and its own logits only, not on
+which other sequences share its batch; callers that split work differently (scoring shards, a
+resumed job) get the same samples as long as the logits come out the same.
 
 The engine may share its module with the trainer (``make_engine(..., model=policy)``): weight
 updates are then already in place and :meth:`HFEngine.update_weights` only copies tensors that
@@ -19,6 +22,7 @@ are not the module's own.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
@@ -49,10 +53,13 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
 
 
 def sample_tokens(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+    logits: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row and return ``(tokens (B,), logprobs (B,))``.
 
+    ``uniforms`` (B,) in [0, 1), one per row, pick the tokens by inverse CDF: row ``b`` takes the
+    first token whose cumulative probability exceeds ``uniforms[b]`` (float64 sums, so the choice
+    depends on the row's own distribution only); ``None`` samples with fresh randomness.
     ``logprobs`` are under the distribution sampled from (tempered and filtered); for greedy
     decoding, under the untempered model distribution (a point mass carries no information).
     """
@@ -62,7 +69,14 @@ def sample_tokens(
         logprobs = logits.log_softmax(dim=-1).gather(-1, tokens[:, None])[:, 0]
         return tokens, logprobs
     processed = filter_logits(logits / params.temperature, params.top_k, params.top_p).log_softmax(dim=-1)
-    tokens = torch.multinomial(processed.exp(), 1, generator=generator)[:, 0]
+    if uniforms is None:
+        tokens = torch.multinomial(processed.exp(), 1)[:, 0]
+    else:
+        cdf = processed.exp().double().cumsum(dim=-1)  # (B, V)
+        total = cdf[:, -1]
+        # Below the total: the first entry above it then has non-zero probability.
+        target = torch.minimum(uniforms.to(cdf) * total, torch.nextafter(total, torch.zeros_like(total)))
+        tokens = torch.searchsorted(cdf, target[:, None], right=True)[:, 0]
     return tokens, processed.gather(-1, tokens[:, None])[:, 0]
 
 
@@ -97,6 +111,7 @@ class HFEngine:
         params: SamplingParams,
         *,
         max_tokens: Sequence[int] | None = None,
+        seeds: Sequence[int] | None = None,
     ) -> list[GenerationOutput]:
         assert all(len(p) > 0 for p in prompt_ids), "every prompt needs at least one token"
         caps = [params.max_tokens] * len(prompt_ids)
@@ -104,9 +119,10 @@ class HFEngine:
             caps = [min(cap, params.max_tokens) for cap in max_tokens]
         assert len(caps) == len(prompt_ids), f"{len(caps)} max_tokens for {len(prompt_ids)} prompts"
         assert all(c >= 1 for c in caps), "every max_tokens must be >= 1"
-        generator = None
-        if params.seed is not None:
-            generator = torch.Generator(device=self.device).manual_seed(params.seed)
+        if seeds is None and params.seed is not None:
+            seeds = [params.seed + i for i in range(len(prompt_ids))]
+        assert seeds is None or len(seeds) == len(prompt_ids), f"{len(seeds)} seeds for {len(prompt_ids)} prompts"
+        rngs = None if seeds is None else [random.Random(seed) for seed in seeds]
         # Longest first: similar lengths share a batch (less padding), and the batch that needs
         # the most memory runs first, so an out-of-memory error shows up at once.
         order = sorted(range(len(prompt_ids)), key=lambda i: -len(prompt_ids[i]))
@@ -117,7 +133,10 @@ class HFEngine:
             for start in range(0, len(order), self.batch_size):
                 chunk = order[start : start + self.batch_size]
                 batch = self._generate_batch(
-                    [prompt_ids[i] for i in chunk], [caps[i] for i in chunk], params, generator
+                    [prompt_ids[i] for i in chunk],
+                    [caps[i] for i in chunk],
+                    params,
+                    None if rngs is None else [rngs[i] for i in chunk],
                 )
                 for index, output in zip(chunk, batch):
                     outputs[index] = output
@@ -131,7 +150,7 @@ class HFEngine:
         prompts: list[Sequence[int]],
         caps: list[int],
         params: SamplingParams,
-        generator: torch.Generator | None,
+        rngs: list[random.Random] | None,
     ) -> list[GenerationOutput]:
         device = self.device
         batch, width = len(prompts), max(len(p) for p in prompts)
@@ -154,7 +173,10 @@ class HFEngine:
         for step in range(max(caps)):
             if self.logits_processor is not None:
                 logits = self.logits_processor(sequences, logits.float())
-            tokens, logprobs = sample_tokens(logits, params, generator)
+            uniforms = None
+            if rngs is not None:  # one draw per row and step: a row's stream does not see the others
+                uniforms = torch.tensor([rngs[row].random() for row in rows], dtype=torch.float64, device=device)
+            tokens, logprobs = sample_tokens(logits, params, uniforms)
             if self.logits_processor is not None:
                 sequences = torch.cat([sequences, tokens[:, None]], dim=1)
             hit_stop = torch.isin(tokens, stop_ids) & ~finished

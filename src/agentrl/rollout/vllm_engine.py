@@ -35,8 +35,8 @@ after a partial prefill and fails once a seeded batch exceeds one scheduler step
 
 Sampling matches the ``hf`` engine: ``logprobs_mode="processed_logprobs"`` returns the
 log-probability under the distribution sampled from (the untempered one for greedy requests),
-``ignore_eos=True`` makes the loop's ``stop_token_ids`` the only stop condition, and a seed gives
-request ``i`` of a call the seed ``seed + i`` (vLLM seeds per request).
+``ignore_eos=True`` makes the loop's ``stop_token_ids`` the only stop condition, and request
+``i`` takes the seed ``seeds[i]`` (default ``params.seed + i``; vLLM seeds per request).
 
 ``LLM(...)`` starts worker machinery that re-imports ``__main__`` under some start methods: build
 this engine only under ``if __name__ == "__main__"`` in scripts.
@@ -141,6 +141,7 @@ class VllmEngine:
         params: SamplingParams,
         *,
         max_tokens: Sequence[int] | None = None,
+        seeds: Sequence[int] | None = None,
     ) -> list[GenerationOutput]:
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.inputs import TokensPrompt
@@ -148,6 +149,9 @@ class VllmEngine:
         self.wake_up()
         caps = list(max_tokens) if max_tokens is not None else [params.max_tokens] * len(prompt_ids)
         assert len(caps) == len(prompt_ids), f"{len(caps)} max_tokens for {len(prompt_ids)} prompts"
+        if seeds is None and params.seed is not None:
+            seeds = [params.seed + i for i in range(len(prompt_ids))]
+        assert seeds is None or len(seeds) == len(prompt_ids), f"{len(seeds)} seeds for {len(prompt_ids)} prompts"
         requests = [
             VllmSamplingParams(
                 n=1,
@@ -155,7 +159,7 @@ class VllmEngine:
                 top_p=params.top_p,
                 top_k=params.top_k,
                 max_tokens=min(cap, params.max_tokens),
-                seed=None if params.seed is None else params.seed + i,
+                seed=None if seeds is None else seeds[i],
                 stop_token_ids=list(params.stop_token_ids),
                 ignore_eos=True,
                 logprobs=0,
