@@ -92,7 +92,7 @@ rule scoring_config:
         result("filter/scoring_config.json"),
     params:
         **FILTER_SCORE_CONFIG,
-    localrule: True
+    threads: 1
     run:
         Path(output[0]).write_text(json.dumps(rerun_keys(json.loads(params.cfg)), indent=2, sort_keys=True) + "\n")
 
