@@ -59,6 +59,7 @@ def _run(command: list, **kwargs) -> subprocess.CompletedProcess:
 
 def _inputs(root: Path, args) -> Path:
     """results/data/rl_pool.parquet and results/models/sft under ``root``."""
+    root.mkdir(parents=True, exist_ok=True)
     config = root / "data.yaml"
     embedded = {
         "rl_pool_per_family": args.rl_pool_per_family,
