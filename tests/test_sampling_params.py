@@ -91,10 +91,13 @@ def test_grpo_validation_samples_with_top_k_zero(cfg, parts):
 
 
 def test_evaluation_and_filter_scoring_sample_with_top_k_zero(cfg):
-    from agentrl.evaluation.sampling import SamplingSetup, graded_sample_rows
+    from agentrl.evaluation.sampling import SamplingSetup, grade_problems
 
     setup = SamplingSetup(n=2, temperature=0.6, top_p=0.95, seed=0, seed_tag="test")
-    rows = list(graded_sample_rows(cfg, str(random_policy()), arith_problems(2), setup))
+    rows: list[dict] = []
+    grade_problems(
+        cfg, str(random_policy()), arith_problems(2), setup, lambda _problem, problem_rows: rows.extend(problem_rows)
+    )
     assert [(r["problem_id"], r["sample_index"]) for r in rows] == [
         (p.id, i) for p in arith_problems(2) for i in range(2)
     ]
