@@ -8,18 +8,16 @@ Slow: each Snakemake call pays its start-up and DAG building (several seconds he
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from workflow_runs import ROOT, run_snakemake
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
 CONFIG = yaml.safe_load((ROOT / "config.yaml").read_text())
 ABLATIONS = CONFIG["ablations"]
 ARMS = list(dict.fromkeys(a for q in ("data", "algorithm", "reasoning") for a in ABLATIONS["questions"][q]))
@@ -28,23 +26,7 @@ FAMILIES = CONFIG["data"]["embedded"]["families"]
 
 
 def _dry_run(workdir: Path, *args: str) -> subprocess.CompletedProcess:
-    command = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        *args,
-        "-n",
-        "--cores",
-        "2",
-        "-s",
-        str(ROOT / "workflow" / "Snakefile"),
-        "--directory",
-        str(workdir),
-        "--configfile",
-        str(ROOT / "config.yaml"),
-    ]
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=workdir, env=env)
+    return run_snakemake(workdir, *args, "-n", "--configfile", str(ROOT / "config.yaml"), timeout=300)
 
 
 def _job_counts(output: str) -> dict[str, int]:
@@ -130,29 +112,15 @@ def test_the_default_target_plans_no_ablation_job(tmp_path):
 def test_a_question_naming_an_undefined_arm_stops_the_workflow_at_load(tmp_path):
     override = tmp_path / "override.yaml"
     override.write_text(yaml.safe_dump({"ablations": {"questions": {"data": ["baseline", "no_such_arm"]}}}))
-    command = [
-        sys.executable,
-        "-m",
-        "snakemake",
+    done = run_snakemake(
+        tmp_path,
         "ablations",
         "-n",
-        "--cores",
-        "1",
-        "-s",
-        str(ROOT / "workflow" / "Snakefile"),
-        "--directory",
-        str(tmp_path),
         "--configfile",
         str(ROOT / "config.yaml"),
         str(override),
-    ]
-    done = subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
         timeout=300,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        cores=1,
     )
     assert done.returncode != 0
     assert "ablations.questions names undefined arm(s) ['no_such_arm']" in done.stdout + done.stderr

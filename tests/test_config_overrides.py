@@ -9,14 +9,13 @@ the type the schema declares for the key, and only then.
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from workflow_runs import ROOT, run_snakemake
 
 from agentrl.config import (
     ConfigError,
@@ -30,8 +29,6 @@ from agentrl.config import (
     rerun_keys,
     validate_and_fill,
 )
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def coerced(raw: dict) -> dict:
@@ -143,25 +140,7 @@ def test_errors_name_the_source_of_each_bad_key(tmp_path):
 
 def dry_run(workdir: Path, *args: str) -> subprocess.CompletedProcess:
     (workdir / "config.yaml").write_text((ROOT / "config.yaml").read_text())
-    command = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "-n",
-        "--cores",
-        "2",
-        "-p",
-        "-s",
-        str(ROOT / "workflow" / "Snakefile"),
-    ]
-    return subprocess.run(
-        [*command, *args],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=workdir,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
-    )
+    return run_snakemake(workdir, "-n", "-p", *args, timeout=180)
 
 
 def stage_configs(listing: str, stage: str) -> list[dict]:

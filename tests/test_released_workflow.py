@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 import yaml
 from released_fixtures import build_fixture_model
-from test_reruns import TINY, jobs_in_listing, merged, models_of, planned, rules_of, snakemake, write_config
+from workflow_runs import TINY, jobs_in_listing, merged, models_of, planned, rules_of, snakemake, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -62,13 +62,8 @@ def stand_ins(tmp_path_factory) -> dict[str, Path]:
 
 def preset_config(workdir: Path, preset: str, overlay: dict) -> Path:
     """workdir/config.yaml = config.yaml + the Qwen3 paper preset + ``preset`` + fixture data + ``overlay``."""
-    config = yaml.safe_load((ROOT / "config.yaml").read_text())
-    for name in ("paper-qwen3-4b.yaml", preset):
-        config = merged(config, yaml.safe_load((ROOT / "presets" / name).read_text()))
-    config = merged(merged(config, FIXTURE_DATA), overlay)
-    path = workdir / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
+    presets = [yaml.safe_load((ROOT / "presets" / name).read_text()) for name in ("paper-qwen3-4b.yaml", preset)]
+    return write_config(workdir, *presets, FIXTURE_DATA, overlay)
 
 
 def released_checkpoints(stand_ins: dict[str, Path]) -> dict:
@@ -165,7 +160,7 @@ def completed_from_sft(stand_ins, tmp_path_factory):
     # The stand-in's tokenizer (trained on three lines) needs more tokens for a prompt than the
     # embedded base model's, which fit_*_prompts measure with.
     limits = {"rollout": {"max_prompt_tokens": 2048}, "eval": {"max_prompt_tokens": 2048}}
-    write_config(workdir, {"sft": {"from": str(stand_ins["Qwen3-4B-RA-SFT"])}, **limits})
+    write_config(workdir, TINY, {"sft": {"from": str(stand_ins["Qwen3-4B-RA-SFT"])}, **limits})
     done = snakemake(workdir, timeout=1200)
     assert "sft" not in rules_of(jobs_in_listing(done.stdout + done.stderr))
     assert planned(workdir) == [], "a finished run plans nothing"

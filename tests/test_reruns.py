@@ -19,51 +19,21 @@ import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 import yaml
+from workflow_runs import (
+    TINY,
+    jobs_in_listing,
+    models_of,
+    planned,
+    rules_of,
+    snakemake,
+    start_snakemake,
+    wait_for,
+    write_config,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
-TINY = {
-    "data": {
-        "embedded": {
-            "families": ["arith", "program"],
-            "sft_per_family": 4,
-            "rl_pool_per_family": 2,
-            "eval_per_family": 2,
-        }
-    },
-    "model": {
-        "embedded": {
-            "hidden_size": 32,
-            "num_layers": 2,
-            "num_heads": 2,
-            "num_kv_heads": 1,
-            "head_dim": 16,
-            "intermediate_size": 64,
-        }
-    },
-    "sandbox": {"workers": 1},
-    "rollout": {"max_response_tokens": 32, "max_turns": 1},
-    "reward": {"overlong": {"max_response_length": 32, "buffer_length": 8}},
-    "sft": {"epochs": 1},
-    # The untrained model solves nothing: keep unsolved problems so GRPO has data.
-    "filter": {"k": 1, "low": -1.0},
-    "grpo": {
-        "max_steps": 1,
-        "batch_prompts": 2,
-        "n": 2,
-        "mini_batch_prompts": 2,
-        "test_freq": 0,
-        "val_before_train": False,
-        "save_freq": 1,
-    },
-    "eval": {"n": 1},
-}
 MODELS = {"base", "sft", "rl"}
 # A (model, benchmark) is sampled by its eval.shards evaluate jobs and gathered into its metrics.
 EVALUATION = {"evaluate", "gather_evaluation", "export_livecodebench", "report"}
@@ -79,80 +49,6 @@ UPSTREAM_OF_EVAL = {
     "select_rl_data",
     "grpo",
 }
-JOB_HEADER = re.compile(r"^(?:local)?rule (\w+):$")
-
-
-def merged(base: dict, overlay: dict) -> dict:
-    out = dict(base)
-    for key, value in overlay.items():
-        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
-
-
-def write_config(workdir: Path, overlay: dict) -> Path:
-    """config.yaml of ``workdir``: the embedded default with ``TINY`` and ``overlay`` on top."""
-    config = merged(merged(yaml.safe_load((ROOT / "config.yaml").read_text()), TINY), overlay)
-    path = workdir / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-def snakemake_command(workdir: Path, *args: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "--cores",
-        "2",
-        "-s",
-        str(ROOT / "workflow" / "Snakefile"),
-        "--directory",
-        str(workdir),
-        *args,
-    ]
-
-
-def snakemake_env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
-
-
-def snakemake(workdir: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    done = subprocess.run(
-        snakemake_command(workdir, *args),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=workdir,
-        env=snakemake_env(),
-    )
-    assert done.returncode == 0, f"snakemake {' '.join(args)} failed:\n{done.stdout[-4000:]}\n{done.stderr[-6000:]}"
-    return done
-
-
-def jobs_in_listing(listing: str) -> list[tuple[str, dict[str, str]]]:
-    """(rule, wildcards) of every job block of a Snakemake run or dry-run listing, the ``all`` target aside."""
-    jobs: list[tuple[str, dict[str, str]]] = []
-    for line in listing.splitlines():
-        header = JOB_HEADER.match(line)
-        if header:
-            jobs.append((header[1], {}))
-        elif jobs and line.strip().startswith("wildcards:"):
-            pairs = line.strip().removeprefix("wildcards:").split(",")
-            jobs[-1][1].update(pair.strip().split("=", 1) for pair in pairs)
-    return [(rule, wildcards) for rule, wildcards in jobs if rule != "all"]
-
-
-def planned(workdir: Path, *args: str) -> list[tuple[str, dict[str, str]]]:
-    done = snakemake(workdir, "-n", *args, timeout=180)
-    return jobs_in_listing(done.stdout + done.stderr)
-
-
-def rules_of(jobs) -> set[str]:
-    return {rule for rule, _ in jobs}
-
-
-def models_of(jobs, rule: str) -> set[str]:
-    return {wildcards["model"] for r, wildcards in jobs if r == rule}
 
 
 def test_the_listing_parser_reads_rules_and_wildcards():
@@ -183,7 +79,7 @@ def test_the_listing_parser_reads_rules_and_wildcards():
     ],
 )
 def test_until_plans_only_the_jobs_upstream_of_its_target(tmp_path, target, expected):
-    write_config(tmp_path, {})
+    write_config(tmp_path, TINY)
     everything = planned(tmp_path)
     assert rules_of(everything) >= UPSTREAM_OF_EVAL | EVALUATION - {"export_livecodebench"}, (
         "a fresh folder plans the whole DAG"
@@ -197,7 +93,7 @@ def test_until_plans_only_the_jobs_upstream_of_its_target(tmp_path, target, expe
 def completed(tmp_path_factory):
     """A folder where the whole tiny workflow has run: nothing is left to do."""
     workdir = tmp_path_factory.mktemp("reruns")
-    write_config(workdir, {})
+    write_config(workdir, TINY)
     snakemake(workdir, timeout=900)
     assert planned(workdir) == [], "a finished run plans nothing"
     return workdir
@@ -302,21 +198,12 @@ def test_a_model_retrained_by_a_partial_run_is_evaluated_again(completed, tmp_pa
 
 
 # --------------------------------------------------------------------------- preemption
-def wait_for(predicate, timeout: float, what: str, process: subprocess.Popen) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if process.poll() is not None:
-            raise AssertionError(f"snakemake ended (exit {process.returncode}) before {what}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} within {timeout} s")
-        time.sleep(0.1)
-
-
 @pytest.mark.slow
 def test_a_killed_training_job_resumes_from_its_checkpoint(tmp_path):
     # 4 conversations x 2 families, 2 per step: 4 steps an epoch, 12 steps; a checkpoint every 2.
     write_config(
         tmp_path,
+        TINY,
         {
             "sft": {
                 "epochs": 3,
@@ -333,14 +220,7 @@ def test_a_killed_training_job_resumes_from_its_checkpoint(tmp_path):
     log_path = results / "logs" / "sft.log"
 
     # Its own session: the process group holds snakemake and the jobs it runs, as a SLURM job's cgroup does.
-    first = subprocess.Popen(
-        snakemake_command(tmp_path, "--until", "sft"),
-        cwd=tmp_path,
-        env=snakemake_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    first = start_snakemake(tmp_path, "--until", "sft")
     try:
         wait_for(lambda: (checkpoints / "latest").exists(), 300, "first SFT checkpoint", first)
     finally:

@@ -145,23 +145,16 @@ def _lock_is_free(folder: Path) -> bool:
 
 @pytest.mark.slow
 def test_kill_9_of_snakemake_alone_then_the_recovery_recipe_holds_every_step_once(tmp_path):
-    from test_reruns import planned, snakemake, snakemake_command, snakemake_env, wait_for, write_config
+    from workflow_runs import TINY, planned, snakemake, start_snakemake, wait_for, write_config
 
     # 4 conversations x 2 families, 2 per step: 4 steps an epoch, 20 steps; a checkpoint every 2.
     sft = {"epochs": 5, "global_batch_size": 2, "micro_batch_size": 2, "save_every_steps": 2, "keep_checkpoints": 1}
-    write_config(tmp_path, {"sft": sft})
+    write_config(tmp_path, TINY, {"sft": sft})
     total = 20
     results = tmp_path / "results"
     checkpoints = results / "sft" / "checkpoints"
     running_metrics = results / "sft" / "metrics.jsonl"  # the output, written as SFT runs
-    workflow = subprocess.Popen(
-        snakemake_command(tmp_path, "--until", "sft"),
-        cwd=tmp_path,
-        env=snakemake_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    workflow = start_snakemake(tmp_path, "--until", "sft")
     try:
         wait_for(lambda: running_metrics.exists() and len(_steps(running_metrics)) >= 1, 600, "an SFT step", workflow)
     finally:

@@ -9,17 +9,13 @@ the full embedded default (README). Slow: a few minutes on 2 cores.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
+from workflow_runs import run_snakemake, snakemake, write_config
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
 SMALL = {
     "data": {
         "embedded": {
@@ -48,36 +44,11 @@ SMALL = {
 }
 
 
-def _snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
-    command = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "--cores",
-        "2",
-        "-s",
-        str(ROOT / "workflow" / "Snakefile"),
-        "--directory",
-        str(workdir),
-        *args,
-    ]
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
-    return subprocess.run(command, capture_output=True, text=True, timeout=1800, cwd=workdir, env=env)
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("workflow")
-    config = yaml.safe_load((ROOT / "config.yaml").read_text())
-    for section, values in SMALL.items():
-        for key, value in values.items():
-            if isinstance(value, dict):
-                config[section][key].update(value)
-            else:
-                config[section][key] = value
-    (workdir / "config.yaml").write_text(yaml.safe_dump(config))
-    done = _snakemake(workdir)
-    assert done.returncode == 0, f"snakemake failed:\n{done.stdout[-4000:]}\n{done.stderr[-8000:]}"
+    write_config(workdir, SMALL)
+    snakemake(workdir, timeout=1800)
     return workdir
 
 
@@ -99,7 +70,7 @@ def test_every_stage_wrote_its_outputs(run):
 
 
 def test_a_second_run_has_nothing_to_do(run):
-    done = _snakemake(run, "-n")
+    done = run_snakemake(run, "-n")
     assert done.returncode == 0
     assert "Nothing to be done" in done.stdout + done.stderr
 
@@ -107,7 +78,7 @@ def test_a_second_run_has_nothing_to_do(run):
 def test_changing_an_eval_value_reruns_only_evaluation_and_what_follows(run):
     override = run / "override.yaml"
     override.write_text(yaml.safe_dump({"eval": {"n": 3}}))
-    done = _snakemake(run, "-n", "--configfile", str(run / "config.yaml"), str(override))
+    done = run_snakemake(run, "-n", "--configfile", str(run / "config.yaml"), str(override))
     assert done.returncode == 0, done.stderr
     plan = done.stdout + done.stderr
     assert "evaluate" in plan and "report" in plan

@@ -1,0 +1,164 @@
+"""Starting the repository's Snakemake workflow from tests: config files, commands, runs, listings.
+
+Every workflow test runs snakemake as a real subprocess of this Python, in its own folder, with
+this checkout's ``src`` first on PYTHONPATH (so the jobs' ``python -m agentrl`` runs the code
+under test) and one OpenMP thread per job (the test machines have few cores).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAKEFILE = ROOT / "workflow" / "Snakefile"
+# A whole workflow run in minutes on a CPU: a handful of problems, a 2-layer model, one GRPO step.
+TINY = {
+    "data": {
+        "embedded": {
+            "families": ["arith", "program"],
+            "sft_per_family": 4,
+            "rl_pool_per_family": 2,
+            "eval_per_family": 2,
+        }
+    },
+    "model": {
+        "embedded": {
+            "hidden_size": 32,
+            "num_layers": 2,
+            "num_heads": 2,
+            "num_kv_heads": 1,
+            "head_dim": 16,
+            "intermediate_size": 64,
+        }
+    },
+    "sandbox": {"workers": 1},
+    "rollout": {"max_response_tokens": 32, "max_turns": 1},
+    "reward": {"overlong": {"max_response_length": 32, "buffer_length": 8}},
+    "sft": {"epochs": 1},
+    # The untrained model solves nothing: keep unsolved problems so GRPO has data.
+    "filter": {"k": 1, "low": -1.0},
+    "grpo": {
+        "max_steps": 1,
+        "batch_prompts": 2,
+        "n": 2,
+        "mini_batch_prompts": 2,
+        "test_freq": 0,
+        "val_before_train": False,
+        "save_freq": 1,
+    },
+    "eval": {"n": 1},
+}
+JOB_HEADER = re.compile(r"^(?:local)?rule (\w+):$")
+
+
+def merged(base: dict, overlay: dict) -> dict:
+    """``base`` with ``overlay`` on top, nested mappings merged key by key."""
+    out = dict(base)
+    for key, value in overlay.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def write_config(workdir: Path, *overlays: dict) -> Path:
+    """config.yaml of ``workdir``: the repository's config.yaml with ``overlays`` on top, in order."""
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    for overlay in overlays:
+        config = merged(config, overlay)
+    path = workdir / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def snakemake_command(workdir: Path, *args: str, snakefile: Path = SNAKEFILE, cores: int = 2) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--cores",
+        str(cores),
+        "-s",
+        str(snakefile),
+        "--directory",
+        str(workdir),
+        *args,
+    ]
+
+
+def snakemake_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+
+
+def run_snakemake(
+    workdir: Path, *args: str, timeout: float = 600, snakefile: Path = SNAKEFILE, cores: int = 2
+) -> subprocess.CompletedProcess:
+    """One snakemake call in ``workdir``, finished; the caller judges its exit status."""
+    return subprocess.run(
+        snakemake_command(workdir, *args, snakefile=snakefile, cores=cores),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=workdir,
+        env=snakemake_env(),
+    )
+
+
+def snakemake(workdir: Path, *args: str, timeout: float = 600, **options) -> subprocess.CompletedProcess:
+    """``run_snakemake``, which must succeed."""
+    done = run_snakemake(workdir, *args, timeout=timeout, **options)
+    assert done.returncode == 0, f"snakemake {' '.join(args)} failed:\n{done.stdout[-4000:]}\n{done.stderr[-8000:]}"
+    return done
+
+
+def start_snakemake(workdir: Path, *args: str) -> subprocess.Popen:
+    """snakemake running in the background in its own session (its process group holds its jobs)."""
+    return subprocess.Popen(
+        snakemake_command(workdir, *args),
+        cwd=workdir,
+        env=snakemake_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def wait_for(predicate, timeout: float, what: str, process: subprocess.Popen) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if process.poll() is not None:
+            raise AssertionError(f"snakemake ended (exit {process.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {timeout} s")
+        time.sleep(0.1)
+
+
+def jobs_in_listing(listing: str) -> list[tuple[str, dict[str, str]]]:
+    """(rule, wildcards) of every job block of a Snakemake run or dry-run listing, the ``all`` target aside."""
+    jobs: list[tuple[str, dict[str, str]]] = []
+    for line in listing.splitlines():
+        header = JOB_HEADER.match(line)
+        if header:
+            jobs.append((header[1], {}))
+        elif jobs and line.strip().startswith("wildcards:"):
+            pairs = line.strip().removeprefix("wildcards:").split(",")
+            jobs[-1][1].update(pair.strip().split("=", 1) for pair in pairs)
+    return [(rule, wildcards) for rule, wildcards in jobs if rule != "all"]
+
+
+def planned(workdir: Path, *args: str) -> list[tuple[str, dict[str, str]]]:
+    done = snakemake(workdir, "-n", *args, timeout=180)
+    return jobs_in_listing(done.stdout + done.stderr)
+
+
+def rules_of(jobs) -> set[str]:
+    return {rule for rule, _ in jobs}
+
+
+def models_of(jobs, rule: str) -> set[str]:
+    return {wildcards["model"] for r, wildcards in jobs if r == rule}
