@@ -102,12 +102,26 @@ class Trajectory:
 
 
 def write_records(records: list[Problem] | list[SftExample], path: str | Path) -> None:
+    write_parquet(pd.DataFrame([r.to_row() for r in records]), path)
+
+
+def write_parquet(frame: pd.DataFrame, path: str | Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    frame = pd.DataFrame([r.to_row() for r in records])
     tmp = path.with_suffix(path.suffix + ".tmp")
     frame.to_parquet(tmp, index=False)
     tmp.replace(path)  # a killed job never leaves a half-written parquet that looks complete
+
+
+def read_parquet(path: str | Path, what: str) -> pd.DataFrame:
+    """The table of a parquet file; a missing or damaged file is a DataFormatError naming ``path``."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataFormatError(f"{path}: the {what} file does not exist")
+    try:
+        return pd.read_parquet(path)
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises many kinds for a damaged file
+        raise DataFormatError(f"{path}: not a readable parquet file ({type(exc).__name__}: {exc})") from None
 
 
 def read_problems(path: str | Path) -> list[Problem]:
@@ -123,13 +137,7 @@ def read_sft_examples(path: str | Path) -> list[SftExample]:
 
 
 def _read_table(path: str | Path, columns: tuple[str, ...], what: str) -> list[dict[str, Any]]:
-    path = Path(path)
-    if not path.is_file():
-        raise DataFormatError(f"{path}: the {what} file does not exist")
-    try:
-        frame = pd.read_parquet(path)
-    except Exception as exc:  # noqa: BLE001 - pyarrow raises many kinds for a damaged file
-        raise DataFormatError(f"{path}: not a readable parquet file ({type(exc).__name__}: {exc})") from None
+    frame = read_parquet(path, what)
     missing = [column for column in columns if column not in frame.columns]
     if missing:
         raise DataFormatError(

@@ -15,8 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from agentrl.data.records import Problem
-from agentrl.errors import DataFormatError
+from agentrl.data.records import Problem, read_parquet, write_parquet
 from agentrl.filtering.selection import check_pass_rate_table
 
 COLUMNS = (
@@ -71,20 +70,10 @@ def pass_rate_table(problems: Sequence[Problem], rows: Sequence[Mapping[str, Any
 
 
 def write_pass_rates(table: pd.DataFrame, path: str | Path) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    table.to_parquet(tmp, index=False)
-    tmp.replace(path)
+    write_parquet(table, path)
 
 
 def read_pass_rates(path: str | Path) -> pd.DataFrame:
-    path = Path(path)
-    if not path.exists():
-        raise DataFormatError(f"pass-rate table not found: {path}")
-    try:
-        table = pd.read_parquet(path)
-    except Exception as exc:  # noqa: BLE001 - pyarrow raises many kinds for a damaged file
-        raise DataFormatError(f"{path}: not a readable parquet file ({type(exc).__name__}: {exc})") from None
+    table = read_parquet(path, "pass-rate table")
     check_pass_rate_table(table, str(path))
     return table
