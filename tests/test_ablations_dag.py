@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from workflow_runs import ROOT, run_snakemake
+from workflow_runs import ROOT, job_counts, run_snakemake
 
 pytestmark = pytest.mark.slow
 
@@ -27,17 +27,6 @@ FAMILIES = CONFIG["data"]["embedded"]["families"]
 
 def _dry_run(workdir: Path, *args: str) -> subprocess.CompletedProcess:
     return run_snakemake(workdir, *args, "-n", "--configfile", str(ROOT / "config.yaml"), timeout=300)
-
-
-def _job_counts(output: str) -> dict[str, int]:
-    table = output.split("Job stats:", 1)[1]
-    counts = {}
-    for line in table.splitlines()[3:]:
-        match = re.match(r"^(\w+)\s+(\d+)$", line.strip())
-        if not match or match.group(1) == "total":
-            break
-        counts[match.group(1)] = int(match.group(2))
-    return counts
 
 
 def _jobs(output: str, rule: str) -> list[dict[str, str]]:
@@ -63,7 +52,7 @@ def plan(tmp_path_factory) -> str:
 
 
 def test_arms_share_one_data_set_base_model_sft_model_and_rl_set(plan):
-    counts = _job_counts(plan)
+    counts = job_counts(plan)
     for shared in (
         "prepare_data",
         "base_model",
@@ -106,7 +95,7 @@ def test_each_arm_trains_from_its_sft_model_on_its_rl_data(plan):
 def test_the_default_target_plans_no_ablation_job(tmp_path):
     done = _dry_run(tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert not any(rule.startswith("ablation") for rule in _job_counts(done.stdout + done.stderr))
+    assert not any(rule.startswith("ablation") for rule in job_counts(done.stdout + done.stderr))
 
 
 def test_a_question_naming_an_undefined_arm_stops_the_workflow_at_load(tmp_path):

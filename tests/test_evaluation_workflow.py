@@ -9,18 +9,14 @@ its start-up.
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from workflow_runs import ROOT, job_counts, snakemake
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
 WRAPPER = f"""
 import sys
 sys.path.insert(0, "{ROOT}/src")
@@ -36,24 +32,9 @@ rule all:
 
 
 def _dry_run(workdir: Path, *args: str) -> tuple[dict[str, int], str]:
-    command = [sys.executable, "-m", "snakemake", "-n", "-p", "--cores", "1", "-s", str(workdir / "Snakefile"), *args]
-    done = subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=workdir,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
-    )
+    done = snakemake(workdir, "-n", "-p", *args, timeout=300, snakefile=workdir / "Snakefile", cores=1)
     out = done.stdout + done.stderr
-    assert done.returncode == 0, f"snakemake {' '.join(args)} failed:\n{out}"
-    counts = {}
-    for line in out.split("Job stats:", 1)[1].splitlines()[3:]:
-        match = re.match(r"^(\w+)\s+(\d+)$", line.strip())
-        if not match or match.group(1) == "total":
-            break
-        counts[match.group(1)] = int(match.group(2))
-    return counts, out
+    return job_counts(out), out
 
 
 @pytest.fixture(scope="module")

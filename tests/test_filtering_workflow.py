@@ -10,22 +10,18 @@ change would re-run. Slow: every Snakemake call pays its start-up (about 5 s her
 from __future__ import annotations
 
 import json
-import os
-import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
+from workflow_runs import ROOT, job_counts, merged, snakemake
 
 from agentrl.data.records import Problem, write_records
 from agentrl.filtering.pass_rates import pass_rate_table, write_pass_rates
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
 K = 8
 # Scoring budgets that keep the real scoring run short (an untrained model rambles to the budget).
 TINY = {
@@ -46,54 +42,14 @@ include: "{ROOT}/rules/filter.smk"
 
 
 def _snakemake(workdir: Path, *args: str) -> str:
-    command = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "--cores",
-        "1",
-        "--directory",
-        str(workdir),
-        "-s",
-        str(workdir / "Snakefile"),
-        *args,
-    ]
-    done = subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=workdir,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
-    )
-    assert done.returncode == 0, f"snakemake {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
+    done = snakemake(workdir, *args, timeout=300, snakefile=workdir / "Snakefile", cores=1)
     return done.stdout + done.stderr
-
-
-def _planned_jobs(output: str) -> set[str]:
-    """Rule names in the dry run's "Job stats" table (empty when nothing is to be done)."""
-    if "Nothing to be done" in output:
-        return set()
-    table = output.split("Job stats:", 1)[1]
-    jobs = set()
-    for line in table.splitlines()[3:]:
-        match = re.match(r"^(\w+)\s+\d+$", line.strip())
-        if not match or match.group(1) == "total":
-            break
-        jobs.add(match.group(1))
-    return jobs
 
 
 def _override(workdir: Path, name: str, values: dict) -> str:
     """A config file with the tiny scoring budgets and ``values`` on top (deep-merged)."""
-    merged = json.loads(json.dumps(TINY))
-    for section, value in values.items():
-        if isinstance(value, dict):
-            merged.setdefault(section, {}).update(value)
-        else:
-            merged[section] = value
     path = workdir / name
-    path.write_text(yaml.safe_dump(merged))
+    path.write_text(yaml.safe_dump(merged(TINY, values)))
     return str(path)
 
 
@@ -158,7 +114,7 @@ def test_the_selection_runs_and_an_unchanged_config_has_nothing_to_do(scored_wor
     unchanged = _snakemake(
         scored_workdir, "results/filter/rl_train.parquet", "-n", "--configfile", str(scored_workdir / "tiny.yaml")
     )
-    assert _planned_jobs(unchanged) == set(), unchanged
+    assert set(job_counts(unchanged)) == set(), unchanged
 
 
 @pytest.mark.parametrize(
@@ -172,7 +128,7 @@ def test_the_selection_runs_and_an_unchanged_config_has_nothing_to_do(scored_wor
 def test_a_threshold_or_target_change_reruns_only_the_selection(scored_workdir, change):
     override = _override(scored_workdir, "override.yaml", change)
     out = _snakemake(scored_workdir, "results/filter/rl_train.parquet", "-n", "--configfile", override)
-    assert _planned_jobs(out) == {"select_rl_data"}, out
+    assert set(job_counts(out)) == {"select_rl_data"}, out
     assert "Params have changed" in out
 
 
@@ -180,4 +136,4 @@ def test_a_threshold_or_target_change_reruns_only_the_selection(scored_workdir, 
 def test_a_change_of_the_rollouts_reruns_the_scoring_too(scored_workdir, change):
     override = _override(scored_workdir, "override.yaml", change)
     out = _snakemake(scored_workdir, "results/filter/rl_train.parquet", "-n", "--configfile", override)
-    assert _planned_jobs(out) == {"score_rl_pool", "gather_pass_rates", "scoring_config", "select_rl_data"}, out
+    assert set(job_counts(out)) == {"score_rl_pool", "gather_pass_rates", "scoring_config", "select_rl_data"}, out

@@ -24,6 +24,7 @@ import pytest
 import yaml
 from workflow_runs import (
     TINY,
+    UPSTREAM_OF_EVAL,
     jobs_in_listing,
     models_of,
     planned,
@@ -37,18 +38,6 @@ from workflow_runs import (
 MODELS = {"base", "sft", "rl"}
 # A (model, benchmark) is sampled by its eval.shards evaluate jobs and gathered into its metrics.
 EVALUATION = {"evaluate", "gather_evaluation", "export_livecodebench", "report"}
-UPSTREAM_OF_EVAL = {
-    "prepare_data",
-    "base_model",
-    "fit_rl_prompts",
-    "fit_eval_prompts",
-    "sft",
-    "score_rl_pool",
-    "gather_pass_rates",
-    "scoring_config",
-    "select_rl_data",
-    "grpo",
-}
 
 
 def test_the_listing_parser_reads_rules_and_wildcards():

@@ -12,7 +12,7 @@ import json
 
 import pytest
 import yaml
-from workflow_runs import run_snakemake, snakemake, write_config
+from workflow_runs import UPSTREAM_OF_EVAL, run_snakemake, snakemake, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -82,16 +82,5 @@ def test_changing_an_eval_value_reruns_only_evaluation_and_what_follows(run):
     assert done.returncode == 0, done.stderr
     plan = done.stdout + done.stderr
     assert "evaluate" in plan and "report" in plan
-    upstream = (
-        "prepare_data",
-        "base_model",
-        "fit_rl_prompts",
-        "fit_eval_prompts",
-        "sft",
-        "score_rl_pool",
-        "gather_pass_rates",
-        "scoring_config",
-        "select_rl_data",
-    )
-    for upstream_rule in (*upstream, "grpo"):
+    for upstream_rule in sorted(UPSTREAM_OF_EVAL):
         assert f"rule {upstream_rule}:" not in plan and f"\n{upstream_rule} " not in plan, upstream_rule

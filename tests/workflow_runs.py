@@ -55,6 +55,19 @@ TINY = {
     },
     "eval": {"n": 1},
 }
+# The rules of the default workflow that evaluation depends on, directly or not.
+UPSTREAM_OF_EVAL = {
+    "prepare_data",
+    "base_model",
+    "fit_rl_prompts",
+    "fit_eval_prompts",
+    "sft",
+    "score_rl_pool",
+    "gather_pass_rates",
+    "scoring_config",
+    "select_rl_data",
+    "grpo",
+}
 JOB_HEADER = re.compile(r"^(?:local)?rule (\w+):$")
 
 
@@ -136,6 +149,19 @@ def wait_for(predicate, timeout: float, what: str, process: subprocess.Popen) ->
         if time.monotonic() > deadline:
             raise AssertionError(f"no {what} within {timeout} s")
         time.sleep(0.1)
+
+
+def job_counts(output: str) -> dict[str, int]:
+    """Rule -> jobs of a run's or dry run's "Job stats" table (empty when there is nothing to do)."""
+    if "Nothing to be done" in output:
+        return {}
+    counts = {}
+    for line in output.split("Job stats:", 1)[1].splitlines()[3:]:
+        match = re.match(r"^(\w+)\s+(\d+)$", line.strip())
+        if not match or match.group(1) == "total":
+            break
+        counts[match.group(1)] = int(match.group(2))
+    return counts
 
 
 def jobs_in_listing(listing: str) -> list[tuple[str, dict[str, str]]]:
