@@ -16,7 +16,8 @@ SRC = str(Path(workflow.basedir).parent / "src")
 shell.prefix(f"export PYTHONPATH={SRC}:$PYTHONPATH; ")
 
 sys.path.insert(0, SRC)  # the checkout's package decides what is read from the hub
-from agentrl.config import load_config, load_schema, rerun_keys  # noqa: E402
+from agentrl.config import load_config  # noqa: E402
+from agentrl.config_schema import load_schema, rerun_keys  # noqa: E402
 from agentrl.hub import needs_hub  # noqa: E402
 
 NEEDS_HUB = needs_hub(load_config(config, origin="workflow config"))
@@ -48,7 +49,7 @@ def config_params(*sections, build=None, example=None):
     values before and now: here the changed keys. It does not compare a param computed by a
     function of ``input`` (derived from the input files, whose changes it tracks itself): ``cfg``
     is one, so the keys the schema marks ``x-rerun: false`` (speed, parallelism, bookkeeping;
-    agentrl.config.rerun_keys) reach the stage and re-run nothing.
+    agentrl.config_schema.rerun_keys) reach the stage and re-run nothing.
 
     The config is the top-level ``sections`` the stage reads, or ``build(wildcards)`` for one
     assembled per job; ``example`` (wildcard values) lists its keys, the same for every job.

@@ -2,7 +2,7 @@
 the workflow's short message for a bad key.
 
 Snakemake reads a nested ``--config grpo='{lr: 2e-4}'`` with YAML's BaseLoader (every scalar a
-string) and PyYAML reads ``lr: 1e-5`` as a string; agentrl.config.coerce_to_schema reads them as
+string) and PyYAML reads ``lr: 1e-5`` as a string; agentrl.config_schema.coerce_to_schema reads them as
 the type the schema declares for the key, and only then.
 """
 
@@ -20,15 +20,12 @@ from workflow_runs import ROOT, run_snakemake
 from agentrl.config import (
     ConfigError,
     check_workflow_config,
-    coerce_to_schema,
     config_sources,
     load_config,
     load_config_file,
-    load_schema,
-    rerun_free_keys,
-    rerun_keys,
     validate_and_fill,
 )
+from agentrl.config_schema import coerce_to_schema, load_schema, rerun_free_keys, rerun_keys
 
 
 def coerced(raw: dict) -> dict:

@@ -10,8 +10,9 @@ their own: a value missing from the schema's defaults is a bug caught at build t
 
 Stage CLIs accept ``--config FILE`` (YAML/JSON, the whole config) and ``--config-json STR``
 (what the Snakemake rules pass: only the sections the stage reads). Keys marked ``x-rerun:
-false`` in the schema change speed or bookkeeping only; :func:`rerun_keys` leaves them out of
-what the rules compare (rules/common.smk).
+false`` in the schema change speed or bookkeeping only;
+:func:`agentrl.config_schema.rerun_keys` leaves them out of what the rules compare
+(rules/common.smk).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import argparse
 import dataclasses
 import json
 import os
-import re
 import types
 import typing
 from collections.abc import Callable
@@ -31,9 +31,8 @@ from typing import Any, Literal
 import jsonschema
 import yaml
 
+from agentrl.config_schema import coerce_to_schema, load_schema
 from agentrl.errors import UserInputError
-
-SCHEMA_PATH = Path(__file__).resolve().parent / "resources" / "config.schema.yaml"
 
 
 class ConfigError(UserInputError):
@@ -388,9 +387,6 @@ class Config:
 
 
 # --------------------------------------------------------------------------- loading
-def load_schema() -> dict[str, Any]:
-    with open(SCHEMA_PATH, encoding="utf-8") as fh:
-        return yaml.safe_load(fh)
 
 
 def _extend_with_defaults(validator_class):
@@ -599,68 +595,6 @@ def config_from_args(args: argparse.Namespace) -> Config:
     return load_config({})
 
 
-# --------------------------------------------------------------------------- coercion
-# YAML 1.2 core-schema scalars. Snakemake reads a nested ``--config key='{a: 2e-4}'`` with YAML's
-# BaseLoader (every scalar a string), and PyYAML (YAML 1.1) reads ``1e-5`` (no dot) as a string.
-_INTEGER = re.compile(r"[-+]?[0-9]+")
-_FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)")
-
-
-def _schema_node(node: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
-    """``node`` with a local ``$ref`` (``#/$defs/...``) resolved."""
-    ref = node.get("$ref")
-    if not ref:
-        return node
-    target: Any = root
-    for part in ref.removeprefix("#/").split("/"):
-        target = target[part]
-    return {**target, **{k: v for k, v in node.items() if k != "$ref"}}
-
-
-def _child_node(node: dict[str, Any], key: str) -> dict[str, Any]:
-    """The schema of ``key`` inside the object schema ``node`` (empty when the schema does not say)."""
-    if key in node.get("properties", {}):
-        return node["properties"][key]
-    extra = node.get("additionalProperties")
-    return extra if isinstance(extra, dict) else {}
-
-
-def _coerce_scalar(text: str, types_: set[str]) -> Any:
-    """``text`` read as the first of the declared types it spells (YAML 1.2 core); else unchanged."""
-    if "null" in types_ and text in ("null", "Null", "NULL", "~"):
-        return None
-    if "string" in types_:
-        return text
-    if "boolean" in types_ and text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    if types_ & {"integer", "number"} and _INTEGER.fullmatch(text):
-        return int(text)
-    if "number" in types_ and _FLOAT.fullmatch(text):
-        return float(text.lower().replace(".inf", "inf").replace(".nan", "nan"))
-    return text
-
-
-def coerce_to_schema(value: Any, node: dict[str, Any], root: dict[str, Any]) -> Any:
-    """``value`` with each string read as its schema's declared type: ``'2e-4'`` at a number key is 2e-4.
-
-    Only keys the schema types as non-strings change (a string key keeps ``'123'``); a string that
-    spells none of its key's types stays a string for validation to report. Mappings and lists are
-    changed in place (Snakemake's ``config`` is one shared dict).
-    """
-    node = _schema_node(node, root)
-    if isinstance(value, dict):
-        for key in value:
-            value[key] = coerce_to_schema(value[key], _child_node(node, str(key)), root)
-    elif isinstance(value, list):
-        items = node.get("items", {})
-        for index, item in enumerate(value):
-            value[index] = coerce_to_schema(item, items if isinstance(items, dict) else {}, root)
-    elif isinstance(value, str) and "type" in node:
-        declared = node["type"]
-        return _coerce_scalar(value, {declared} if isinstance(declared, str) else set(declared))
-    return value
-
-
 # --------------------------------------------------------------------------- the workflow's check
 def config_sources(configfiles: list[str | Path], overrides: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """Where the workflow's config came from, in the order Snakemake merged it: files, then ``--config``."""
@@ -706,45 +640,3 @@ def check_workflow_config(config: dict[str, Any], sources: list[tuple[str, dict[
     cfg = load_config(config, origin)
     check_cross_keys(cfg, origin)
     return cfg
-
-
-# --------------------------------------------------------------------------- what re-runs
-def rerun_keys(values: dict[str, Any], schema: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The key paths of ``values`` whose change re-runs a stage, each with its value.
-
-    A key marked ``x-rerun: false`` in the schema (speed, parallelism, bookkeeping) is left out,
-    with everything under it. A mapping of fixed keys is walked into; any other value (a list,
-    a mapping of free names such as ``eval.checkpoints``) is one key.
-    """
-    root = schema or load_schema()
-    found: dict[str, Any] = {}
-
-    def walk(value: Any, node: dict[str, Any], path: str) -> None:
-        node = _schema_node(node, root)
-        if node.get("x-rerun") is False:
-            return
-        if isinstance(value, dict) and "properties" in node:
-            for key in sorted(value):
-                walk(value[key], _child_node(node, key), f"{path}.{key}" if path else key)
-        else:
-            found[path] = value
-
-    walk(values, root, "")
-    return found
-
-
-def rerun_free_keys(schema: dict[str, Any] | None = None) -> list[str]:
-    """The key paths the schema marks ``x-rerun: false`` (changing them re-runs nothing)."""
-    root = schema or load_schema()
-    found = []
-
-    def walk(node: dict[str, Any], path: str) -> None:
-        node = _schema_node(node, root)
-        if node.get("x-rerun") is False:
-            found.append(path)
-            return
-        for key, sub in node.get("properties", {}).items():
-            walk(sub, f"{path}.{key}" if path else key)
-
-    walk(root, "")
-    return found

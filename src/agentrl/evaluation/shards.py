@@ -67,7 +67,7 @@ def fingerprint(
     Keys marked ``x-rerun: false`` (workers, engine memory) are left out: changing them between a
     kill and the rerun keeps the finished problems.
     """
-    from agentrl.config import rerun_keys
+    from agentrl.config_schema import rerun_keys
 
     blob = json.dumps(rerun_keys(json.loads(json.dumps(sampling))), sort_keys=True, separators=(",", ":"))
     return {
