@@ -204,3 +204,35 @@ def ablation_sft_model(wildcards):
 def ablation_rl_data(wildcards):
     kind = ABLATIONS["arms"][wildcards.arm]["rl_data"]
     return result("filter/rl_train.parquet") if kind == "filtered" else result("data/rl_pool.parquet")
+
+
+# --------------------------------------------------------------------------- stage inputs
+# Input and config functions of rules/filter.smk, rules/rl.smk and rules/eval.smk.
+def filter_score_config():
+    return {
+        **{key: config[key] for key in ("seed", "rollout", "reward", "sandbox", "tool")},
+        "filter": {key: config["filter"][key] for key in ("k", "temperature", "top_p")},
+    }
+
+
+def grpo_validation_benchmarks():
+    """The eval sets GRPO validates on: `grpo.validation.benchmarks`, or every set when null.
+
+    Validation at paper scale costs more than training (4 sets x n=32 every 10 steps is ~13,900
+    trajectories); upstream validates on AIME24/25 only, which the paper preset chooses.
+    """
+    chosen = config["grpo"]["validation"]["benchmarks"]
+    if chosen is None:
+        return benchmarks()
+    unknown = [name for name in chosen if name not in benchmarks()]
+    if unknown:
+        raise WorkflowError(
+            f"grpo.validation.benchmarks names {', '.join(unknown)}, which the data source does not "
+            f"write; choose from {', '.join(benchmarks())} (or null for all)"
+        )
+    return list(chosen)
+
+
+def eval_model_config(w):
+    """A model folder is tracked by its config.json: the stage's output, or the checkpoint's."""
+    return checkpoint_config(w.model) if w.model in EVAL_CHECKPOINTS else result(f"models/{w.model}/config.json")

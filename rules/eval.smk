@@ -30,11 +30,6 @@ EVAL_WILDCARDS = dict(
 )
 
 
-def eval_model_config(w):
-    """A model folder is tracked by its config.json: the stage's output, or the checkpoint's."""
-    return checkpoint_config(w.model) if w.model in EVAL_CHECKPOINTS else result(f"models/{w.model}/config.json")
-
-
 rule evaluate:
     input:
         model=eval_model_config,

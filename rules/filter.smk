@@ -2,13 +2,6 @@
 # the optional histogram matching pick the RL training set. Two rules, so that a changed
 # threshold or target histogram re-runs only the cheap selection: each rule's params hold only
 # the filter keys it reads (scoring: how the rollouts are drawn; selection: the thresholds).
-def filter_score_config():
-    return {
-        **{key: config[key] for key in ("seed", "rollout", "reward", "sandbox", "tool")},
-        "filter": {key: config["filter"][key] for key in ("k", "temperature", "top_p")},
-    }
-
-
 FILTER_SCORE_CONFIG = config_params(build=lambda wildcards: filter_score_config())
 FILTER_SELECT_CONFIG = config_params(
     build=lambda wildcards: {
@@ -90,11 +83,17 @@ rule gather_pass_rates:
 rule scoring_config:
     output:
         result("filter/scoring_config.json"),
+    log:
+        f"{LOGS}/scoring_config.log",
+    conda:
+        "../envs/report.yaml"
     params:
         **FILTER_SCORE_CONFIG,
     threads: 1
-    run:
-        Path(output[0]).write_text(json.dumps(rerun_keys(json.loads(params.cfg)), indent=2, sort_keys=True) + "\n")
+    shell:
+        "python -c 'import json, sys; from agentrl.config_schema import rerun_keys; "
+        "print(json.dumps(rerun_keys(json.loads(sys.argv[1])), indent=2, sort_keys=True))' "
+        "{params.cfg:q} > {output} 2> {log}"
 
 
 # The pass rates are ancient() here: a new filter.shards re-runs the scoring shards (which take the

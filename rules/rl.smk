@@ -2,24 +2,6 @@
 # set, validated on the eval sets. The checkpoint folder is a param, not an output: Snakemake
 # removes a job's outputs before it (re)runs, and a requeued job must find its checkpoints to
 # resume (the metrics file is restored from the newest checkpoint).
-def grpo_validation_benchmarks():
-    """The eval sets GRPO validates on: `grpo.validation.benchmarks`, or every set when null.
-
-    Validation at paper scale costs more than training (4 sets x n=32 every 10 steps is ~13,900
-    trajectories); upstream validates on AIME24/25 only, which the paper preset chooses.
-    """
-    chosen = config["grpo"]["validation"]["benchmarks"]
-    if chosen is None:
-        return benchmarks()
-    unknown = [name for name in chosen if name not in benchmarks()]
-    if unknown:
-        raise WorkflowError(
-            f"grpo.validation.benchmarks names {', '.join(unknown)}, which the data source does not "
-            f"write; choose from {', '.join(benchmarks())} (or null for all)"
-        )
-    return list(chosen)
-
-
 GRPO_CONFIG = config_params("seed", "rollout", "reward", "sandbox", "tool", "grpo", "tracking")
 
 

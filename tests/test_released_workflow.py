@@ -83,7 +83,8 @@ def test_eval_released_preset_plans_evaluation_and_the_report_only(stand_ins, tm
         "base_model": 1,  # Qwen3-4B-Instruct-2507 linked: its tokenizer measures the prompts
         "fit_eval_prompts": 1,  # overlong eval prompts dropped
         "fetch_checkpoint": 2,  # the two released models, linked by local jobs
-        "evaluate": 8,
+        "evaluate": 8,  # one shard job per (model, benchmark) at eval.shards 1
+        "gather_evaluation": 8,
         "export_livecodebench": 2,
         "report": 1,
     }
@@ -106,10 +107,13 @@ def test_rl_from_released_sft_preset_plans_no_sft_job(stand_ins, tmp_path):
         "fit_rl_prompts": 1,
         "fit_eval_prompts": 1,
         "released_sft": 1,
-        "score_rl_pool": 1,
+        "scoring_config": 1,
+        "score_rl_pool": 32,  # the paper preset's filter.shards
+        "gather_pass_rates": 1,
         "select_rl_data": 1,
         "grpo": 1,
         "evaluate": 8,
+        "gather_evaluation": 8,
         "export_livecodebench": 2,
         "report": 1,
     }
@@ -126,6 +130,7 @@ def test_rehearsal_of_the_eval_preset_reports_the_published_figures(stand_ins, t
         "fit_eval_prompts",
         "fetch_checkpoint",
         "evaluate",
+        "gather_evaluation",
         "export_livecodebench",
         "report",
     }
@@ -171,7 +176,17 @@ def test_a_changed_sft_from_reruns_what_is_built_on_the_sft_model_only(completed
     override = tmp_path / "override.yaml"
     override.write_text(yaml.safe_dump({"sft": {"from": str(stand_ins["other-SFT"])}}))
     jobs = planned(completed_from_sft, "--configfile", str(completed_from_sft / "config.yaml"), str(override))
-    expected = {"released_sft", "score_rl_pool", "select_rl_data", "grpo", "evaluate", "export_livecodebench", "report"}
+    expected = {
+        "released_sft",
+        "score_rl_pool",
+        "gather_pass_rates",
+        "select_rl_data",
+        "grpo",
+        "evaluate",
+        "gather_evaluation",
+        "export_livecodebench",
+        "report",
+    }
     assert rules_of(jobs) == expected, "not the data, the base model or its evaluation"
     assert models_of(jobs, "evaluate") == {"sft", "rl"} == models_of(jobs, "export_livecodebench")
     assert TINY["data"]["embedded"]["families"] == ["arith", "program"]

@@ -147,10 +147,11 @@ def _lock_is_free(folder: Path) -> bool:
 def test_kill_9_of_snakemake_alone_then_the_recovery_recipe_holds_every_step_once(tmp_path):
     from workflow_runs import TINY, planned, snakemake, start_snakemake, wait_for, write_config
 
-    # 4 conversations x 2 families, 2 per step: 4 steps an epoch, 20 steps; a checkpoint every 2.
-    sft = {"epochs": 5, "global_batch_size": 2, "micro_batch_size": 2, "save_every_steps": 2, "keep_checkpoints": 1}
+    # 4 conversations x 2 families, 2 per step: 4 steps an epoch, 200 steps; a checkpoint every 10.
+    # Long enough (seconds on an idle machine) that the parent watch, polling every 2 s, sees the kill.
+    sft = {"epochs": 50, "global_batch_size": 2, "micro_batch_size": 2, "save_every_steps": 10, "keep_checkpoints": 1}
     write_config(tmp_path, TINY, {"sft": sft})
-    total = 20
+    total = 200
     results = tmp_path / "results"
     checkpoints = results / "sft" / "checkpoints"
     running_metrics = results / "sft" / "metrics.jsonl"  # the output, written as SFT runs
