@@ -54,3 +54,14 @@ def config_or_exit(
     except ConfigError as exc:
         parser.error(str(exc))
     return cfg
+
+
+def add_shard_arguments(parser: argparse.ArgumentParser, shards_key: str) -> None:
+    """The arguments of a resumable shard job (scoring or evaluation): which range, where it goes."""
+    parser.add_argument("--shard", type=int, required=True, help="this shard, 0-based")
+    parser.add_argument("--shards", type=int, required=True, help=f"shards in all ({shards_key})")
+    parser.add_argument("--out", type=Path, required=True, help="output: the shard file (jsonl)")
+    parser.add_argument(
+        "--problems-per-chunk", type=int, default=256, help="problems rolled out together (bounds memory)"
+    )
+    parser.add_argument("--threads", type=int, help="CPU threads for torch (the rule's threads)")

@@ -35,7 +35,7 @@ from agentrl.evaluation.sampling import SamplingSetup
 from agentrl.evaluation.shards import gathered_rows, run_shard
 from agentrl.model.folder import check_model_folder
 from agentrl.paths import check_writable
-from agentrl.stage_cli import setup_logging, stage_parser
+from agentrl.stage_cli import add_shard_arguments, setup_logging, stage_parser
 from agentrl.tracking import Tracker, check_tracking
 
 log = logging.getLogger("agentrl.evaluate")
@@ -190,13 +190,7 @@ def main(argv: list[str]) -> int:
     p_shard.add_argument("--model", type=Path, required=True, help="Hugging Face model folder")
     p_shard.add_argument("--problems", type=Path, required=True, help="normalized eval parquet")
     p_shard.add_argument("--benchmark", required=True, help="benchmark name (logs and the seed)")
-    p_shard.add_argument("--shard", type=int, required=True, help="this shard, 0-based")
-    p_shard.add_argument("--shards", type=int, required=True, help="shards in all (eval.shards)")
-    p_shard.add_argument("--out", type=Path, required=True, help="output: the shard file (jsonl)")
-    p_shard.add_argument(
-        "--problems-per-chunk", type=int, default=256, help="problems rolled out together (bounds memory)"
-    )
-    p_shard.add_argument("--threads", type=int, help="CPU threads for torch (the rule's threads)")
+    add_shard_arguments(p_shard, "eval.shards")
     p_gather = commands.add_parser(
         "gather", help="shard files -> samples.jsonl and metrics.json", formatter_class=HelpFormatter
     )

@@ -32,7 +32,7 @@ from agentrl.filtering.pass_rates import pass_rate_table, read_pass_rates, write
 from agentrl.filtering.selection import select_problems, target_shares_from_table
 from agentrl.model.folder import check_model_folder
 from agentrl.paths import check_writable
-from agentrl.stage_cli import setup_logging, stage_parser
+from agentrl.stage_cli import add_shard_arguments, setup_logging, stage_parser
 
 log = logging.getLogger("agentrl.filter")
 
@@ -163,13 +163,7 @@ def main(argv: list[str]) -> int:
     add_config_arguments(p_shard)
     p_shard.add_argument("--model", type=Path, required=True, help="the SFT model folder")
     p_shard.add_argument("--pool", type=Path, required=True, help="normalized RL-pool parquet")
-    p_shard.add_argument("--shard", type=int, required=True, help="this shard, 0-based")
-    p_shard.add_argument("--shards", type=int, required=True, help="shards in all (filter.shards)")
-    p_shard.add_argument("--out", type=Path, required=True, help="output: the shard file (jsonl)")
-    p_shard.add_argument(
-        "--problems-per-chunk", type=int, default=256, help="problems rolled out together (bounds memory)"
-    )
-    p_shard.add_argument("--threads", type=int, help="CPU threads for torch (the rule's threads)")
+    add_shard_arguments(p_shard, "filter.shards")
     p_gather = commands.add_parser(
         "gather", help="shard files -> pass_rates.parquet and samples.jsonl", formatter_class=HelpFormatter
     )
