@@ -78,9 +78,14 @@ rule gather_pass_rates:
         "--shard-files {input.shards} --out {output.pass_rates} --samples {output.samples} > {log} 2>&1"
 
 
-# The scoring config select_rl_data depends on, as a file of its own (the keys that re-run the
-# scoring, not filter.shards): see select_rl_data.
+# What the pass rates are computed from, as a file of its own that select_rl_data depends on: the
+# scoring config (the keys that re-run the scoring, not filter.shards) and the checksums of the
+# SFT model and the pool. It is re-made exactly when the pass rates change meaning; see
+# select_rl_data.
 rule scoring_config:
+    input:
+        model=result("models/sft/config.json"),
+        pool=result("data/rl_pool.parquet"),
     output:
         result("filter/scoring_config.json"),
     log:
@@ -91,22 +96,23 @@ rule scoring_config:
         **FILTER_SCORE_CONFIG,
     threads: 1
     shell:
-        "python -c 'import json, sys; from agentrl.config_schema import rerun_keys; "
-        "print(json.dumps(rerun_keys(json.loads(sys.argv[1])), indent=2, sort_keys=True))' "
-        "{params.cfg:q} > {output} 2> {log}"
+        "python -m agentrl filter scoring-config --config-json {params.cfg:q} --model-config {input.model} "
+        "--pool {input.pool} --out {output} > {log} 2>&1"
 
 
 # The pass rates are ancient() here: a new filter.shards re-runs the scoring shards (which take the
 # finished problems over from the old shard files) and the gather, whose byte-identical result
 # must not re-run the selection and GRPO; Snakemake would (it re-runs the consumers of every job
-# it runs, and does not even look at their params then). So this rule tracks what changes the
-# pass rates itself, as inputs: the scoring config, the SFT model and the pool. After
+# it runs, and does not even look at their params then). So what changes the pass rates reaches
+# this rule through scoring_config, a job that runs exactly then. It must be a job's output:
+# Snakemake never checks the own inputs of a job downstream of one it runs (here, of the
+# scoring shards), so an SFT model retrained by `--until sft` would otherwise re-run the scoring
+# but not the selection, GRPO and the rl evaluation (tests/test_reruns.py). After
 # `--forcerun score_rl_pool`, force this rule as well.
 rule select_rl_data:
     input:
         pass_rates=ancient(result("filter/pass_rates.parquet")),
         scoring=result("filter/scoring_config.json"),
-        model=result("models/sft/config.json"),
         pool=result("data/rl_pool.parquet"),
         target=FILTER_TARGET,
     output:

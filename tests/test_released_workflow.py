@@ -180,6 +180,7 @@ def test_a_changed_sft_from_reruns_what_is_built_on_the_sft_model_only(completed
         "released_sft",
         "score_rl_pool",
         "gather_pass_rates",
+        "scoring_config",
         "select_rl_data",
         "grpo",
         "evaluate",
@@ -190,4 +191,7 @@ def test_a_changed_sft_from_reruns_what_is_built_on_the_sft_model_only(completed
     assert rules_of(jobs) == expected, "not the data, the base model or its evaluation"
     assert models_of(jobs, "evaluate") == {"sft", "rl"} == models_of(jobs, "export_livecodebench")
     assert TINY["data"]["embedded"]["families"] == ["arith", "program"]
-    assert len(jobs) == 1 + 3 + 2 * 2 + 2 + 1, "one job each: link, score, select, grpo; 4 evaluations, 2 exports"
+    assert len(jobs) == 1 + 5 + 2 * 2 * 2 + 2 + 1, (
+        "one job each: link, score, gather, scoring config, select, grpo; 4 evaluations and their 4 gathers, "
+        "2 exports, the report"
+    )

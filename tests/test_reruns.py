@@ -113,7 +113,7 @@ def test_forcerun_evaluate_replans_evaluation_and_its_consumers_only(completed):
         # SFT: the SFT model and everything built on it, not the data or the base model
         (
             {"sft": {"lr": 1.0e-3}},
-            {"sft", "score_rl_pool", "gather_pass_rates", "select_rl_data", "grpo"},
+            {"sft", "score_rl_pool", "gather_pass_rates", "scoring_config", "select_rl_data", "grpo"},
             {"sft", "rl"},
         ),
         ({"grpo": {"lr": 5.0e-5}}, {"grpo"}, {"rl"}),
@@ -170,11 +170,6 @@ def test_a_changed_grpo_parameter_trains_grpo_again(completed, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="open regression since the sharded scoring (806445f): select_rl_data reads the pass rates as "
-    "ancient(), and after an SFT model retrained by a partial run the rl model is not evaluated again",
-)
 def test_a_model_retrained_by_a_partial_run_is_evaluated_again(completed, tmp_path):
     """``--until sft`` stops before evaluation; the next plain run must still evaluate the new SFT model.
 
@@ -189,7 +184,7 @@ def test_a_model_retrained_by_a_partial_run_is_evaluated_again(completed, tmp_pa
     snakemake(workdir, *configfiles, "--until", "sft")
     jobs = planned(workdir, *configfiles)
     assert models_of(jobs, "evaluate") == {"sft", "rl"}
-    assert {"score_rl_pool", "grpo"} <= rules_of(jobs)
+    assert {"score_rl_pool", "scoring_config", "select_rl_data", "grpo"} <= rules_of(jobs)
 
 
 # --------------------------------------------------------------------------- preemption

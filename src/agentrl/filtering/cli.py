@@ -1,4 +1,4 @@
-"""``python -m agentrl filter score|score-shard|gather|select``: model-aware RL data filtering (docs/recipe.md section 6).
+"""``python -m agentrl filter score|score-shard|gather|scoring-config|select``: model-aware RL data filtering (docs/recipe.md section 6).
 
 - ``score``: the SFT model makes ``filter.k`` agentic rollouts of every RL-pool problem (the RL
   rollout engine and reward registry) -> the pass-rate table and the graded samples.
@@ -6,6 +6,9 @@
   each shard writes its range of the pool to a resumable shard file
   (:mod:`agentrl.evaluation.shards`), and the gather writes the table and samples from them,
   byte for byte what ``score`` writes, for any shard count.
+- ``scoring-config``: what the pass rates are computed from (the scoring config and the
+  checksums of the SFT model's config.json and the pool), the file the workflow's selection
+  depends on instead of the pass rates themselves (rules/filter.smk says why).
 - ``select``: the band and the optional histogram matching (:mod:`agentrl.filtering.selection`)
   -> the RL training set (normalized Problems), the counts that explain it, and a histogram.
 
@@ -15,6 +18,7 @@ The two are separate stages so that changing a threshold re-runs only the cheap 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import time
@@ -100,6 +104,18 @@ def score(cfg: Config, model_dir: Path, pool_path: Path, pass_rates_out: Path, s
     shard_file.unlink()
 
 
+def write_scoring_record(cfg: Config, model_config: Path, pool_path: Path, out: Path) -> None:
+    """``scoring_config(cfg)`` and the SHA-256 of the SFT model's config.json (it changes with the
+    weights, agentrl.model.folder) and of the pool, as JSON: equal files mean equal pass rates."""
+    record = {
+        "scoring": scoring_config(cfg),
+        "model_config_sha256": hashlib.sha256(model_config.read_bytes()).hexdigest(),
+        "pool_sha256": hashlib.sha256(pool_path.read_bytes()).hexdigest(),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
 def _rl_problem(problem: Problem, pass_rate: float, bucket: str) -> Problem:
     """The pool problem, with its SFT pass rate and bucket in ``extra`` for the RL stage's logs."""
     extra = {**problem.extra, "filter_pass_rate": pass_rate, "filter_bucket": bucket}
@@ -172,6 +188,15 @@ def main(argv: list[str]) -> int:
     p_gather.add_argument("--shard-files", type=Path, nargs="+", required=True, help="every shard file")
     p_gather.add_argument("--out", type=Path, required=True, help="output: pass_rates.parquet")
     p_gather.add_argument("--samples", type=Path, required=True, help="output: graded samples (jsonl)")
+    p_record = commands.add_parser(
+        "scoring-config",
+        help="what the pass rates are computed from -> scoring_config.json",
+        formatter_class=HelpFormatter,
+    )
+    add_config_arguments(p_record)
+    p_record.add_argument("--model-config", type=Path, required=True, help="the SFT model's config.json")
+    p_record.add_argument("--pool", type=Path, required=True, help="normalized RL-pool parquet")
+    p_record.add_argument("--out", type=Path, required=True, help="output: scoring_config.json")
     p_select = commands.add_parser(
         "select",
         help="band + histogram matching -> the RL training set",
@@ -200,6 +225,9 @@ def main(argv: list[str]) -> int:
     elif args.command == "gather":
         check_writable((args.out, "--out"), (args.samples, "--samples"))
         gather(cfg.filter.k, args.pool, args.shard_files, args.out, args.samples)
+    elif args.command == "scoring-config":
+        check_writable((args.out, "--out"))
+        write_scoring_record(cfg, args.model_config, args.pool, args.out)
     else:
         check_writable((args.out, "--out"), (args.stats, "--stats"), (args.histogram, "--histogram"))
         stats = select(cfg, args.pass_rates, args.pool, args.out, args.stats, args.histogram)
