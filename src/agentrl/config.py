@@ -183,6 +183,7 @@ class RolloutConfig:
     top_p: float
     top_k: int
     batch_size: int
+    scheduling: Literal["per_trajectory", "per_turn"]
     dtype: Literal["auto", "float32", "bfloat16", "float16"]
     vllm: VllmConfig
 
@@ -293,6 +294,7 @@ class GrpoConfig:
     n: int
     mini_batch_prompts: int
     ppo_epochs: int
+    old_logprobs: Literal["auto", "recompute", "engine"]
     micro_batch_tokens: int
     logit_chunk_tokens: int
     lr: float

@@ -9,9 +9,14 @@ needed: the ``(tokens, vocabulary)`` logits then never exist at once (a 20k-toke
 a 150k-vocabulary model would need ~12 GB for them in float32), and the backward recomputes
 one chunk at a time. Log-probs use the sampling temperature (``logits / T``), as verl's actor,
 so that ``old_logp`` and the engine's sampling log-probs describe the same distribution.
+
+:func:`old_logprobs_source` decides whether the update's old log-probs need this forward at
+all, or are the engine's sampling log-probs (``grpo.old_logprobs``).
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import nn
@@ -19,6 +24,48 @@ from torch.utils.checkpoint import checkpoint
 
 from agentrl.grpo.algorithm import entropy_from_logits, token_logprobs
 from agentrl.grpo.batching import MicroBatch
+
+if TYPE_CHECKING:
+    from agentrl.config import RolloutConfig
+
+
+def old_logprobs_source(
+    mode: Literal["auto", "recompute", "engine"], rollout: RolloutConfig, policy_dtype: torch.dtype
+) -> Literal["recompute", "engine"]:
+    """Where the update's old log-probs come from (``grpo.old_logprobs``); ``auto`` resolved.
+
+    The clipped ratio is ``r_t = pi_theta(y_t | y_<t) / pi_old(y_t | y_<t)`` with, in the
+    actor's forward, ``log pi(y_t) = log_softmax(z_t / T)[y_t]`` (``z`` the model's logits, ``T``
+    ``rollout.temperature``, as verl). The engine returns ``log q(y_t)`` of the distribution it
+    sampled from: ``log_softmax(filter_{k,p}(z_t / T))[y_t]`` (top-k, then top-p). So
+    ``q = pi_old`` - the engine's log-probs *are* the old log-probs, and the recomputation pass
+    buys nothing - exactly when
+
+    - the filters are off (``top_p == 1``, ``top_k`` off): else ``q`` renormalises over the
+      nucleus and ``log q >= log pi_old`` on every sampled token (a biased ratio);
+    - ``T > 0`` (the same ``T`` on both sides by construction; greedy has no distribution);
+    - the engine computes the logits with the actor's own weights and numerics: the ``hf``
+      engine shares the actor's module, so in float32 the two differ only by the order of float
+      operations (KV-cached left-padded decoding vs one right-padded forward; ~4e-7 measured). In
+      bf16 that noise is ~1e-2, and vLLM has its own kernels (and bf16), so both recompute, as
+      upstream verl does.
+
+    ``auto`` picks ``engine`` in exactly those cases, else ``recompute``; ``engine`` and
+    ``recompute`` force one (``engine`` with filters on trains on a biased ratio: for
+    experiments only). ``policy_dtype`` is the dtype of the actor's parameters (what the shared
+    module computes in, ``grpo.deepspeed.dtype`` resolved); ``rollout.dtype`` does not apply to
+    an engine that shares the module.
+    """
+    if mode != "auto":
+        return mode
+    exact = (
+        rollout.engine == "hf"
+        and policy_dtype == torch.float32
+        and rollout.temperature > 0
+        and rollout.top_p == 1.0
+        and rollout.top_k <= 0  # -1 (and vLLM's 0) = off
+    )
+    return "engine" if exact else "recompute"
 
 
 class ResponseLogProbs(nn.Module):

@@ -29,7 +29,7 @@ from agentrl.data.records import read_problems
 from agentrl.grpo.checkpoint import resume, save_checkpoint
 from agentrl.grpo.distributed import barrier
 from agentrl.grpo.metrics import console_line
-from agentrl.grpo.policy import ResponseLogProbs
+from agentrl.grpo.policy import ResponseLogProbs, old_logprobs_source
 from agentrl.grpo.prompts import PromptSampler
 from agentrl.grpo.trainer import Components, GrpoStep
 from agentrl.grpo.validation import EvalSet, fit_eval_sets, limit_problems, validate
@@ -195,7 +195,9 @@ def build_components(cfg: Config, paths: GrpoPaths, ctx: dse.DistributedContext,
         loop=loop,
         reward_fn=reward_fn,
         pad_token_id=int(pad_id),
+        old_logprobs=old_logprobs_source(cfg.grpo.old_logprobs, cfg.rollout, next(actor.parameters()).dtype),
     )
+    log.info("old log-probs: %s (grpo.old_logprobs: %s)", parts.old_logprobs, cfg.grpo.old_logprobs)
     return parts, tokenizer
 
 

@@ -10,10 +10,13 @@ Per step, as upstream's verl ``RayPPOTrainer.fit`` with the demystify scripts:
 4. group advantages (``algorithm.group_advantages``), broadcast over the loss-mask tokens;
 5. old log-probs recomputed by the actor (and reference log-probs for the KL variants) on
    exactly the micro-batches the update will use, so the first mini-batch starts at ratio 1.
-   With one PPO epoch over a single mini-batch (the embedded default) the update's own forward
-   runs on those weights and micro-batches, so its detached log-probs are used as the old ones
-   and the extra pass is skipped (a deliberate saving; identical values for a model without
-   dropout, as Qwen3);
+   Two deliberate savings skip that forward (identical values for a model without dropout, as
+   Qwen3): with ``grpo.old_logprobs`` resolved to ``engine`` (the embedded default: the fp32
+   ``hf`` engine sharing the actor's module, no top-p/top-k; see
+   :func:`agentrl.grpo.policy.old_logprobs_source`) the engine's sampling log-probs are the old
+   ones; with one PPO epoch over a single mini-batch the update's own forward runs on the
+   sampling weights and micro-batches, so its detached log-probs are. Without the pass the
+   sampler-actor mismatch is measured in the first mini-batch's forward (the sampling weights);
 6. ``ppo_epochs`` passes over mini-batches of ``mini_batch_prompts`` prompts; each mini-batch
    is cut into micro-batches by token budget, each micro-batch's loss is divided by the
    mini-batch's loss-token count (summed over ranks, divided by the world size: DeepSpeed
@@ -90,6 +93,9 @@ class Components:
     loop: AgentLoop
     reward_fn: RewardFunction
     pad_token_id: int
+    # grpo.old_logprobs resolved (agentrl.grpo.policy.old_logprobs_source): "engine" = the
+    # sampling log-probs are the old log-probs, "recompute" = the actor's forward gives them.
+    old_logprobs: str = "recompute"
 
 
 class GrpoStep:
@@ -227,6 +233,10 @@ class GrpoStep:
         old log-probs and the separate pass is skipped (exact for a model without dropout)."""
         return self.grpo.ppo_epochs == 1 and len(plan) == 1
 
+    def recomputes_old(self, plan) -> bool:
+        """Whether :meth:`recompute_logprobs` runs the actor for the old log-probs."""
+        return self.parts.old_logprobs == "recompute" and not self.single_pass(plan)
+
     @staticmethod
     def _add_mismatch(stats: TokenWeightedStats, logp: torch.Tensor, batch: MicroBatch) -> None:
         """How far the actor's log-probs are from the rollout engine's for the same tokens."""
@@ -244,10 +254,14 @@ class GrpoStep:
 
     @torch.no_grad()
     def recompute_logprobs(self, samples: Sequence[PolicySample], plan) -> dict[str, float]:
-        """old_logp by the actor (unless :meth:`single_pass`) and ref_logp, on the update's own
-        micro-batches; returns the mismatch statistics' state."""
+        """old_logp by the actor (unless :meth:`single_pass`, or the engine's sampling log-probs
+        where they are exact) and ref_logp, on the update's own micro-batches; returns the
+        mismatch statistics' state."""
         actor = self.parts.engine.module
-        recompute_old = not self.single_pass(plan)
+        recompute_old = self.recomputes_old(plan)
+        if self.parts.old_logprobs == "engine":
+            for sample in samples:  # 0.0 where the mask is 0: those positions never enter the loss
+                sample.old_logp = list(sample.sampling_logp)
         stats = TokenWeightedStats()
         if not recompute_old and self.parts.reference is None:
             return stats.state()
@@ -275,8 +289,10 @@ class GrpoStep:
         engine, ctx = self.parts.engine, self.ctx
         stats = TokenWeightedStats()
         grad_norms, lrs = [], []
-        for _ in range(self.grpo.ppo_epochs):
-            for mini in plan:
+        # Without the recomputation the first mini-batch's forward runs on the sampling weights.
+        measure_mismatch = not self.recomputes_old(plan)
+        for epoch in range(self.grpo.ppo_epochs):
+            for mini_index, mini in enumerate(plan):
                 chosen = [i for micro in mini for i in micro]
                 local_tokens = sum(samples[i].num_loss_tokens for i in chosen)
                 local_seqs = sum(samples[i].num_loss_tokens > 0 for i in chosen)
@@ -290,7 +306,7 @@ class GrpoStep:
                     batch = self.micro_batch(samples, micro)
                     loss, micro_stats, logp = self._micro_loss(batch, token_count, seq_count)
                     engine.backward(loss, scale_wrt_gas=False)
-                    if batch.old_logp is None:  # single pass: this forward gave the old log-probs
+                    if measure_mismatch and epoch == 0 and mini_index == 0 and micro:
                         self._add_mismatch(stats, logp, batch)
                     mini_loss += micro_stats.pop("actor/pg_loss")
                     stats.add(
