@@ -9,9 +9,19 @@ and generation goes on; a trajectory ends on a turn without a tool call (``stop`
 ``rollout.max_response_tokens`` is spent, tool tokens included (``length``). A malformed call is
 answered with ``"Error when executing tool: ..."`` and the trajectory goes on.
 
-Batching: every turn, the live trajectories of the whole call generate together (one
-``engine.generate``), then the tool calls of all of them run concurrently in the sandbox
-(``CodeInterpreter.execute_many``). A trajectory that ends leaves the batch at once.
+Scheduling (``rollout.scheduling``):
+- ``per_trajectory`` (default; upstream's asynchronous agent loop, one coroutine per
+  trajectory): every trajectory is a chain of engine requests (:class:`engine.Request`, one per
+  turn, all of one trajectory in one ``session``). When a turn ends in a tool call, the call runs
+  in the sandbox's pool while the engine keeps decoding the others, and the next turn is queued
+  as soon as the tool returns. The ``hf`` engine continues the session's cached keys and values;
+  vLLM's prefix cache does the same by content.
+- ``per_turn``: every turn, the live trajectories of the whole call generate together (one
+  ``engine.generate``), then the tool calls of all of them run concurrently
+  (``CodeInterpreter.execute_many``): each turn waits for its slowest sample and the engine
+  idles while tools run.
+Both give every turn the same seed (:func:`turn_seed`), so they sample the same trajectories up
+to float round-off in the logits.
 
 Deliberate departures from upstream, and why:
 - Generation stops at ``</tool_call>`` as well as at the end of turn, and the loop then closes
@@ -43,12 +53,13 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 
 from agentrl.config import RolloutConfig
 from agentrl.data.prompt_fit import prompt_length, rendered_prompt_ids
 from agentrl.data.records import Problem, Trajectory
-from agentrl.rollout.engine import Engine, SamplingParams
+from agentrl.rollout.engine import Engine, GenerationOutput, Request, SamplingParams
 from agentrl.rollout.tool_parser import ToolCall, ToolTurnFormat, parse_tool_call
 
 
@@ -80,7 +91,8 @@ class _Rollout:
 
 @dataclass
 class RolloutStats:
-    """Counters of the last :meth:`AgentLoop.run` (for logs and the benchmark)."""
+    """Counters of the last :meth:`AgentLoop.run` (for logs and the benchmark): ``generate_s`` is
+    the time in the engine, ``tools_s`` the time the loop waited for tools with nothing to decode."""
 
     generated_tokens: int = 0
     inserted_tokens: int = 0
@@ -148,21 +160,97 @@ class AgentLoop:
         for problem in problems:
             prompt = self.prompt_ids(problem)
             rollouts += [_Rollout(problem, i, prompt) for i in range(n)]
+        turn_params = params.replace(stop_token_ids=self.format.stop_token_ids)
+        if self.cfg.scheduling == "per_turn":
+            self._run_per_turn(rollouts, n, turn_params, seed, on_problem_done)
+        else:
+            self._run_per_trajectory(rollouts, n, turn_params, seed, on_problem_done)
+        return [self._trajectory(r) for r in rollouts]
+
+    # ------------------------------------------------------------------ per_trajectory
+    def _run_per_trajectory(
+        self, rollouts: list[_Rollout], n: int, params: SamplingParams, seed: int, on_problem_done
+    ) -> None:
+        engine = self.engine
+        waiting_turn: dict[str, int] = {}  # request id -> rollout index
+        running_tools: dict[Future, tuple[int, ToolCall]] = {}
+        left_in_group = [n] * (len(rollouts) // n)
+
+        def next_turn(index: int) -> None:
+            request = self._request(index, rollouts[index], params, seed)
+            waiting_turn[request.request_id] = index
+            engine.add_request(request)
+
+        def go_on(index: int) -> None:
+            if rollouts[index].finish_reason is None:
+                next_turn(index)
+                return
+            engine.end_session(str(index))
+            group = index // n
+            left_in_group[group] -= 1
+            if left_in_group[group] == 0 and on_problem_done is not None:
+                on_problem_done([self._trajectory(r) for r in rollouts[group * n : (group + 1) * n]])
+
+        for index in range(len(rollouts)):
+            next_turn(index)
+        while waiting_turn or running_tools:
+            if engine.has_unfinished_requests():
+                started = time.perf_counter()
+                ended = engine.step()
+                self.stats.generate_s += time.perf_counter() - started
+                for request_id, output in ended:
+                    index = waiting_turn.pop(request_id)
+                    call = self._end_turn(rollouts[index], output)
+                    if call is not None and call.ok:
+                        running_tools[self.interpreter.submit(call.code)] = (index, call)
+                        continue
+                    if call is not None:  # malformed: answered at once
+                        self._answer(rollouts[index], call, call.error, failed=True)
+                    go_on(index)
+            else:
+                assert running_tools, "rollouts left, but no engine request or tool call runs"
+                started = time.perf_counter()
+                wait(running_tools, return_when=FIRST_COMPLETED)
+                self.stats.tools_s += time.perf_counter() - started
+            for future in [f for f in running_tools if f.done()]:
+                index, call = running_tools.pop(future)
+                result = future.result()
+                self._answer(rollouts[index], call, result.text, failed=not result.ok)
+                go_on(index)
+
+    def _request(self, index: int, rollout: _Rollout, params: SamplingParams, seed: int) -> Request:
+        """The engine request of the rollout's next turn (its session: the rollout's index in the call)."""
+        turn = rollout.num_turns
+        return Request(
+            request_id=f"{index}:{turn}",
+            prompt_ids=rollout.prompt_ids + rollout.response_ids,
+            params=params.replace(
+                max_tokens=self.cfg.max_response_tokens - len(rollout.response_ids),
+                seed=turn_seed(seed, rollout.problem.id, rollout.sample_index, turn),
+            ),
+            session=str(index),
+        )
+
+    # ------------------------------------------------------------------ per_turn
+    def _run_per_turn(self, rollouts: list[_Rollout], n: int, params: SamplingParams, seed: int, on_problem_done):
         live = list(rollouts)
         turn = 0
+        budget = self.cfg.max_response_tokens
         while live:
-            turn_params = params.replace(
-                max_tokens=self.cfg.max_response_tokens, seed=seed, stop_token_ids=self.format.stop_token_ids
+            started = time.perf_counter()
+            outputs = self.engine.generate(
+                [r.prompt_ids + r.response_ids for r in live],
+                params.replace(max_tokens=budget),
+                max_tokens=[budget - len(r.response_ids) for r in live],
+                seeds=[turn_seed(seed, r.problem.id, r.sample_index, turn) for r in live],
             )
-            calls = self._generate_turn(
-                live, turn_params, [turn_seed(seed, r.problem.id, r.sample_index, turn) for r in live]
-            )
+            self.stats.generate_s += time.perf_counter() - started
+            calls = [(r, call) for r, output in zip(live, outputs) if (call := self._end_turn(r, output)) is not None]
             self._answer_calls(calls)
             if on_problem_done is not None:
                 self._report_finished(rollouts, [r for r in live if r.finish_reason is not None], n, on_problem_done)
             live = [r for r in live if r.finish_reason is None]
             turn += 1
-        return [self._trajectory(r) for r in rollouts]
 
     def _report_finished(self, rollouts: list[_Rollout], ended: list[_Rollout], n: int, callback) -> None:
         """Hand over each problem whose last rollouts ended this turn (``rollouts`` are grouped by problem)."""
@@ -171,44 +259,6 @@ class AgentLoop:
             group = rollouts[first : first + n]
             if all(r.finish_reason is not None for r in group):
                 callback([self._trajectory(r) for r in group])
-
-    def _generate_turn(
-        self, live: list[_Rollout], params: SamplingParams, seeds: list[int]
-    ) -> list[tuple[_Rollout, ToolCall]]:
-        """One assistant turn for every live trajectory; returns the tool calls to answer."""
-        budget = self.cfg.max_response_tokens
-        started = time.perf_counter()
-        outputs = self.engine.generate(
-            [r.prompt_ids + r.response_ids for r in live],
-            params,
-            max_tokens=[budget - len(r.response_ids) for r in live],
-            seeds=seeds,
-        )
-        self.stats.generate_s += time.perf_counter() - started
-        calls = []
-        for rollout, output in zip(live, outputs):
-            rollout.add_generated(output.token_ids, output.logprobs)
-            rollout.num_turns += 1
-            self.stats.generated_tokens += len(output.token_ids)
-            self.stats.turns += 1
-            if output.finish_reason == "length":  # the turn ran into the budget
-                rollout.finish_reason = "length"
-                continue
-            if output.token_ids[-1] != self.format.call_end_id:
-                rollout.finish_reason = "stop"  # the turn ended without asking for a tool
-                continue
-            turn_text = self.tokenizer.decode(output.token_ids, skip_special_tokens=False)
-            call = parse_tool_call(turn_text)
-            assert call is not None, f"a turn ending in </tool_call> must parse as a call: {turn_text!r}"
-            if rollout.num_turns >= self.cfg.max_turns:
-                rollout.finish_reason = "max_turns"
-                self._insert(rollout, [self.format.end_of_turn_id])
-                continue
-            if len(rollout.response_ids) >= self.cfg.max_response_tokens:
-                rollout.finish_reason = "length"  # no room left for the tool's answer
-                continue
-            calls.append((rollout, call))
-        return calls
 
     def _answer_calls(self, calls: list[tuple[_Rollout, ToolCall]]) -> None:
         """Run the well-formed calls concurrently; append every answer as a tool-response turn."""
@@ -219,17 +269,46 @@ class AgentLoop:
         answers = {id(rollout): (result.text, not result.ok) for (rollout, _), result in zip(runnable, results)}
         for rollout, call in calls:
             text, failed = answers.get(id(rollout), (call.error, True))
-            recorded = call.code if call.ok else call.raw
-            rollout.tool_calls.append(recorded if isinstance(recorded, str) else str(recorded))
-            rollout.tool_errors.append(failed)
-            self.stats.tool_calls += 1
-            response = self.format.response_ids(text)
-            over = len(rollout.response_ids) + len(response) >= self.cfg.max_response_tokens
-            if over and self.cfg.tool_response_over_budget == "drop":
-                rollout.finish_reason = "length"
-                self._insert(rollout, [self.format.end_of_turn_id])
-                continue
-            self._insert(rollout, response)
+            self._answer(rollout, call, text, failed)
+
+    # ------------------------------------------------------------------ one turn, either way
+    def _end_turn(self, rollout: _Rollout, output: GenerationOutput) -> ToolCall | None:
+        """Append a generated turn; returns the tool call to answer, or None when the rollout ended."""
+        rollout.add_generated(output.token_ids, output.logprobs)
+        rollout.num_turns += 1
+        self.stats.generated_tokens += len(output.token_ids)
+        self.stats.turns += 1
+        if output.finish_reason == "length":  # the turn ran into the budget
+            rollout.finish_reason = "length"
+            return None
+        if output.token_ids[-1] != self.format.call_end_id:
+            rollout.finish_reason = "stop"  # the turn ended without asking for a tool
+            return None
+        turn_text = self.tokenizer.decode(output.token_ids, skip_special_tokens=False)
+        call = parse_tool_call(turn_text)
+        assert call is not None, f"a turn ending in </tool_call> must parse as a call: {turn_text!r}"
+        if rollout.num_turns >= self.cfg.max_turns:
+            rollout.finish_reason = "max_turns"
+            self._insert(rollout, [self.format.end_of_turn_id])
+            return None
+        if len(rollout.response_ids) >= self.cfg.max_response_tokens:
+            rollout.finish_reason = "length"  # no room left for the tool's answer
+            return None
+        return call
+
+    def _answer(self, rollout: _Rollout, call: ToolCall, text: str, failed: bool) -> None:
+        """Record the call and append its answer as a tool-response turn (or end, as the budget rule says)."""
+        recorded = call.code if call.ok else call.raw
+        rollout.tool_calls.append(recorded if isinstance(recorded, str) else str(recorded))
+        rollout.tool_errors.append(failed)
+        self.stats.tool_calls += 1
+        response = self.format.response_ids(text)
+        over = len(rollout.response_ids) + len(response) >= self.cfg.max_response_tokens
+        if over and self.cfg.tool_response_over_budget == "drop":
+            rollout.finish_reason = "length"
+            self._insert(rollout, [self.format.end_of_turn_id])
+            return
+        self._insert(rollout, response)
 
     def _insert(self, rollout: _Rollout, ids: list[int]) -> None:
         """Append loop-inserted tokens (mask 0), cut to the budget; a full budget ends the trajectory."""

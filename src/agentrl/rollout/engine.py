@@ -100,8 +100,35 @@ class GenerationOutput:
         )
 
 
+@dataclass(frozen=True)
+class Request:
+    """One continuation asked of an engine's request-level API (:meth:`Engine.add_request`).
+
+    ``params.max_tokens`` is this request's cap and ``params.seed`` its own sampling seed (``None``:
+    fresh randomness). ``session`` names the trajectory the request continues: the requests of one
+    trajectory share it, and each one's prompt extends the previous one's prompt and output, so an
+    engine may keep the trajectory's keys and values between them (the ``hf`` engine does; vLLM's
+    prefix cache does the same by content) until :meth:`Engine.end_session`.
+    """
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    session: str | None = None
+
+    def __post_init__(self) -> None:
+        assert len(self.prompt_ids) > 0, f"request {self.request_id!r}: the prompt needs at least one token"
+
+
 class Engine(Protocol):
-    """What the agent loop and the trainer need from a generation backend."""
+    """What the agent loop and the trainer need from a generation backend.
+
+    Two ways to generate: :meth:`generate` takes a batch and returns when all of it is done;
+    the request-level API (:meth:`add_request`, :meth:`step`, :meth:`has_unfinished_requests`,
+    :meth:`end_session`, as vLLM's ``LLMEngine``) lets each request end on its own, so that the
+    agent loop can run one trajectory's tool while the others keep decoding and submit its next
+    turn as soon as the tool returns. Both sample the same tokens for the same seeds.
+    """
 
     def generate(
         self,
@@ -118,6 +145,23 @@ class Engine(Protocol):
         ``seeds`` gives each prompt its own sampling seed (default: ``params.seed + i``, or fresh
         randomness without ``params.seed``): a prompt's sample then does not depend on the others.
         """
+        ...
+
+    def add_request(self, request: Request) -> None:
+        """Queue one request; it starts decoding at a later :meth:`step`."""
+        ...
+
+    def step(self) -> list[tuple[str, GenerationOutput]]:
+        """Advance the running requests by one scheduler step (about one token each); returns
+        ``(request_id, output)`` of those that ended in it."""
+        ...
+
+    def has_unfinished_requests(self) -> bool:
+        """Whether a request is queued or running."""
+        ...
+
+    def end_session(self, session: str) -> None:
+        """The trajectory ``session`` will send no more requests: what the engine keeps for it can go."""
         ...
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from agentrl.config import ToolConfig
@@ -125,6 +126,20 @@ class CodeInterpreter:
 
     def execute(self, code: object) -> ToolResult:
         return self._tool_result(self.sandbox.run(self.prepare(code)))
+
+    def submit(self, code: object) -> Future[ToolResult]:
+        """``execute`` in the sandbox's pool: the future holds the tool result (or the sandbox's error)."""
+        answer: Future[ToolResult] = Future()
+
+        def done(execution: Future[ExecutionResult]) -> None:
+            error = execution.exception()
+            if error is not None:
+                answer.set_exception(error)
+            else:
+                answer.set_result(self._tool_result(execution.result()))
+
+        self.sandbox.submit(self.prepare(code)).add_done_callback(done)
+        return answer
 
     def execute_many(self, codes: Sequence[object]) -> list[ToolResult]:
         results = self.sandbox.run_many([(self.prepare(code), None) for code in codes])

@@ -90,7 +90,7 @@ import sys
 import time
 import weakref
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -188,6 +188,11 @@ class Sandbox(abc.ABC):
     @abc.abstractmethod
     def run(self, code: str, stdin: str | None = None, timeout_s: float | None = None) -> ExecutionResult:
         """Run ``code`` with ``stdin``; ``timeout_s`` defaults to ``sandbox.timeout_s``."""
+
+    def submit(self, code: str, stdin: str | None = None, timeout_s: float | None = None) -> Future[ExecutionResult]:
+        """Run ``code`` in the sandbox's own pool (at most ``concurrency`` at once); returns its future."""
+        self._check_open()
+        return self._executor.submit(self.run, code, stdin, timeout_s)
 
     def run_many(self, jobs: Sequence[tuple[str, str | None]], timeout_s: float | None = None) -> list[ExecutionResult]:
         """Run ``(code, stdin)`` jobs concurrently; results in input order."""
