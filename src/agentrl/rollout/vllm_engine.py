@@ -38,6 +38,19 @@ log-probability under the distribution sampled from (the untempered one for gree
 ``ignore_eos=True`` makes the loop's ``stop_token_ids`` the only stop condition, and request
 ``i`` takes the seed ``seeds[i]`` (default ``params.seed + i``; vLLM seeds per request).
 
+Two ways in, one set of sampling rules (:func:`vllm_sampling_params`, :func:`generation_output`):
+``generate`` is ``LLM.generate`` over a batch; the request-level API (``add_request``, ``step``,
+``has_unfinished_requests``, as :class:`engine.Engine` names them) drives the same in-process V1
+``LLMEngine`` one scheduler step at a time, which is what the agent loop's ``per_trajectory``
+scheduling needs: a trajectory whose turn ended in a tool call leaves the batch while its tool
+runs, the others keep decoding, and its next turn (the whole conversation so far) is added when
+the tool returns. Each request carries its own seed, so the two paths sample the same tokens.
+``end_session`` is a no-op: vLLM's prefix cache finds the earlier turns' blocks by the hash of
+their tokens, not by session, so the next turn prefills only the new tokens while those blocks
+are still cached (evicted least recently used otherwise). ``generate`` refuses to start while
+request-level requests run: ``LLM.generate`` steps the engine until nothing is left and would
+swallow their outputs. Requests are added awake (a sleeping engine wakes up first).
+
 ``LLM(...)`` starts worker machinery that re-imports ``__main__`` under some start methods: build
 this engine only under ``if __name__ == "__main__"`` in scripts.
 """
@@ -51,7 +64,7 @@ from typing import Any
 import torch
 
 from agentrl.config import ConfigError, RolloutConfig
-from agentrl.rollout.engine import GenerationOutput, SamplingParams, default_device, resolve_dtype
+from agentrl.rollout.engine import GenerationOutput, Request, SamplingParams, default_device, resolve_dtype
 
 TP_KEY = "rollout.vllm.tensor_parallel_size"
 
@@ -118,6 +131,39 @@ def refresh_cpu_lm_head(model: torch.nn.Module) -> None:
         dispatch_cpu_unquantized_gemm(head, remove_weight=False)
 
 
+def vllm_sampling_params(params: SamplingParams, *, max_tokens: int, seed: int | None):
+    """vLLM's sampling parameters for one request of ours (``generate`` and ``add_request`` alike).
+
+    ``ignore_eos``: the loop's ``stop_token_ids`` are the only stop condition, as in the hf
+    engine; ``logprobs=0`` returns the sampled token's log-prob (processed, see the engine's
+    ``logprobs_mode``); ids only, no detokenization.
+    """
+    from vllm import SamplingParams as VllmSamplingParams
+
+    return VllmSamplingParams(
+        n=1,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k,
+        max_tokens=min(max_tokens, params.max_tokens),
+        seed=seed,
+        stop_token_ids=list(params.stop_token_ids),
+        ignore_eos=True,
+        logprobs=0,
+        detokenize=False,
+        skip_special_tokens=False,
+    )
+
+
+def generation_output(result) -> GenerationOutput:
+    """Our :class:`GenerationOutput` of one finished vLLM ``RequestOutput`` (``n == 1``)."""
+    completion = result.outputs[0]
+    token_ids = list(completion.token_ids)
+    logprobs = [step[token].logprob for step, token in zip(completion.logprobs, token_ids, strict=True)]
+    reason = "stop" if completion.finish_reason == "stop" else "length"
+    return GenerationOutput(token_ids, logprobs, reason)
+
+
 class VllmEngine:
     """Generation with an in-process ``vllm.LLM`` (implements :class:`engine.Engine`).
 
@@ -134,6 +180,7 @@ class VllmEngine:
         self.args = engine_arguments(model_dir, cfg, device=default_device(), seed=seed, colocated=colocated)
         self.llm = LLM(**self.args)
         self.asleep = False
+        self._pending: set[str] = set()  # request-level ids not yet ended
 
     def generate(
         self,
@@ -143,9 +190,11 @@ class VllmEngine:
         max_tokens: Sequence[int] | None = None,
         seeds: Sequence[int] | None = None,
     ) -> list[GenerationOutput]:
-        from vllm import SamplingParams as VllmSamplingParams
         from vllm.inputs import TokensPrompt
 
+        # LLM.generate runs the engine until nothing is left and sorts what ended by integer id:
+        # a request of the request-level API still running would be swallowed (or break the sort).
+        assert not self._pending, f"generate() while {len(self._pending)} requests of the request-level API run"
         self.wake_up()
         caps = list(max_tokens) if max_tokens is not None else [params.max_tokens] * len(prompt_ids)
         assert len(caps) == len(prompt_ids), f"{len(caps)} max_tokens for {len(prompt_ids)} prompts"
@@ -153,31 +202,43 @@ class VllmEngine:
             seeds = [params.seed + i for i in range(len(prompt_ids))]
         assert seeds is None or len(seeds) == len(prompt_ids), f"{len(seeds)} seeds for {len(prompt_ids)} prompts"
         requests = [
-            VllmSamplingParams(
-                n=1,
-                temperature=params.temperature,
-                top_p=params.top_p,
-                top_k=params.top_k,
-                max_tokens=min(cap, params.max_tokens),
-                seed=None if seeds is None else seeds[i],
-                stop_token_ids=list(params.stop_token_ids),
-                ignore_eos=True,
-                logprobs=0,
-                detokenize=False,
-                skip_special_tokens=False,
-            )
+            vllm_sampling_params(params, max_tokens=cap, seed=None if seeds is None else seeds[i])
             for i, cap in enumerate(caps)
         ]
         prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids]
         results = self.llm.generate(prompts, requests, use_tqdm=False)
-        outputs = []
-        for result in results:
-            completion = result.outputs[0]
-            token_ids = list(completion.token_ids)
-            logprobs = [step[token].logprob for step, token in zip(completion.logprobs, token_ids)]
-            reason = "stop" if completion.finish_reason == "stop" else "length"
-            outputs.append(GenerationOutput(token_ids, logprobs, reason))
-        return outputs
+        return [generation_output(result) for result in results]
+
+    # ------------------------------------------------------------------ request-level API
+    def add_request(self, request: Request) -> None:
+        """Queue one request in the in-process ``LLMEngine`` (its own seed and cap, as in generate)."""
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        assert request.request_id not in self._pending, f"request {request.request_id!r} is already running"
+        self.wake_up()
+        sampling = vllm_sampling_params(request.params, max_tokens=request.params.max_tokens, seed=request.params.seed)
+        sampling.output_kind = RequestOutputKind.FINAL_ONLY  # one output per request, when it ends
+        prompt = TokensPrompt(prompt_token_ids=list(request.prompt_ids))
+        self.llm.llm_engine.add_request(request.request_id, prompt, sampling)
+        self._pending.add(request.request_id)
+
+    def step(self) -> list[tuple[str, GenerationOutput]]:
+        """One scheduler step of vLLM's engine; the requests that ended in it (vLLM reports the
+        caller's request id, its internal one carries a random suffix)."""
+        ended = []
+        for result in self.llm.llm_engine.step():
+            if result.finished:
+                self._pending.discard(result.request_id)
+                ended.append((result.request_id, generation_output(result)))
+        return ended
+
+    def has_unfinished_requests(self) -> bool:
+        return self.llm.llm_engine.has_unfinished_requests()
+
+    def end_session(self, session: str) -> None:
+        """Nothing to free: vLLM's prefix cache finds a trajectory's earlier blocks by their
+        content (a hash of the tokens), not by session, and evicts them least recently used."""
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load Hugging Face-named tensors into vLLM's model in place, then drop the stale prefix cache.
@@ -186,6 +247,7 @@ class VllmEngine:
         plain ``model.load_weights`` on a running engine fails; the worker's ``reload_weights``
         (checkpoint format, layer by layer) redoes that processing.
         """
+        assert not self._pending, f"update_weights while {len(self._pending)} requests run (they would mix weights)"
         weights = [(name, tensor.detach()) for name, tensor in named_tensors]
         assert weights, "update_weights got no tensors"
         if self.asleep:
