@@ -201,6 +201,7 @@ class SftConfig:
     global_batch_size: int
     micro_batch_size: int
     micro_batch_tokens: int | None
+    micro_batch_overhead_tokens: int | None
     max_length: int
     truncation: Literal["right", "error"]
     lr: float

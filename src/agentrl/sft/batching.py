@@ -6,9 +6,15 @@
   ``global_batch_size`` conversations (the last partial batch of an epoch is dropped, as upstream's
   sampler does). The order is a pure function of (seed, epoch, step), so a resumed run needs only
   the step number to continue exactly where it stopped.
-- Micro-batches: the conversations of one step are sorted longest first and packed greedily into
-  micro-batches of at most ``micro_batch_size`` sequences and ``micro_batch_tokens`` padded tokens
-  (rows x longest row), which keeps padding small; the count is then made a multiple of the
+- Micro-batches: the conversations of one step are sorted longest first and cut into runs of
+  similar lengths, each at most ``micro_batch_size`` sequences and ``micro_batch_tokens`` padded
+  tokens (rows x longest row). With ``micro_batch_overhead_tokens`` null the runs are filled
+  greedily (the fewest micro-batches; at the embedded default, global = micro = 8, the whole step
+  is one micro-batch of 25% padding). With a number ``c`` (length grouping) the cut is the one
+  that minimises ``padded tokens + c x micro-batches`` (:func:`group_by_length`): a forward of
+  fewer rows of closer lengths wastes less on padding, and ``c`` is what one more
+  forward/backward costs, in tokens. Either way the step keeps its conversations (the data order
+  below is untouched), so only the split changes. The count is then made a multiple of the
   process count (splitting the largest micro-batches) and micro-batches are dealt to processes
   with equal counts (ZeRO-2/3 reduce gradients in every backward, so every process must run the
   same number) and balanced padded tokens. Because the loss is a token sum divided by the whole
@@ -93,20 +99,49 @@ def _padded_cost(batch: list[int], lengths: Sequence[int]) -> int:
     return len(batch) * max(lengths[i] for i in batch)
 
 
-def pack_micro_batches(
-    lengths: Sequence[int], micro_batch_size: int, micro_batch_tokens: int | None, num_ranks: int
-) -> list[list[list[int]]]:
-    """Split one step's sequences (given by their lengths) into micro-batches, per rank.
+def _fits(size: int, longest: int, micro_batch_size: int, micro_batch_tokens: int | None) -> bool:
+    """Whether ``size`` rows led by a ``longest``-token row may form a micro-batch (one row always may)."""
+    if size == 1:
+        return True
+    return size <= micro_batch_size and (micro_batch_tokens is None or size * longest <= micro_batch_tokens)
 
-    Returns ``per_rank[r] = [micro_batch, ...]``, each micro-batch a list of positions into
-    ``lengths``. Every rank gets the same number of micro-batches; every position appears once.
+
+def group_by_length(
+    lengths: Sequence[int], micro_batch_size: int, micro_batch_tokens: int | None, overhead_tokens: int
+) -> list[list[int]]:
+    """The cut of the length-sorted sequences into micro-batches of least ``padded + overhead x count``.
+
+    With ``l_0 >= l_1 >= ...`` sorted longest first, a micro-batch of rows ``i..j-1`` costs
+    ``(j - i) * l_i + overhead`` (padded tokens: every row is as wide as the first); the best
+    cut of the first ``j`` rows is ``f(j) = min_i f(i) + (j - i) * l_i + overhead`` over the
+    ``i`` whose micro-batch fits (``micro_batch_size`` rows, ``micro_batch_tokens`` padded
+    tokens). Contiguous runs of the sorted order are optimal: giving the micro-batch of the
+    longest row the next-longest rows keeps its width and narrows no other (nor breaks a limit).
+    Ties go to fewer micro-batches, then to the earlier cut.
     """
-    assert micro_batch_size >= 1 and num_ranks >= 1, "micro_batch_size and num_ranks must be >= 1"
-    if len(lengths) % num_ranks:
-        raise ValueError(
-            f"{len(lengths)} sequences per step cannot be split over {num_ranks} processes; "
-            "make sft.global_batch_size a multiple of the process count"
-        )
+    assert overhead_tokens >= 0, f"overhead_tokens must be >= 0, got {overhead_tokens}"
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    sorted_lengths = [lengths[i] for i in order]
+    best: list[tuple[int, int]] = [(0, 0)]  # f(j) as (cost, micro-batches)
+    cut_at: list[int] = [0]
+    for end in range(1, len(order) + 1):
+        candidates = [
+            ((best[start][0] + (end - start) * sorted_lengths[start] + overhead_tokens, best[start][1] + 1), start)
+            for start in range(end)
+            if _fits(end - start, sorted_lengths[start], micro_batch_size, micro_batch_tokens)
+        ]
+        cost, start = min(candidates)
+        best.append(cost)
+        cut_at.append(start)
+    batches: list[list[int]] = []
+    end = len(order)
+    while end:
+        batches.append(order[cut_at[end] : end])
+        end = cut_at[end]
+    return batches[::-1]
+
+
+def _fill_greedily(lengths: Sequence[int], micro_batch_size: int, micro_batch_tokens: int | None) -> list[list[int]]:
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     batches: list[list[int]] = []
     for index in order:
@@ -120,6 +155,33 @@ def pack_micro_batches(
             current.append(index)
         else:
             batches.append([index])
+    return batches
+
+
+def pack_micro_batches(
+    lengths: Sequence[int],
+    micro_batch_size: int,
+    micro_batch_tokens: int | None,
+    num_ranks: int,
+    overhead_tokens: int | None = None,
+) -> list[list[list[int]]]:
+    """Split one step's sequences (given by their lengths) into micro-batches, per rank.
+
+    Returns ``per_rank[r] = [micro_batch, ...]``, each micro-batch a list of positions into
+    ``lengths``. Every rank gets the same number of micro-batches; every position appears once.
+    ``overhead_tokens`` (``sft.micro_batch_overhead_tokens``): None fills micro-batches greedily,
+    a number groups by length (:func:`group_by_length`).
+    """
+    assert micro_batch_size >= 1 and num_ranks >= 1, "micro_batch_size and num_ranks must be >= 1"
+    if len(lengths) % num_ranks:
+        raise ValueError(
+            f"{len(lengths)} sequences per step cannot be split over {num_ranks} processes; "
+            "make sft.global_batch_size a multiple of the process count"
+        )
+    if overhead_tokens is None:
+        batches = _fill_greedily(lengths, micro_batch_size, micro_batch_tokens)
+    else:
+        batches = group_by_length(lengths, micro_batch_size, micro_batch_tokens, overhead_tokens)
     while len(batches) % num_ranks:
         splittable = [b for b in batches if len(b) > 1]
         assert splittable, "cannot happen: there are at least num_ranks sequences"

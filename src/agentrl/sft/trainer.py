@@ -159,7 +159,9 @@ def _run_step(
 ) -> dict[str, float]:
     """Forward/backward of this rank's micro-batches of one step, then the optimizer step."""
     lengths = [len(examples[i].input_ids) for i in indices]
-    mine = pack_micro_batches(lengths, cfg.micro_batch_size, cfg.micro_batch_tokens, ctx.world_size)[ctx.rank]
+    mine = pack_micro_batches(
+        lengths, cfg.micro_batch_size, cfg.micro_batch_tokens, ctx.world_size, cfg.micro_batch_overhead_tokens
+    )[ctx.rank]
     step_targets = sum(examples[i].trained_targets for i in indices)
     # DeepSpeed averages gradients over ranks; x world_size turns that into a sum, so the step's
     # gradient is that of (all trained-token NLL) / (all trained tokens).
