@@ -167,3 +167,38 @@ def test_a_slow_tool_does_not_hold_back_the_other_trajectories(trained, interpre
     # less than the tools slept in total, and the engine time overlapped the sleeps.
     assert loop.stats.tools_s < 0.5 * calls
     assert loop.stats.generate_s + loop.stats.tools_s <= wall + 0.05
+
+
+def test_the_in_place_cache_and_cpu_gqa_attention_give_transformers_logits():
+    from transformers import DynamicCache
+
+    from agentrl.rollout.hf_cache import ATTENTION, batch_cache, use_cpu_gqa_attention
+
+    model_dir = random_policy()
+    reference = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    use_cpu_gqa_attention(model)
+    assert model.config._attn_implementation == ATTENTION and model.config.num_key_value_heads > 0
+    torch.manual_seed(0)
+    ids = torch.randint(3, 200, (3, 9))
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0  # left padding
+    mask[1, 5] = 0  # a hole, as merged rows have
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    ours, theirs = batch_cache(num_layers=model.config.num_hidden_layers), DynamicCache(config=reference.config)
+    with torch.inference_mode():
+        a = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=ours).logits
+        b = reference(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=theirs).logits
+        keep = torch.tensor([2, 0])
+        ours.batch_select_indices(keep)
+        theirs.batch_select_indices(keep)
+        for step in range(40):  # past the first buffer's spare room: it grows
+            token = torch.randint(3, 200, (2, 1))
+            mask2 = torch.cat([mask[keep], torch.ones((2, step + 1), dtype=torch.long)], dim=1)
+            position = positions[keep][:, -1:] + step + 1
+            a2 = model(input_ids=token, attention_mask=mask2, position_ids=position, past_key_values=ours).logits
+            b2 = reference(input_ids=token, attention_mask=mask2, position_ids=position, past_key_values=theirs).logits
+            assert torch.allclose(a2, b2, atol=1e-5), step
+    valid = mask.bool()
+    assert torch.allclose(a[valid], b[valid], atol=1e-5)
+    assert ours.get_seq_length() == theirs.get_seq_length() == 9 + 40

@@ -8,7 +8,7 @@ sequences that end leave it and queued requests take their places (a prefill mer
 batch), so no sequence waits for the slowest of its batch. ``generate`` is the same scheduler
 run to the end over one call's prompts.
 
-Keys and values live in one ``DynamicCache`` for the batch, left-padded: a row's tokens are its
+Keys and values live in one cache for the batch (:mod:`agentrl.rollout.hf_cache`), left-padded: a row's tokens are its
 unmasked columns, and the masked ones ("holes", where rows of different lengths were merged or
 a row has ended) are skipped by the attention mask, with each row's positions given explicitly.
 The cache is compacted when holes make up a large share of it.
@@ -43,11 +43,15 @@ import random
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import DynamicCache
 
 from agentrl.rollout.engine import GenerationOutput, Request, SamplingParams
+from agentrl.rollout.hf_cache import batch_cache, cached_layers, use_cpu_gqa_attention
+
+if TYPE_CHECKING:
+    from transformers.cache_utils import Cache
 
 # (sequences (B, T): left-padded prompts + ids generated so far, next-token logits (B, V)) -> logits,
 # as transformers' LogitsProcessor: a hook for constrained decoding (and for tests that force tokens).
@@ -168,6 +172,8 @@ class HFEngine:
     ) -> None:
         assert batch_size >= 1, f"batch_size must be >= 1, got {batch_size}"
         self.model = model
+        use_cpu_gqa_attention(model)
+        self.num_layers = model.config.num_hidden_layers
         self.pad_token_id = pad_token_id
         self.batch_size = batch_size
         self.logits_processor = logits_processor
@@ -177,7 +183,7 @@ class HFEngine:
         self.counters = EngineCounters()
         self._waiting: deque[Request] = deque()
         self._rows: list[_Running] = []
-        self._cache: DynamicCache | None = None
+        self._cache: Cache | None = None
         self._mask = torch.zeros((0, 0), dtype=torch.long)
         self._logits: torch.Tensor | None = None
         self._parked: OrderedDict[str, _Parked] = OrderedDict()
@@ -200,12 +206,13 @@ class HFEngine:
 
     def step(self) -> list[tuple[str, GenerationOutput]]:
         """Admit queued requests where there is room, then sample one token for every running row."""
-        was_training = self.model.training
-        self.model.eval()
+        if not self.model.training:
+            return self._step()
+        self.model.eval()  # a module shared with the trainer (GRPO)
         try:
             return self._step()
         finally:
-            self.model.train(was_training)
+            self.model.train()
 
     def generate(
         self,
@@ -311,7 +318,9 @@ class HFEngine:
             return
         valid = self._mask[i].nonzero()[:, 0]
         assert len(valid) == len(row.fed), f"row of {row.request.request_id}: {len(valid)} cached, {len(row.fed)} fed"
-        layers = [(keys[i : i + 1, :, valid], values[i : i + 1, :, valid]) for keys, values in _layers(self._cache)]
+        layers = [
+            (keys[i : i + 1, :, valid], values[i : i + 1, :, valid]) for keys, values in cached_layers(self._cache)
+        ]
         self._parked[session] = _Parked(row.fed, layers)
         self._parked.move_to_end(session)
         while len(self._parked) > self.max_parked:
@@ -356,7 +365,7 @@ class HFEngine:
             mask[b, cached + width - len(new) :] = 1
             positions[b, width - len(new) :] = torch.arange(before, before + len(new))
             self.counters.prefilled += len(new)
-        cache = DynamicCache(config=self.model.config)
+        layers = []
         if cached:
             template = next(p for p, _ in computed if p is not None).layers
             for layer, (keys, values) in enumerate(template):
@@ -366,7 +375,8 @@ class HFEngine:
                     if parked is not None:
                         k[b, :, cached - len(parked.ids) :] = parked.layers[layer][0][0]
                         v[b, :, cached - len(parked.ids) :] = parked.layers[layer][1][0]
-                cache.update(k, v, layer)
+                layers.append((k, v))
+        cache = batch_cache(layers, num_layers=self.num_layers)
         mask = mask.to(device)
         logits = self._forward(input_ids.to(device), mask, positions.to(device), cache)
         if row_of != list(range(batch)):
@@ -380,18 +390,22 @@ class HFEngine:
             rows.append(_Running(request, rng, (parked.ids if parked is not None else []) + list(new)))
         self._merge(cache, mask, logits, rows)
 
-    def _merge(self, cache: DynamicCache, mask: torch.Tensor, logits: torch.Tensor, rows: list[_Running]) -> None:
+    def _merge(self, cache: Cache, mask: torch.Tensor, logits: torch.Tensor, rows: list[_Running]) -> None:
         """Append admitted rows to the running batch, left-padding the narrower cache with holes."""
         if not self._rows:
             self._cache, self._mask, self._logits, self._rows = cache, mask, logits, rows
             return
         width = max(self._mask.shape[1], mask.shape[1])
-        merged = DynamicCache(config=self.model.config)
-        for layer, ((k1, v1), (k2, v2)) in enumerate(zip(_layers(self._cache), _layers(cache))):
-            keys = torch.cat([_pad_left(k1, width, 2), _pad_left(k2, width, 2)])
-            values = torch.cat([_pad_left(v1, width, 2), _pad_left(v2, width, 2)])
-            merged.update(keys, values, layer)
-        self._cache = merged
+        self._cache = batch_cache(
+            [
+                (
+                    torch.cat([_pad_left(k1, width, 2), _pad_left(k2, width, 2)]),
+                    torch.cat([_pad_left(v1, width, 2), _pad_left(v2, width, 2)]),
+                )
+                for (k1, v1), (k2, v2) in zip(cached_layers(self._cache), cached_layers(cache))
+            ],
+            num_layers=self.num_layers,
+        )
         self._mask = torch.cat([_pad_left(self._mask, width, 1), _pad_left(mask, width, 1)])
         self._logits = torch.cat([self._logits, logits])
         self._rows = self._rows + rows
@@ -410,11 +424,11 @@ class HFEngine:
         index[rows, target] = columns
         mask = torch.zeros_like(index)
         mask[rows, target] = 1
-        compacted = DynamicCache(config=self.model.config)
-        for layer, (keys, values) in enumerate(_layers(self._cache)):
+        compacted = []
+        for keys, values in cached_layers(self._cache):
             gather = index[:, None, :, None].expand(-1, keys.shape[1], -1, keys.shape[3])
-            compacted.update(keys.gather(2, gather), values.gather(2, gather), layer)
-        self._cache, self._mask = compacted, mask
+            compacted.append((keys.gather(2, gather), values.gather(2, gather)))
+        self._cache, self._mask = batch_cache(compacted, num_layers=self.num_layers), mask
         self.counters.compactions += 1
 
     def _left_padded(self, contexts: list[list[int]]) -> torch.Tensor:
@@ -459,10 +473,6 @@ class HFEngine:
             )
             if target.data_ptr() != tensor.data_ptr():
                 target.copy_(tensor)
-
-
-def _layers(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    return [(layer.keys, layer.values) for layer in cache.layers]
 
 
 def _by_sampling(rows: list[_Running]) -> list[tuple[SamplingParams, list[int]]]:
