@@ -53,7 +53,7 @@ TINY = {
         "val_before_train": False,
         "save_freq": 1,
     },
-    "eval": {"n": 1},
+    "eval": {"n": 1, "models": ["base", "sft", "rl"]},
 }
 # The rules of the default workflow that evaluation depends on, directly or not.
 UPSTREAM_OF_EVAL = {
