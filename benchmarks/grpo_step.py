@@ -1,7 +1,15 @@
-"""One GRPO step on the embedded model: where the time goes, and the trainer's overhead.
+"""One GRPO step on the embedded model: where the time goes, arms compared, the trainer's overhead.
 
     python benchmarks/grpo_step.py --model results/models/sft --train results/filter/rl_train.parquet \
-        [--batch-prompts 16 --n 8 --threads 2 --json out.json]
+        [--config config.yaml --arm recompute='{"grpo": {"old_logprobs": "recompute"}}' --arm auto='{}' \
+         --pairs 5 --batch-prompts 16 --n 8 --threads 1 --plain --json out.json]
+
+The config is the repository's ``config.yaml`` (or ``--config``); each ``--arm NAME=JSON`` overrides
+it (``--batch-prompts``/``--n`` override every arm). The arms run interleaved, A B A B, ``--pairs``
+rounds, each run a fresh build of the parts from the model folder and the same step (the same
+prompts and rollout seeds), so the arms differ only in what they override and a change in the
+machine's load hits each alike; the report gives per arm the median of every timing and, against
+the first arm, the median of the per-round ratios.
 
 Builds the GRPO stage's real parts (DeepSpeed actor, hf rollout engine sharing it, agent loop,
 sandbox, reward) in this process and runs one step piece by piece: rollout (generation and
@@ -11,19 +19,26 @@ the very same samples and micro-batches - Hugging Face forward with full logits,
 token-mean policy-gradient loss without clipping or statistics, backward, ``torch.optim.AdamW``
 once per mini-batch - and both report training tokens/s (prompt + response tokens through
 forward and backward). Their ratio is what the trainer's machinery costs (DeepSpeed, chunked
-log-probs, entropy and clip statistics, the recomputation pass is excluded from both).
-Figures depend on the machine and its load; the report prints the CPU count and load average.
+log-probs, entropy and clip statistics, the recomputation pass is excluded from both); ``--plain``
+adds it to every run. Figures depend on the machine and its load; the report prints the CPU count
+and the load average of every run.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
+import statistics
 import time
 from pathlib import Path
 
 import torch
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+TIMINGS = ("step_s", "generate_s", "tools_s", "reward_s", "old_logp_s", "update_s", "weight_sync_s")
 
 
 def plain_update(model, samples, plan, pad_token_id: int, lr: float, temperature: float) -> float:
@@ -53,18 +68,15 @@ def plain_update(model, samples, plan, pad_token_id: int, lr: float, temperature
     return time.perf_counter() - started
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, default=Path("results/models/sft"))
-    parser.add_argument("--train", type=Path, default=Path("results/filter/rl_train.parquet"))
-    parser.add_argument("--batch-prompts", type=int, default=16)
-    parser.add_argument("--n", type=int, default=8)
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+def merged(base: dict, overrides: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in overrides.items():
+        out[key] = merged(out.get(key) or {}, value) if isinstance(value, dict) else value
+    return out
 
+
+def one_step(raw: dict, model: Path, train: Path, plain: bool) -> dict:
+    """Build the GRPO parts from ``model`` under config ``raw`` and time one step piece by piece."""
     from agentrl.config import load_config
     from agentrl.data.records import read_problems
     from agentrl.grpo.prompts import PromptSampler
@@ -74,18 +86,10 @@ def main() -> None:
     from agentrl.training import deepspeed_engine as dse
     from agentrl.training.model import load_causal_lm
 
-    cfg = load_config(
-        {
-            "grpo": {
-                "batch_prompts": args.batch_prompts,
-                "n": args.n,
-                "mini_batch_prompts": min(args.batch_prompts, load_config({}).grpo.mini_batch_prompts),
-            }
-        }
-    )
+    cfg = load_config(raw)
     ctx = dse.init_distributed()
-    paths = GrpoPaths(args.model, args.train, (), Path("-"), Path("-"), Path("-"), dse.find_deepspeed_config(0))
-    sampler = PromptSampler(read_problems(args.train), seed=0)
+    paths = GrpoPaths(model, train, (), Path("-"), Path("-"), Path("-"), dse.find_deepspeed_config(0))
+    sampler = PromptSampler(read_problems(train), seed=0)
     with make_sandbox(cfg.sandbox) as sandbox:
         parts, _ = build_components(cfg, paths, ctx, sandbox, steps=1)
         step = GrpoStep(parts)
@@ -103,19 +107,10 @@ def main() -> None:
         t4 = time.perf_counter()
 
     input_tokens = sum(len(s.input_ids) for s in samples) * cfg.grpo.ppo_epochs
-    plain_s = plain_update(
-        load_causal_lm(args.model, device=torch.device("cpu")),
-        samples,
-        plan,
-        parts.pad_token_id,
-        cfg.grpo.lr,
-        cfg.rollout.temperature,
-    )
     report = {
-        "cpus": os.cpu_count(),
-        "load_average": os.getloadavg(),
-        "torch_threads": torch.get_num_threads(),
-        "prompts_x_n": f"{args.batch_prompts} x {args.n}",
+        "load_average": os.getloadavg()[0],
+        "old_logprobs": parts.old_logprobs,
+        "prompts_x_n": f"{cfg.grpo.batch_prompts} x {cfg.grpo.n}",
         "trajectories": len(samples),
         "input_tokens": input_tokens,
         "loss_tokens": sum(s.num_loss_tokens for s in samples),
@@ -130,12 +125,67 @@ def main() -> None:
         "update_s": t3 - t2,
         "weight_sync_s": t4 - t3,
         "trainer_train_tokens_per_s": input_tokens / (t3 - t2),
-        "plain_train_tokens_per_s": input_tokens / plain_s,
     }
-    report["trainer_overhead"] = report["plain_train_tokens_per_s"] / report["trainer_train_tokens_per_s"] - 1.0
-    print(json.dumps(report, indent=2))
+    if plain:
+        lm = load_causal_lm(model, device=torch.device("cpu"))
+        plain_s = plain_update(lm, samples, plan, parts.pad_token_id, cfg.grpo.lr, cfg.rollout.temperature)
+        report["plain_train_tokens_per_s"] = input_tokens / plain_s
+        report["trainer_overhead"] = report["plain_train_tokens_per_s"] / report["trainer_train_tokens_per_s"] - 1.0
+    return report
+
+
+def parse_arm(text: str) -> tuple[str, dict]:
+    name, _, raw = text.partition("=")
+    if not name or not raw:
+        raise argparse.ArgumentTypeError(f"--arm takes NAME=JSON (config keys), got {text!r}")
+    return name, json.loads(raw)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, default=Path("results/models/sft"))
+    parser.add_argument("--train", type=Path, default=Path("results/filter/rl_train.parquet"))
+    parser.add_argument(
+        "--config", type=Path, default=REPO / "config.yaml", help="the base config (default: the repo's)"
+    )
+    parser.add_argument("--arm", type=parse_arm, action="append", help="NAME=JSON of config keys over the config")
+    parser.add_argument("--pairs", type=int, default=5, help="rounds of every arm in turn")
+    parser.add_argument("--batch-prompts", type=int, default=None, help="grpo.batch_prompts of every arm")
+    parser.add_argument("--n", type=int, default=None, help="grpo.n of every arm")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--plain", action="store_true", help="also time a plain-torch update of the same samples")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    base = yaml.safe_load(args.config.read_text()) or {}
+    sizes = {k: v for k, v in (("batch_prompts", args.batch_prompts), ("n", args.n)) if v is not None}
+    if "batch_prompts" in sizes:  # at most the batch: as many updates per step as the config allows
+        mini = base.get("grpo", {}).get("mini_batch_prompts", 8)
+        sizes["mini_batch_prompts"] = min(sizes["batch_prompts"], mini)
+    arms = dict(args.arm or [("config", {})])
+    configs = {name: merged(merged(base, over), {"grpo": sizes}) for name, over in arms.items()}
+    print(json.dumps({"cpus": os.cpu_count(), "load_average": os.getloadavg(), "config": str(args.config)}))
+    runs: dict[str, list[dict]] = {name: [] for name in arms}
+    for round_ in range(args.pairs):
+        for name in arms:
+            report = one_step(configs[name], args.model, args.train, args.plain)
+            runs[name].append(report)
+            print(json.dumps({"round": round_, "arm": name, **report}), flush=True)
+    first = next(iter(arms))
+    summary = {}
+    for name, reports in runs.items():
+        keys = [k for k, v in reports[0].items() if isinstance(v, float)]
+        summary[name] = {
+            "median": {k: statistics.median(r[k] for r in reports) for k in keys},
+            f"ratio_to_{first}": {
+                k: statistics.median(r[k] / max(f[k], 1e-9) for r, f in zip(reports, runs[first])) for k in TIMINGS
+            },
+        }
+        print(json.dumps({"arm": name, **summary[name]}))
+    print(json.dumps({"load_average_end": os.getloadavg()}))
     if args.json:
-        args.json.write_text(json.dumps(report, indent=2))
+        args.json.write_text(json.dumps({"runs": runs, "summary": summary}, indent=2))
 
 
 if __name__ == "__main__":
