@@ -32,6 +32,7 @@ TINY_RUN = {
         "save_freq": 1,
         "keep_checkpoints": 2,
         "test_freq": 2,
+        "val_before_train": True,
         "micro_batch_tokens": 64,
         "lr": 1e-3,
         "validation": {"n": 1},

@@ -202,3 +202,30 @@ def test_the_in_place_cache_and_cpu_gqa_attention_give_transformers_logits():
     valid = mask.bool()
     assert torch.allclose(a[valid], b[valid], atol=1e-5)
     assert ours.get_seq_length() == theirs.get_seq_length() == 9 + 40
+
+
+@pytest.mark.parametrize("scheduling", ["per_trajectory", "per_turn"])
+def test_streaming_a_problem_set_keeps_a_window_and_samples_what_run_samples(trained, interpreter, scheduling):
+    model, tokenizer = trained
+    cfg = load_config({"rollout": {"max_turns": 4, "max_response_tokens": 400, "scheduling": scheduling}}).rollout
+    engine = HFEngine(model, pad_token_id=tokenizer.pad_token_id, batch_size=16)
+    loop = AgentLoop(engine, tokenizer, interpreter, cfg)
+    problems = arith_problems(7, seed=9)
+    params = SamplingParams(temperature=1.0)
+    whole = loop.run(problems, 2, params, seed=3)
+    admitted, handed = [], []
+    original = loop.prompt_ids
+
+    def counted(problem):
+        admitted.append((problem.id, len(handed)))
+        return original(problem)
+
+    loop.prompt_ids = counted
+    loop.stream(problems, 2, params, 3, lambda t: handed.append(t), max_problems_in_flight=3)
+    by_problem = {group[0].problem_id: [t.response_ids for t in group] for group in handed}
+    assert sorted(by_problem) == sorted(p.id for p in problems)
+    for problem in problems:
+        assert by_problem[problem.id] == [t.response_ids for t in whole if t.problem_id == problem.id]
+    # Never more than 3 problems in flight: problem k starts only after k - 3 have been handed over.
+    assert all(started_after >= index - 3 for index, (_, started_after) in enumerate(admitted))
+    assert any(started_after > 0 for _, started_after in admitted)

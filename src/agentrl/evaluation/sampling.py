@@ -10,8 +10,10 @@ Seeds: every rollout is seeded by (global seed, stage tag, problem id, sample in
 (:func:`agentrl.rollout.agent_loop.turn_seed`), never by a position in a chunk or a shard, and
 the ``hf`` engine samples each sequence from its own seed; so a problem's samples are the same
 whichever problems share its batch, and the scoring and evaluation shards gather into the same
-files for any shard count. Problems are rolled out in chunks (bounded memory) and handed over
-one by one as each problem's last rollout ends, for the shard file to write.
+files for any shard count. At most ``problems_per_chunk`` problems are in flight at once (bounded
+memory), the next one starting as soon as one ends (:meth:`AgentLoop.stream`: no chunk waits
+for its slowest sample), and each is handed over as its last rollout ends, for the shard file
+to write.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ class SamplingSetup:
     top_p: float
     seed: int
     seed_tag: str
-    problems_per_chunk: int = 256
+    problems_per_chunk: int = 256  # problems in flight at once
 
 
 def load_tokenizer(model_dir: str) -> Any:
@@ -87,9 +89,7 @@ def grade_problems(
             bar.set_postfix(correct=f"{correct}/{done * setup.n}")
             bar.update(1)
 
-        for start in range(0, total, setup.problems_per_chunk):
-            chunk = list(problems[start : start + setup.problems_per_chunk])
-            by_id = {p.id: p for p in chunk}
-            loop.run(chunk, setup.n, params, seed, on_problem_done=grade)
-            assert done == start + len(chunk), f"the agent loop handed over {done} of {start + len(chunk)} problems"
+        by_id = {p.id: p for p in problems}
+        loop.stream(problems, setup.n, params, seed, grade, max_problems_in_flight=setup.problems_per_chunk)
+        assert done == total, f"the agent loop handed over {done} of {total} problems"
         bar.close()

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 
@@ -154,69 +154,115 @@ class AgentLoop:
         the problem id, the sample index and the turn number. ``on_problem_done`` gets a problem's
         ``n`` trajectories as soon as the last of them ends (a resumable stage writes them then).
         """
+        done: list[list[Trajectory]] = [[] for _ in problems]
+
+        def keep(number: int, trajectories: list[Trajectory]) -> None:
+            done[number] = trajectories
+            if on_problem_done is not None:
+                on_problem_done(trajectories)
+
+        self._roll_out(problems, n, params, seed, keep, window=None)
+        return [t for group in done for t in group]
+
+    def stream(
+        self,
+        problems: Iterable[Problem],
+        n: int,
+        params: SamplingParams,
+        seed: int,
+        on_problem_done: Callable[[list[Trajectory]], None],
+        max_problems_in_flight: int = 256,
+    ) -> None:
+        """:meth:`run` over a problem set of any size, in bounded memory: at most
+        ``max_problems_in_flight`` problems are rolled out at once, and the next one starts as soon
+        as one ends (``per_trajectory``: no chunk waits for its slowest sample; ``per_turn``
+        takes them in chunks of that size). Finished trajectories are only handed to
+        ``on_problem_done``, never kept."""
+        self._roll_out(problems, n, params, seed, lambda _, t: on_problem_done(t), window=max_problems_in_flight)
+
+    def _roll_out(self, problems: Iterable[Problem], n: int, params, seed: int, on_group, window: int | None) -> None:
+        """Roll out ``problems`` in order; ``on_group(problem number, trajectories)`` as each problem ends."""
         assert n >= 1, f"n must be >= 1, got {n}"
+        assert window is None or window >= 1, f"max_problems_in_flight must be >= 1, got {window}"
         self.stats = RolloutStats()
-        rollouts = []
-        for problem in problems:
-            prompt = self.prompt_ids(problem)
-            rollouts += [_Rollout(problem, i, prompt) for i in range(n)]
         turn_params = params.replace(stop_token_ids=self.format.stop_token_ids)
-        if self.cfg.scheduling == "per_turn":
-            self._run_per_turn(rollouts, n, turn_params, seed, on_problem_done)
-        else:
-            self._run_per_trajectory(rollouts, n, turn_params, seed, on_problem_done)
-        return [self._trajectory(r) for r in rollouts]
+        if self.cfg.scheduling == "per_trajectory":
+            self._run_per_trajectory(iter(problems), n, turn_params, seed, on_group, window)
+            return
+        problems = list(problems)
+        size = window or max(1, len(problems))
+        for start in range(0, len(problems), size):
+            chunk = [(p, self.prompt_ids(p)) for p in problems[start : start + size]]
+            rollouts = [_Rollout(p, i, prompt) for p, prompt in chunk for i in range(n)]
+            self._run_per_turn(
+                rollouts, n, turn_params, seed, lambda number, t, first=start: on_group(first + number, t)
+            )
 
     # ------------------------------------------------------------------ per_trajectory
     def _run_per_trajectory(
-        self, rollouts: list[_Rollout], n: int, params: SamplingParams, seed: int, on_problem_done
+        self, problems: Iterator[Problem], n: int, params: SamplingParams, seed: int, on_group, window: int | None
     ) -> None:
         engine = self.engine
-        waiting_turn: dict[str, int] = {}  # request id -> rollout index
-        running_tools: dict[Future, tuple[int, ToolCall]] = {}
-        left_in_group = [n] * (len(rollouts) // n)
+        in_flight: dict[int, list[_Rollout]] = {}  # problem number -> its rollouts
+        left_in_group: dict[int, int] = {}
+        waiting_turn: dict[str, tuple[int, _Rollout]] = {}  # request id -> (problem number, rollout)
+        running_tools: dict[Future, tuple[int, _Rollout, ToolCall]] = {}
+        numbered = enumerate(problems)
 
-        def next_turn(index: int) -> None:
-            request = self._request(index, rollouts[index], params, seed)
-            waiting_turn[request.request_id] = index
+        def admit() -> None:
+            while window is None or len(in_flight) < window:
+                entry = next(numbered, None)
+                if entry is None:
+                    return
+                number, problem = entry
+                prompt = self.prompt_ids(problem)
+                in_flight[number] = [_Rollout(problem, i, prompt) for i in range(n)]
+                left_in_group[number] = n
+                for rollout in in_flight[number]:
+                    next_turn(number, rollout)
+
+        def next_turn(number: int, rollout: _Rollout) -> None:
+            request = self._request(number * n + rollout.sample_index, rollout, params, seed)
+            waiting_turn[request.request_id] = (number, rollout)
             engine.add_request(request)
 
-        def go_on(index: int) -> None:
-            if rollouts[index].finish_reason is None:
-                next_turn(index)
+        def go_on(number: int, rollout: _Rollout) -> None:
+            if rollout.finish_reason is None:
+                next_turn(number, rollout)
                 return
-            engine.end_session(str(index))
-            group = index // n
-            left_in_group[group] -= 1
-            if left_in_group[group] == 0 and on_problem_done is not None:
-                on_problem_done([self._trajectory(r) for r in rollouts[group * n : (group + 1) * n]])
+            engine.end_session(str(number * n + rollout.sample_index))
+            left_in_group[number] -= 1
+            if left_in_group[number] == 0:
+                del left_in_group[number]
+                on_group(number, [self._trajectory(r) for r in in_flight.pop(number)])
+                admit()
 
-        for index in range(len(rollouts)):
-            next_turn(index)
+        admit()
         while waiting_turn or running_tools:
             if engine.has_unfinished_requests():
                 started = time.perf_counter()
                 ended = engine.step()
                 self.stats.generate_s += time.perf_counter() - started
                 for request_id, output in ended:
-                    index = waiting_turn.pop(request_id)
-                    call = self._end_turn(rollouts[index], output)
+                    number, rollout = waiting_turn.pop(request_id)
+                    call = self._end_turn(rollout, output)
                     if call is not None and call.ok:
-                        running_tools[self.interpreter.submit(call.code)] = (index, call)
+                        running_tools[self.interpreter.submit(call.code)] = (number, rollout, call)
                         continue
                     if call is not None:  # malformed: answered at once
-                        self._answer(rollouts[index], call, call.error, failed=True)
-                    go_on(index)
+                        self._answer(rollout, call, call.error, failed=True)
+                    go_on(number, rollout)
             else:
                 assert running_tools, "rollouts left, but no engine request or tool call runs"
                 started = time.perf_counter()
                 wait(running_tools, return_when=FIRST_COMPLETED)
                 self.stats.tools_s += time.perf_counter() - started
             for future in [f for f in running_tools if f.done()]:
-                index, call = running_tools.pop(future)
+                number, rollout, call = running_tools.pop(future)
                 result = future.result()
-                self._answer(rollouts[index], call, result.text, failed=not result.ok)
-                go_on(index)
+                self._answer(rollout, call, result.text, failed=not result.ok)
+                go_on(number, rollout)
+        assert not in_flight, f"{len(in_flight)} problems never finished"
 
     def _request(self, index: int, rollout: _Rollout, params: SamplingParams, seed: int) -> Request:
         """The engine request of the rollout's next turn (its session: the rollout's index in the call)."""
@@ -232,7 +278,7 @@ class AgentLoop:
         )
 
     # ------------------------------------------------------------------ per_turn
-    def _run_per_turn(self, rollouts: list[_Rollout], n: int, params: SamplingParams, seed: int, on_problem_done):
+    def _run_per_turn(self, rollouts: list[_Rollout], n: int, params: SamplingParams, seed: int, on_group):
         live = list(rollouts)
         turn = 0
         budget = self.cfg.max_response_tokens
@@ -247,18 +293,17 @@ class AgentLoop:
             self.stats.generate_s += time.perf_counter() - started
             calls = [(r, call) for r, output in zip(live, outputs) if (call := self._end_turn(r, output)) is not None]
             self._answer_calls(calls)
-            if on_problem_done is not None:
-                self._report_finished(rollouts, [r for r in live if r.finish_reason is not None], n, on_problem_done)
+            self._report_finished(rollouts, [r for r in live if r.finish_reason is not None], n, on_group)
             live = [r for r in live if r.finish_reason is None]
             turn += 1
 
-    def _report_finished(self, rollouts: list[_Rollout], ended: list[_Rollout], n: int, callback) -> None:
+    def _report_finished(self, rollouts: list[_Rollout], ended: list[_Rollout], n: int, on_group) -> None:
         """Hand over each problem whose last rollouts ended this turn (``rollouts`` are grouped by problem)."""
         position = {id(r): i for i, r in enumerate(rollouts)} if ended else {}
-        for first in sorted({position[id(r)] // n * n for r in ended}):
-            group = rollouts[first : first + n]
+        for number in sorted({position[id(r)] // n for r in ended}):
+            group = rollouts[number * n : (number + 1) * n]
             if all(r.finish_reason is not None for r in group):
-                callback([self._trajectory(r) for r in group])
+                on_group(number, [self._trajectory(r) for r in group])
 
     def _answer_calls(self, calls: list[tuple[_Rollout, ToolCall]]) -> None:
         """Run the well-formed calls concurrently; append every answer as a tool-response turn."""
