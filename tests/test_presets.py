@@ -38,6 +38,11 @@ def test_data_and_model(paper):
     assert paper.data.upstream.rl.id == "Gen-Verse/Open-AgentRL-30K"
     assert set(paper.data.benchmarks) == {"aime2024", "aime2025", "gpqa_diamond", "livecodebench_v6"}
     assert paper.model.base == "Qwen/Qwen3-4B-Instruct-2507"
+    # Pinned by commit (40 hex digits), so a hub update does not change the run; the file names stay.
+    for source in (paper.data.upstream.sft, paper.data.upstream.rl):
+        assert len(source.revision) == 40 and int(source.revision, 16) >= 0, source
+    assert paper.data.upstream.sft.file == "full_sft_3k_shuffled_v4.parquet"
+    assert len(paper.model.revision) == 40
 
 
 def test_tool_reward_and_rollout(paper):
