@@ -40,7 +40,7 @@ SMALL = {
         "val_before_train": False,
         "save_freq": 1,
     },
-    "eval": {"n": 2},
+    "eval": {"n": 2, "models": ["base", "sft", "rl"]},
 }
 
 
