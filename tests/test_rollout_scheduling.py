@@ -178,7 +178,9 @@ def test_the_in_place_cache_and_cpu_gqa_attention_give_transformers_logits():
     reference = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     use_cpu_gqa_attention(model)
-    assert model.config._attn_implementation == ATTENTION and model.config.num_key_value_heads > 0
+    # Grouped-query heads (2 query heads per key/value head): the path that skips repeat_kv is the one run.
+    assert model.config._attn_implementation == ATTENTION
+    assert model.config.num_attention_heads > model.config.num_key_value_heads
     torch.manual_seed(0)
     ids = torch.randint(3, 200, (3, 9))
     mask = torch.ones_like(ids)
