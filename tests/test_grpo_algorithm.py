@@ -40,7 +40,7 @@ def test_group_advantages_unbiased_std_by_hand():
     # group b = [2, -2, 0, 4]: mean 1, deviations [1, -3, -1, 3], var = 20 / 3
     rewards = torch.tensor([1.0, 2.0, 0.0, -2.0, 0.0, 0.0, 4.0])
     ids = ["a", "b", "a", "b", "a", "b", "b"]  # interleaved on purpose
-    adv = group_advantages(rewards, ids, eps=0.0)
+    adv = group_advantages(rewards, ids, eps=0.0, norm_by_std=True)
     sa, sb = math.sqrt(1 / 3), math.sqrt(20 / 3)
     expected = [(2 / 3) / sa, 1 / sb, (-1 / 3) / sa, -3 / sb, (-1 / 3) / sa, -1 / sb, 3 / sb]
     assert adv.tolist() == pytest.approx(expected, abs=1e-12)
@@ -48,7 +48,7 @@ def test_group_advantages_unbiased_std_by_hand():
 
 def test_group_advantages_contiguous_groups_eps_and_dr_grpo():
     rewards = torch.tensor([1.0, -1.0, -1.0, 1.0, 3.0, 1.0])
-    adv = group_advantages(rewards, 2, eps=1e-6)  # groups [1,-1], [-1,1], [3,1]: std sqrt(2) each
+    adv = group_advantages(rewards, 2, eps=1e-6, norm_by_std=True)  # groups [1,-1], [-1,1], [3,1]: std sqrt(2) each
     s = math.sqrt(2) + 1e-6
     assert adv.tolist() == pytest.approx([1 / s, -1 / s, -1 / s, 1 / s, 1 / s, -1 / s], abs=1e-12)
     no_std = group_advantages(rewards, 2, norm_by_std=False)
@@ -57,11 +57,11 @@ def test_group_advantages_contiguous_groups_eps_and_dr_grpo():
 
 def test_group_advantages_equal_rewards_and_singletons_are_zero():
     rewards = torch.tensor([0.5, 0.5, 0.5, 7.0, -1.0, 1.0])
-    adv = group_advantages(rewards, torch.tensor([0, 0, 0, 1, 2, 2]))
+    adv = group_advantages(rewards, torch.tensor([0, 0, 0, 1, 2, 2]), norm_by_std=True)
     assert adv[:4].tolist() == [0.0, 0.0, 0.0, 0.0]  # all-equal group, and a group of one
     assert adv[4].item() == pytest.approx(-1 / (math.sqrt(2) + 1e-6))
     with pytest.raises(AssertionError, match="groups of 4"):
-        group_advantages(rewards, 4)
+        group_advantages(rewards, 4, norm_by_std=True)
 
 
 def test_broadcast_advantages_zero_outside_mask():
@@ -83,12 +83,14 @@ def test_broadcast_advantages_zero_outside_mask():
 RATIOS = [1.5, 1.1, 0.5, 1.5, 20.0, 0.5]
 # The clip settings of the table (GRPO-TCR's: eps_low 0.2, eps_high 0.28, dual clip c = 10).
 TCR_CLIP = {"clip_low": 0.2, "clip_high": 0.28, "clip_c": 10.0}
+# GRPO-TCR's whole loss: those clips, the token-level ratio, the token-mean aggregation.
+TCR_LOSS = {**TCR_CLIP, "ratio_level": "token", "agg_mode": "token-mean"}
 ADVANTAGES = [1.0, 1.0, -2.0, -1.0, -1.0, 2.0]
 
 
 def test_policy_loss_asymmetric_and_dual_clip_by_hand():
     logp = _leaf([[math.log(r) for r in RATIOS]])
-    loss, stats = policy_loss(logp, torch.zeros(1, 6), torch.tensor([ADVANTAGES]), torch.ones(1, 6), **TCR_CLIP)
+    loss, stats = policy_loss(logp, torch.zeros(1, 6), torch.tensor([ADVANTAGES]), torch.ones(1, 6), **TCR_LOSS)
     assert loss.item() == pytest.approx(9.72 / 6, abs=1e-12)
     loss.backward()
     assert logp.grad[0].tolist() == pytest.approx([0.0, -1.1 / 6, 0.0, 1.5 / 6, 0.0, -1.0 / 6], abs=1e-12)
@@ -105,7 +107,7 @@ def test_policy_loss_asymmetric_and_dual_clip_by_hand():
 def test_policy_loss_without_dual_clip_keeps_large_negative_loss():
     logp = _leaf([[math.log(20.0)]])
     loss, stats = policy_loss(
-        logp, torch.zeros(1, 1), torch.tensor([[-1.0]]), torch.ones(1, 1), **{**TCR_CLIP, "clip_c": None}
+        logp, torch.zeros(1, 1), torch.tensor([[-1.0]]), torch.ones(1, 1), **{**TCR_LOSS, "clip_c": None}
     )
     loss.backward()
     assert loss.item() == pytest.approx(20.0)
@@ -114,7 +116,7 @@ def test_policy_loss_without_dual_clip_keeps_large_negative_loss():
 
 
 def test_log_ratio_is_clamped_to_20():
-    ratio = importance_ratio(torch.tensor([[50.0, -50.0]]), torch.zeros(1, 2), torch.ones(1, 2))
+    ratio = importance_ratio(torch.tensor([[50.0, -50.0]]), torch.zeros(1, 2), torch.ones(1, 2), level="token")
     assert ratio[0].tolist() == pytest.approx([math.exp(20.0), math.exp(-20.0)])
 
 
@@ -177,7 +179,9 @@ def test_sequence_level_clip_zeroes_the_whole_sequence():
     # s = exp(mean(0.5, 0.3)) = exp(0.4) = 1.49 > 1 + 0.28 with A > 0: clipped, zero gradient
     logp = _leaf([[0.5, 0.3], [0.01, -0.01]])
     adv = torch.tensor([[1.0, 1.0], [1.0, 1.0]])
-    loss, stats = policy_loss(logp, torch.zeros(2, 2), adv, torch.ones(2, 2), ratio_level="sequence", **TCR_CLIP)
+    loss, stats = policy_loss(
+        logp, torch.zeros(2, 2), adv, torch.ones(2, 2), ratio_level="sequence", agg_mode="token-mean", **TCR_CLIP
+    )
     loss.backward()
     assert logp.grad[0].tolist() == [0.0, 0.0]
     assert logp.grad[1].tolist() == pytest.approx([-1.0 / 4, -1.0 / 4], abs=1e-12)  # s_1 = exp(0) = 1
@@ -195,12 +199,12 @@ MASK = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]])  # third row empty: not a
     [("token-mean", 7 / 3), ("seq-mean-token-mean", (1.5 + 4.0) / 2), ("seq-mean-token-sum", (3.0 + 4.0) / 2)],
 )
 def test_aggregation_modes_by_hand(mode, expected):
-    assert aggregate_loss(LOSS, MASK, mode).item() == pytest.approx(expected, abs=1e-12)
+    assert aggregate_loss(LOSS, MASK, mode=mode).item() == pytest.approx(expected, abs=1e-12)
 
 
 def test_aggregation_unknown_mode_names_the_choices():
     with pytest.raises(ValueError, match="token-mean"):
-        aggregate_loss(LOSS, MASK, "token-sum")
+        aggregate_loss(LOSS, MASK, mode="token-sum")
 
 
 def test_micro_batches_with_global_token_count_sum_to_the_mini_batch_token_mean():
@@ -211,7 +215,7 @@ def test_micro_batches_with_global_token_count_sum_to_the_mini_batch_token_mean(
     adv = broadcast_advantages(torch.tensor([1.0, -1.0, 0.5, -0.5]), mask)
 
     full = _leaf(logp_values)
-    full_loss, _ = policy_loss(full, old, adv, mask, **TCR_CLIP)
+    full_loss, _ = policy_loss(full, old, adv, mask, **TCR_LOSS)
     full_loss.backward()
 
     micro = _leaf(logp_values)
@@ -219,7 +223,7 @@ def test_micro_batches_with_global_token_count_sum_to_the_mini_batch_token_mean(
     accumulated = 0.0
     for rows in (slice(0, 2), slice(2, 4)):
         part, _ = policy_loss(
-            micro[rows], old[rows], adv[rows], mask[rows], global_token_count=total_tokens, **TCR_CLIP
+            micro[rows], old[rows], adv[rows], mask[rows], global_token_count=total_tokens, **TCR_LOSS
         )
         part.backward()
         accumulated += part.item()
@@ -228,7 +232,7 @@ def test_micro_batches_with_global_token_count_sum_to_the_mini_batch_token_mean(
 
     # Averaging the micro-batch token means is a different quantity here (5 vs 7 tokens).
     means = [
-        policy_loss(micro[r].detach(), old[r], adv[r], mask[r], **TCR_CLIP)[0].item()
+        policy_loss(micro[r].detach(), old[r], adv[r], mask[r], **TCR_LOSS)[0].item()
         for r in (slice(0, 2), slice(2, 4))
     ]
     assert sum(means) / 2 != pytest.approx(full_loss.item(), abs=1e-6)
@@ -236,22 +240,22 @@ def test_micro_batches_with_global_token_count_sum_to_the_mini_batch_token_mean(
 
 def test_global_seq_count_for_sequence_modes():
     halves = [
-        aggregate_loss(LOSS[rows], MASK[rows], "seq-mean-token-mean", global_seq_count=2)
+        aggregate_loss(LOSS[rows], MASK[rows], mode="seq-mean-token-mean", global_seq_count=2)
         for rows in (slice(0, 1), slice(1, 3))
     ]
-    assert sum(h.item() for h in halves) == pytest.approx(aggregate_loss(LOSS, MASK, "seq-mean-token-mean").item())
+    assert sum(h.item() for h in halves) == pytest.approx(aggregate_loss(LOSS, MASK, mode="seq-mean-token-mean").item())
 
 
 # --------------------------------------------------------------------------- KL, entropy, log-probs
 def test_kl_estimators_by_hand():
     logp, ref = torch.tensor([[0.0]]), torch.tensor([[math.log(2.0)]])
-    assert kl_penalty(logp, ref, "k1").item() == pytest.approx(-math.log(2))
-    assert kl_penalty(logp, ref, "k2").item() == pytest.approx(0.5 * math.log(2) ** 2)
-    assert kl_penalty(logp, ref, "k3").item() == pytest.approx(2 - math.log(2) - 1)
-    assert kl_penalty(torch.tensor([[0.0]]), torch.tensor([[30.0]]), "k3").item() == 10.0  # clamped
-    assert kl_penalty(torch.tensor([[-1.3]]), torch.tensor([[-1.3]]), "k3").item() == 0.0
+    assert kl_penalty(logp, ref, kind="k1").item() == pytest.approx(-math.log(2))
+    assert kl_penalty(logp, ref, kind="k2").item() == pytest.approx(0.5 * math.log(2) ** 2)
+    assert kl_penalty(logp, ref, kind="k3").item() == pytest.approx(2 - math.log(2) - 1)
+    assert kl_penalty(torch.tensor([[0.0]]), torch.tensor([[30.0]]), kind="k3").item() == 10.0  # clamped
+    assert kl_penalty(torch.tensor([[-1.3]]), torch.tensor([[-1.3]]), kind="k3").item() == 0.0
     with pytest.raises(ValueError, match="k3"):
-        kl_penalty(logp, ref, "k4")
+        kl_penalty(logp, ref, kind="k4")
 
 
 def test_entropy_from_logits_by_hand_and_stable():

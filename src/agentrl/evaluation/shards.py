@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from agentrl.model.folder import model_digest
+from agentrl.training.fingerprint import file_sha256
 
 if TYPE_CHECKING:
     from agentrl.config import Config
@@ -49,14 +50,6 @@ def shard_range(total: int, shard: int, shards: int) -> tuple[int, int]:
     if not 0 <= shard < shards:
         raise ValueError(f"shard {shard} is not in 0..{shards - 1}")
     return total * shard // shards, total * (shard + 1) // shards
-
-
-def file_sha256(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def fingerprint(

@@ -18,14 +18,12 @@ The two are separate stages so that changing a threshold re-runs only the cheap 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import time
 from pathlib import Path
 
-from agentrl.cli_help import HelpFormatter
-from agentrl.config import Config, add_config_arguments, config_from_args
+from agentrl.config import Config, config_from_args
 from agentrl.data.records import Problem, read_problems, write_records
 from agentrl.errors import DataFormatError
 from agentrl.evaluation.samples import write_jsonl
@@ -36,7 +34,8 @@ from agentrl.filtering.pass_rates import pass_rate_table, read_pass_rates, write
 from agentrl.filtering.selection import select_problems, target_shares_from_table
 from agentrl.model.folder import check_model_folder
 from agentrl.paths import check_writable
-from agentrl.stage_cli import add_shard_arguments, setup_logging, stage_parser
+from agentrl.stage_cli import add_command, add_shard_arguments, setup_logging, stage_parser
+from agentrl.training.fingerprint import file_sha256
 
 log = logging.getLogger("agentrl.filter")
 
@@ -109,8 +108,8 @@ def write_scoring_record(cfg: Config, model_config: Path, pool_path: Path, out: 
     weights, agentrl.model.folder) and of the pool, as JSON: equal files mean equal pass rates."""
     record = {
         "scoring": scoring_config(cfg),
-        "model_config_sha256": hashlib.sha256(model_config.read_bytes()).hexdigest(),
-        "pool_sha256": hashlib.sha256(pool_path.read_bytes()).hexdigest(),
+        "model_config_sha256": file_sha256(model_config),
+        "pool_sha256": file_sha256(pool_path),
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
@@ -162,47 +161,26 @@ def select(
 def main(argv: list[str]) -> int:
     parser = stage_parser("filter", __doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    p_score = commands.add_parser(
-        "score",
-        help="k graded rollouts per RL-pool problem -> pass rates",
-        formatter_class=HelpFormatter,
-    )
-    add_config_arguments(p_score)
+    p_score = add_command(commands, "score", "k graded rollouts per RL-pool problem -> pass rates")
     p_score.add_argument("--model", type=Path, required=True, help="the SFT model folder")
     p_score.add_argument("--pool", type=Path, required=True, help="normalized RL-pool parquet")
     p_score.add_argument("--out", type=Path, required=True, help="output: pass_rates.parquet")
     p_score.add_argument("--samples", type=Path, required=True, help="output: graded samples (jsonl)")
     p_score.add_argument("--threads", type=int, help="CPU threads for torch (the rule's threads)")
-    p_shard = commands.add_parser(
-        "score-shard", help="one shard of the pool -> its shard file (resumable)", formatter_class=HelpFormatter
-    )
-    add_config_arguments(p_shard)
+    p_shard = add_command(commands, "score-shard", "one shard of the pool -> its shard file (resumable)")
     p_shard.add_argument("--model", type=Path, required=True, help="the SFT model folder")
     p_shard.add_argument("--pool", type=Path, required=True, help="normalized RL-pool parquet")
     add_shard_arguments(p_shard, "filter.shards")
-    p_gather = commands.add_parser(
-        "gather", help="shard files -> pass_rates.parquet and samples.jsonl", formatter_class=HelpFormatter
-    )
-    add_config_arguments(p_gather)
+    p_gather = add_command(commands, "gather", "shard files -> pass_rates.parquet and samples.jsonl")
     p_gather.add_argument("--pool", type=Path, required=True, help="normalized RL-pool parquet")
     p_gather.add_argument("--shard-files", type=Path, nargs="+", required=True, help="every shard file")
     p_gather.add_argument("--out", type=Path, required=True, help="output: pass_rates.parquet")
     p_gather.add_argument("--samples", type=Path, required=True, help="output: graded samples (jsonl)")
-    p_record = commands.add_parser(
-        "scoring-config",
-        help="what the pass rates are computed from -> scoring_config.json",
-        formatter_class=HelpFormatter,
-    )
-    add_config_arguments(p_record)
+    p_record = add_command(commands, "scoring-config", "what the pass rates are computed from -> scoring_config.json")
     p_record.add_argument("--model-config", type=Path, required=True, help="the SFT model's config.json")
     p_record.add_argument("--pool", type=Path, required=True, help="normalized RL-pool parquet")
     p_record.add_argument("--out", type=Path, required=True, help="output: scoring_config.json")
-    p_select = commands.add_parser(
-        "select",
-        help="band + histogram matching -> the RL training set",
-        formatter_class=HelpFormatter,
-    )
-    add_config_arguments(p_select)
+    p_select = add_command(commands, "select", "band + histogram matching -> the RL training set")
     p_select.add_argument("--pass-rates", type=Path, required=True, help="pass_rates.parquet of the SFT model")
     p_select.add_argument("--pool", type=Path, required=True, help="normalized RL-pool parquet")
     p_select.add_argument("--out", type=Path, required=True, help="output: the RL training parquet")

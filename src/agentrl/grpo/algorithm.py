@@ -14,6 +14,9 @@ The recipe (upstream ``recipe/demystify`` on the authors' verl fork):
 The paper's GRPO-SCR variant uses a sequence-level ratio (GSPO); ``policy_loss`` offers it as
 ``ratio_level="sequence"``. Shapes: ``B`` sequences, ``T`` response positions, ``V`` vocabulary.
 The loss mask is 1 on tokens the model sampled and 0 on tool output, template and padding.
+The settings a variant chooses (``norm_by_std``, the ratio level, the aggregation mode, the KL
+estimator) are required keyword arguments, without defaults: their values live in one place,
+the variants of :mod:`agentrl.grpo.variants`.
 
 Deliberate departures from verl (the upstream code), each with its reason:
 
@@ -67,7 +70,7 @@ def group_advantages(
     groups: int | Sequence[Hashable] | Tensor,
     *,
     eps: float = 1e-6,
-    norm_by_std: bool = True,
+    norm_by_std: bool,
 ) -> Tensor:
     """GRPO outcome advantage per prompt group.
 
@@ -165,8 +168,8 @@ def seq_mean_token_sum(
 def aggregate_loss(
     per_token_loss: Tensor,
     loss_mask: Tensor,
-    mode: str = "token-mean",
     *,
+    mode: str,
     global_token_count: int | Tensor | None = None,
     global_seq_count: int | Tensor | None = None,
 ) -> Tensor:
@@ -203,7 +206,7 @@ def importance_ratio(
     old_logp: Tensor,
     loss_mask: Tensor,
     *,
-    level: Literal["token", "sequence"] = "token",
+    level: Literal["token", "sequence"],
     log_ratio_clamp: float = 20.0,
 ) -> Tensor:
     """Importance ratio (B, T) of the current to the sampling (old) policy.
@@ -237,7 +240,7 @@ def per_token_policy_loss(
     clip_high: float,
     clip_c: float | None,
     log_ratio_clamp: float = 20.0,
-    ratio_level: Literal["token", "sequence"] = "token",
+    ratio_level: Literal["token", "sequence"],
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped surrogate per token, (B, T), and its statistics; see :func:`policy_loss`."""
     assert logp.shape == old_logp.shape == advantages.shape == loss_mask.shape, (
@@ -289,8 +292,8 @@ def policy_loss(
     clip_high: float,
     clip_c: float | None,
     log_ratio_clamp: float = 20.0,
-    ratio_level: Literal["token", "sequence"] = "token",
-    agg_mode: str = "token-mean",
+    ratio_level: Literal["token", "sequence"],
+    agg_mode: str,
     global_token_count: int | Tensor | None = None,
     global_seq_count: int | Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -327,7 +330,7 @@ def policy_loss(
         ratio_level=ratio_level,
     )
     loss = aggregate_loss(
-        per_token, loss_mask, agg_mode, global_token_count=global_token_count, global_seq_count=global_seq_count
+        per_token, loss_mask, mode=agg_mode, global_token_count=global_token_count, global_seq_count=global_seq_count
     )
     return loss, stats
 
@@ -349,12 +352,12 @@ def _kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
 KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {"k1": _kl_k1, "k2": _kl_k2, "k3": _kl_k3}
 
 
-def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str = "k3") -> Tensor:
+def kl_penalty(logp: Tensor, ref_logp: Tensor, *, kind: str) -> Tensor:
     """Per-token estimate (B, T) of KL(pi || pi_ref) on tokens sampled from pi (Schulman 2020).
 
     With ``d = ref_logp - logp``:  k1 = -d;  k2 = d^2 / 2;  k3 = e^d - d - 1 (non-negative,
     low variance; as verl, d is clamped to [-20, 20] and k3 to [-10, 10] for stability).
-    Used by the GRPO-T baseline as ``loss += beta * aggregate_loss(kl_penalty(...), mask)``.
+    Used by the GRPO-T baseline as ``loss += beta * aggregate_loss(kl_penalty(...), mask, mode=...)``.
     """
     if kind not in KL_ESTIMATORS:
         raise ValueError(f"unknown KL estimator {kind!r}; choose one of {sorted(KL_ESTIMATORS)}")

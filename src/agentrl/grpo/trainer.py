@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from agentrl.config import Config, ConfigError
+from agentrl.config import Config, ConfigError, process_count_problems
 from agentrl.data.records import Problem, Trajectory
 from agentrl.grpo import algorithm as alg
 from agentrl.grpo.batching import MicroBatch, PolicySample, collate, pack_micro_batches, unpad_response
@@ -107,13 +107,9 @@ class GrpoStep:
         self.grpo = parts.cfg.grpo
         self.settings = parts.settings
         self.ctx = parts.ctx
-        world = self.ctx.world_size
-        if self.grpo.batch_prompts % world or self.grpo.mini_batch_prompts % world:
-            raise ConfigError(
-                f"grpo.batch_prompts ({self.grpo.batch_prompts}) and grpo.mini_batch_prompts "
-                f"({self.grpo.mini_batch_prompts}) must be multiples of the process count ({world}): "
-                "every rank rolls out the same number of prompts"
-            )
+        problems = process_count_problems(self.grpo, self.ctx.world_size)
+        if problems:
+            raise ConfigError("; ".join(problems))
 
     # ------------------------------------------------------------------ rollout
     def collect(self, step: int, sampler) -> tuple[list[Group], dict[str, float]]:
@@ -342,12 +338,13 @@ class GrpoStep:
         stats = {f"actor/{k}": float(v) for k, v in pg_stats.items()}
         mask = batch.loss_mask
         if settings.kl_coef > 0:
-            kl = alg.kl_penalty(logp, batch.ref_logp, settings.kl_estimator)
-            kl_loss = alg.aggregate_loss(kl, mask, settings.loss_agg_mode, **counts)
+            kl = alg.kl_penalty(logp, batch.ref_logp, kind=settings.kl_estimator)
+            kl_loss = alg.aggregate_loss(kl, mask, mode=settings.loss_agg_mode, **counts)
             loss = loss + settings.kl_coef * kl_loss
             stats["actor/kl_ref"] = float(alg.masked_mean(kl.detach(), mask))
         if settings.entropy_coef > 0:
-            loss = loss - settings.entropy_coef * alg.aggregate_loss(entropy, mask, settings.loss_agg_mode, **counts)
+            entropy_loss = alg.aggregate_loss(entropy, mask, mode=settings.loss_agg_mode, **counts)
+            loss = loss - settings.entropy_coef * entropy_loss
         stats["actor/entropy"] = float(alg.masked_mean(entropy.detach(), mask))
         stats["actor/pg_loss"] = float(pg_loss.detach())  # this micro-batch's part of the mini-batch loss
         return loss, stats, logp.detach()

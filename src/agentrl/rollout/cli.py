@@ -51,6 +51,8 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         parser.error(f"--top-p must be in (0, 1], got {args.top_p}")
     if args.limit is not None and args.limit < 1:
         parser.error(f"--limit must be >= 1, got {args.limit}")
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be >= 1, got {args.threads}")
     if not (args.model / "config.json").exists():
         parser.error(f"--model {args.model}: not a Hugging Face model folder (no config.json)")
     if not args.problems.exists():
@@ -69,15 +71,13 @@ def main(argv: list[str]) -> int:
     check_writable((args.out, "--out"))
     check_model_folder(args.model, "--model")
 
-    import torch
-
     from agentrl.data.records import read_problems
     from agentrl.rollout import AgentLoop, SamplingParams, make_engine
     from agentrl.tools.code_interpreter import CodeInterpreter
     from agentrl.tools.sandbox import make_sandbox
+    from agentrl.training.threads import set_torch_threads
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    set_torch_threads(args.threads)
     problems = read_problems(args.problems)[: args.limit]
     params = SamplingParams.from_config(cfg.rollout)
     overrides = {k: v for k, v in (("temperature", args.temperature), ("top_p", args.top_p)) if v is not None}

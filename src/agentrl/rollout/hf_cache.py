@@ -2,8 +2,9 @@
 grouped-query attention without copies on CPU.
 
 Both remove a copy of the whole KV cache per layer and generated token that transformers makes
-(measured on the embedded model, batch 64 at about 800 cached tokens, one thread:
-``benchmarks/decode_ops.py``):
+(measured on the embedded model, batch 64 at about 800 cached tokens, one thread; the agent loop
+before and after, with ``benchmarks/loop_ab.py``: docs/results.md, "2026-12-01: the agent loop
+before and after this session"):
 
 - ``DynamicLayer.update`` appends with ``torch.cat``, which copies the layer's keys and values
   every step. :class:`GrowingLayer` writes into a buffer with spare room (doubled when full) and

@@ -19,8 +19,10 @@ trajectory's context plus the tool response) takes them back and prefills only t
 so each token of a trajectory is computed once. The ``n`` samples of a prompt share one prefill
 (identical fresh prompts admitted together are computed once and their cache rows copied).
 Logits then come from different matrix shapes than a full re-prefill would use: they agree to
-float round-off (about 1e-6 in float32, tests/test_hf_engine_reuse.py), so samples are the same
-except where a uniform draw falls within that distance of a boundary of the token's CDF.
+float round-off (about 1e-6 in float32,
+tests/test_rollout_scheduling.py::test_a_session_continues_from_its_parked_cache_with_the_logits_of_a_full_prefill),
+so samples are the same except where a uniform draw falls within that distance of a boundary of
+the token's CDF.
 
 Sampling order (as vLLM): ``logits / temperature`` -> top-k -> top-p -> sample from the softmax.
 Seeds are per request, as vLLM's: request ``i`` of a call draws its tokens from its own
