@@ -25,8 +25,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from agentrl.cli_help import HelpFormatter
-from agentrl.config import Config, add_config_arguments, config_from_args
+from agentrl.config import Config, config_from_args
 from agentrl.data.records import read_problems, write_records
 from agentrl.evaluation.livecodebench import custom_outputs, write_custom_outputs
 from agentrl.evaluation.metrics import summarize_benchmark
@@ -35,7 +34,7 @@ from agentrl.evaluation.sampling import SamplingSetup
 from agentrl.evaluation.shards import gathered_rows, run_shard
 from agentrl.model.folder import check_model_folder
 from agentrl.paths import check_writable
-from agentrl.stage_cli import add_shard_arguments, setup_logging, stage_parser
+from agentrl.stage_cli import add_command, add_shard_arguments, setup_logging, stage_parser
 from agentrl.tracking import Tracker, check_tracking
 
 log = logging.getLogger("agentrl.evaluate")
@@ -103,6 +102,9 @@ def run_shard_of(
     problems_per_chunk: int = 256,
 ) -> None:
     """Shard ``shard`` of ``shards`` of a benchmark's problems -> its resumable shard file."""
+    # The gather job tracks the metrics; a missing package stops the shards before any sampling,
+    # not the gather after all of it.
+    check_tracking(cfg.tracking)
     e = cfg.eval
     cfg = eval_rollout_config(cfg)
     log.info("evaluating %s on %s: n=%d, temperature=%g, top_p=%g", model_dir, benchmark, e.n, e.temperature, e.top_p)
@@ -166,12 +168,7 @@ def run(
 def main(argv: list[str]) -> int:
     parser = stage_parser("evaluate", __doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    p_run = commands.add_parser(
-        "run",
-        help="sample, grade and summarize one model on one benchmark",
-        formatter_class=HelpFormatter,
-    )
-    add_config_arguments(p_run)
+    p_run = add_command(commands, "run", "sample, grade and summarize one model on one benchmark")
     p_run.add_argument("--model", type=Path, required=True, help="Hugging Face model folder")
     p_run.add_argument(
         "--problems", type=Path, required=True, help="normalized eval parquet (results/data/eval/<name>.parquet)"
@@ -183,28 +180,20 @@ def main(argv: list[str]) -> int:
     p_run.add_argument(
         "--max-problems", type=int, help="evaluate only the first N problems (a smaller budget, e.g. the ablations')"
     )
-    p_shard = commands.add_parser(
-        "shard", help="one shard of a benchmark's problems -> its shard file (resumable)", formatter_class=HelpFormatter
-    )
-    add_config_arguments(p_shard)
+    p_shard = add_command(commands, "shard", "one shard of a benchmark's problems -> its shard file (resumable)")
     p_shard.add_argument("--model", type=Path, required=True, help="Hugging Face model folder")
     p_shard.add_argument("--problems", type=Path, required=True, help="normalized eval parquet")
     p_shard.add_argument("--benchmark", required=True, help="benchmark name (logs and the seed)")
     add_shard_arguments(p_shard, "eval.shards")
-    p_gather = commands.add_parser(
-        "gather", help="shard files -> samples.jsonl and metrics.json", formatter_class=HelpFormatter
-    )
-    add_config_arguments(p_gather)
+    p_gather = add_command(commands, "gather", "shard files -> samples.jsonl and metrics.json")
     p_gather.add_argument("--model", type=Path, required=True, help="the model folder (for the run block)")
     p_gather.add_argument("--problems", type=Path, required=True, help="normalized eval parquet")
     p_gather.add_argument("--benchmark", required=True, help="benchmark name")
     p_gather.add_argument("--shard-files", type=Path, nargs="+", required=True, help="every shard file")
     p_gather.add_argument("--samples", type=Path, required=True, help="output: samples.jsonl")
     p_gather.add_argument("--metrics", type=Path, required=True, help="output: metrics.json")
-    p_lcb = commands.add_parser(
-        "export-livecodebench",
-        help="code samples -> LiveCodeBench custom-evaluator JSON",
-        formatter_class=HelpFormatter,
+    p_lcb = add_command(
+        commands, "export-livecodebench", "code samples -> LiveCodeBench custom-evaluator JSON", config=False
     )
     p_lcb.add_argument("--problems", type=Path, required=True, help="normalized eval parquet of a code benchmark")
     p_lcb.add_argument("--samples", type=Path, required=True, help="samples.jsonl written by `evaluate run`")
