@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from workflow_runs import ROOT, run_snakemake
+from workflow_runs import ROOT, jobs_in_listing, rules_of, run_snakemake
 
 from agentrl.config import (
     ConfigError,
@@ -52,6 +52,13 @@ def coerced(raw: dict) -> dict:
          {"filter": {"target_histogram": {"easy": 1, "medium": 0.5, "hard": 0}}}),  # [object, null]
         ({"data": {"upstream": {"eval": {"aime2024": {"id": "x", "file": "null"}}}}},
          {"data": {"upstream": {"eval": {"aime2024": {"id": "x", "file": None}}}}}),  # through $ref
+        # oneOf/anyOf: the types of every branch ($ref'd ones too), null read first
+        ({"sft": {"from": "null"}}, {"sft": {"from": None}}),  # oneOf [null, model_source]
+        ({"sft": {"from": "~"}}, {"sft": {"from": None}}),
+        ({"sft": {"from": {"id": "org/name", "revision": "null"}}},
+         {"sft": {"from": {"id": "org/name", "revision": None}}}),  # the object branch of model_source
+        ({"eval": {"checkpoints": {"step40": {"id": "org/name", "revision": "null"}}}},
+         {"eval": {"checkpoints": {"step40": {"id": "org/name", "revision": None}}}}),  # free names -> oneOf
     ],
 )  # fmt: skip
 def test_strings_are_read_as_the_declared_type(raw, expected):
@@ -67,6 +74,11 @@ def test_strings_are_read_as_the_declared_type(raw, expected):
         {"sandbox": {"sandbox_fusion_url": "true"}},
         {"eval": {"checkpoints": {"step40": "0.5"}}},  # free names: the declared value type is string
         {"rollout": {"dtype": "float32"}},
+        {"sft": {"from": "org/name"}},  # a hub id: the string branch of the oneOf keeps it
+        {"sft": {"from": "2024"}},
+        {"sft": {"from": {"id": "org/name", "revision": "1"}}},  # a revision named like a number
+        {"eval": {"checkpoints": {"step40": "runs/step40"}}},  # a local folder
+        {"eval": {"checkpoints": {"step40": "null"}}},  # model_source has no null branch
     ],
 )
 def test_a_string_key_stays_a_string(raw):
@@ -161,6 +173,32 @@ def test_workflow_takes_nested_numbers_from_the_command_line(tmp_path):
         5,
     )
     assert grpo["grpo"]["batch_prompts"] == 32, "the rest of grpo comes from config.yaml"
+
+
+def test_workflow_reads_sft_from_null_and_hub_ids_from_the_command_line(tmp_path):
+    """sft.from is a oneOf without a type of its own: `{from: null}` trains SFT, a hub id is fetched."""
+    overlay = tmp_path / "released.yaml"
+    overlay.write_text("sft:\n  from: org/released-sft\n")
+    files = ("--configfile", str(tmp_path / "config.yaml"), str(overlay))
+    released = dry_run(tmp_path, *files)
+    assert released.returncode == 0, released.stderr[-3000:]
+    jobs = rules_of(jobs_in_listing(released.stdout + released.stderr))
+    assert "released_sft" in jobs and "sft" not in jobs, "the overlay starts from a released model"
+    trained = dry_run(tmp_path, *files, "--config", "sft={from: null}")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    jobs = rules_of(jobs_in_listing(trained.stdout + trained.stderr))
+    assert "sft" in jobs and "released_sft" not in jobs, "--config sft={from: null} trains SFT again"
+    hub = dry_run(tmp_path, "--config", "sft={from: org/other-sft}")
+    assert hub.returncode == 0, hub.stderr[-3000:]
+    assert "released_sft" in rules_of(jobs_in_listing(hub.stdout + hub.stderr)) and "--id org/other-sft " in hub.stdout
+
+
+def test_workflow_reports_an_undefined_ablation_arm_with_the_short_message(tmp_path):
+    done = dry_run(tmp_path, "--config", "ablations={questions: {data: [baseline, nope]}}")
+    assert done.returncode != 0
+    assert "'ablations.questions.data' names undefined arm(s) ['nope']; allowed arms (ablations.arms): " in done.stderr
+    assert "['baseline', 'grpo_scr', 'grpo_t', 'stitched_sft', 'unfiltered']" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.splitlines()) < 6, done.stderr
 
 
 def test_workflow_runs_the_cross_key_checks_at_load(tmp_path):

@@ -88,6 +88,62 @@ def test_tracker_writes_tensorboard_events_and_an_offline_wandb_run(tmp_path, mo
     assert list(offline_run.glob("run-*.wandb")), "the offline run holds its records for `wandb sync`"
 
 
+def test_tracker_writes_tensorboard_events_without_torch(tmp_path):
+    """The evaluation's gather job tracks its metrics in envs/report.yaml, which has no torch."""
+    pytest.importorskip("tensorboard")
+    shadow = shadow_packages(tmp_path / "shadow", "torch")
+    script = (
+        "import sys\n"
+        "from agentrl.config import load_config\n"
+        "from agentrl.tracking import Tracker\n"
+        "tracker = Tracker(load_config({'tracking': {'tensorboard': True}}).tracking, sys.argv[1], 'eval', True)\n"
+        "tracker.log({'avg@1': 0.25}, step=0)\n"
+        "tracker.close()\n"
+        "assert 'torch' not in sys.modules\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{shadow}:{ROOT / 'src'}"}
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(tmp_path / "tracking" / "tensorboard"))
+    accumulator.Reload()
+    assert [(e.step, e.value) for e in accumulator.Scalars("avg@1")] == [(0, 0.25)]
+
+
+def test_an_evaluation_shard_with_a_missing_tracking_package_stops_before_sampling(sft_inputs, tmp_path):
+    """Not only at the gather job, after every shard has sampled its problems."""
+    from rollout_fixtures import arith_problems
+
+    write_records(arith_problems(2), tmp_path / "arith.parquet")
+    shadow = shadow_packages(tmp_path / "shadow", "wandb")
+    config = {"eval": {"n": 1}, "rollout": {"max_response_tokens": 16, "max_turns": 1}, "tracking": {"wandb": {"enable": True}}}  # fmt: skip
+    out = tmp_path / "shards" / "0-of-1.jsonl"
+    command = [sys.executable, "-m", "agentrl", "evaluate", "shard", "--config-json", json.dumps(config)]
+    command += ["--model", str(sft_inputs / "base"), "--problems", str(tmp_path / "arith.parquet")]
+    command += ["--benchmark", "arith", "--shard", "0", "--shards", "1", "--out", str(out), "--threads", "1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT / 'src'}:{shadow}"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "tracking.wandb.enable is on but wandb is not installed: pip install -e '.[wandb]'" in done.stderr
+    assert "Traceback" not in done.stderr and not out.exists(), "nothing was sampled"
+
+
+def test_the_workflow_with_a_missing_tracking_package_stops_at_load(tmp_path):
+    from workflow_runs import snakemake_command
+
+    (tmp_path / "config.yaml").write_text((ROOT / "config.yaml").read_text())
+    shadow = shadow_packages(tmp_path / "shadow", "wandb")
+    command = snakemake_command(tmp_path, "-n", "--config", "tracking={wandb: {enable: true}}")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT / 'src'}:{shadow}"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=180, cwd=tmp_path, env=env)
+    assert done.returncode != 0, done.stdout[-3000:]
+    assert "tracking: a package is missing" in done.stderr
+    assert "tracking.wandb.enable is on but wandb is not installed: pip install -e '.[wandb]'" in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.splitlines()) < 5, done.stderr
+    assert "Job stats" not in done.stdout + done.stderr, "no job was planned"
+
+
 # --------------------------------------------------------------------------- the SFT stage
 def _conversation(index: int) -> SftExample:
     a, b = 37 + 11 * index, 5 + 3 * index

@@ -9,6 +9,7 @@ the full embedded default (README). Slow: a few minutes on 2 cores.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import yaml
@@ -67,6 +68,27 @@ def test_every_stage_wrote_its_outputs(run):
     assert [m["step"] for m in rl_steps if "step" in m and not any(k.startswith("val/") for k in m)][-1] == 2
     assert (results / "report" / "summary.md").exists()
     assert list((results / "timings").glob("*.tsv")), "every rule writes a benchmark file"
+
+
+# The progress lines of agentrl.progress in a log file: count, percent, rate (or, below 0.1 a
+# second, seconds per unit) and time left.
+PROGRESS = r"agentrl\.\w+: {desc}: \d+/\d+ \w+ \(\d+%\) \| [\d.e+]+ (\w+/s|s/\w+) \| elapsed \w+ \| ETA \w+"
+
+
+@pytest.mark.parametrize(
+    "logs, desc",
+    [("grpo.log", "grpo"), ("score_rl_pool/*.log", r"filter\.score"), ("evaluate/*/*/*.log", r"evaluate\.\w+")],
+    ids=["grpo", "score_rl_pool", "evaluate"],
+)
+def test_stages_log_progress_lines_with_a_rate_and_an_eta(run, logs, desc):
+    """Under Snakemake (stderr to results/logs/) a stage logs plain lines, not a carriage-return bar."""
+    files = sorted((run / "results" / "logs").glob(logs))
+    assert files, logs
+    for path in files:
+        lines = path.read_text().split("\n")  # not splitlines(): it would split at a carriage return too
+        assert any(re.search(PROGRESS.format(desc=desc), line) for line in lines), f"{path}:\n" + "\n".join(lines)
+        # neither the stage's bar nor the libraries' (transformers loading and saving weights)
+        assert not [line for line in lines if "\r" in line], f"{path}: a carriage-return stream in a log file"
 
 
 def test_a_second_run_has_nothing_to_do(run):

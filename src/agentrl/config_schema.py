@@ -41,16 +41,53 @@ def _schema_node(node: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
     return {**target, **{k: v for k, v in node.items() if k != "$ref"}}
 
 
-def _child_node(node: dict[str, Any], key: str) -> dict[str, Any]:
-    """The schema of ``key`` inside the object schema ``node`` (empty when the schema does not say)."""
-    if key in node.get("properties", {}):
-        return node["properties"][key]
-    extra = node.get("additionalProperties")
-    return extra if isinstance(extra, dict) else {}
+def _branches(node: dict[str, Any], root: dict[str, Any]) -> list[dict[str, Any]]:
+    """``node`` and, depth first, every branch of its ``oneOf``/``anyOf`` (``$ref`` resolved)."""
+    node = _schema_node(node, root)
+    found = [node]
+    for keyword in ("oneOf", "anyOf"):
+        for branch in node.get(keyword, []):
+            found += _branches(branch, root)
+    return found
+
+
+def _declared_types(node: dict[str, Any], root: dict[str, Any]) -> set[str]:
+    """The JSON types ``node`` admits: its own ``type`` and those of its ``oneOf``/``anyOf`` branches."""
+    types_: set[str] = set()
+    for branch in _branches(node, root):
+        declared = branch.get("type")
+        types_ |= {declared} if isinstance(declared, str) else set(declared or ())
+    return types_
+
+
+def _child_node(node: dict[str, Any], key: str, root: dict[str, Any]) -> dict[str, Any]:
+    """The schema of ``key`` inside the object schema ``node`` or one of its branches (empty when none says)."""
+    branches = _branches(node, root)
+    for branch in branches:
+        if key in branch.get("properties", {}):
+            return branch["properties"][key]
+    for branch in branches:
+        extra = branch.get("additionalProperties")
+        if isinstance(extra, dict):
+            return extra
+    return {}
+
+
+def _items_node(node: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
+    """The schema of the items of the array schema ``node`` or of its first array branch."""
+    for branch in _branches(node, root):
+        items = branch.get("items")
+        if isinstance(items, dict):
+            return items
+    return {}
 
 
 def _coerce_scalar(text: str, types_: set[str]) -> Any:
-    """``text`` read as the first of the declared types it spells (YAML 1.2 core); else unchanged."""
+    """``text`` read as the first of the declared types it spells (YAML 1.2 core); else unchanged.
+
+    Null is read first (``'null'`` at a ``[string, "null"]`` key is None); a declared string type
+    then keeps every other text, so only keys without one read booleans and numbers.
+    """
     if "null" in types_ and text in ("null", "Null", "NULL", "~"):
         return None
     if "string" in types_:
@@ -67,21 +104,22 @@ def _coerce_scalar(text: str, types_: set[str]) -> Any:
 def coerce_to_schema(value: Any, node: dict[str, Any], root: dict[str, Any]) -> Any:
     """``value`` with each string read as its schema's declared type: ``'2e-4'`` at a number key is 2e-4.
 
+    The declared types are the key's ``type`` and those of its ``oneOf``/``anyOf`` branches
+    (``sft.from``: null or a model source, so ``'null'`` is None and a hub id stays a string).
     Only keys the schema types as non-strings change (a string key keeps ``'123'``); a string that
     spells none of its key's types stays a string for validation to report. Mappings and lists are
     changed in place (Snakemake's ``config`` is one shared dict).
     """
-    node = _schema_node(node, root)
     if isinstance(value, dict):
         for key in value:
-            value[key] = coerce_to_schema(value[key], _child_node(node, str(key)), root)
+            value[key] = coerce_to_schema(value[key], _child_node(node, str(key), root), root)
     elif isinstance(value, list):
-        items = node.get("items", {})
+        items = _items_node(node, root)
         for index, item in enumerate(value):
-            value[index] = coerce_to_schema(item, items if isinstance(items, dict) else {}, root)
-    elif isinstance(value, str) and "type" in node:
-        declared = node["type"]
-        return _coerce_scalar(value, {declared} if isinstance(declared, str) else set(declared))
+            value[index] = coerce_to_schema(item, items, root)
+    elif isinstance(value, str):
+        types_ = _declared_types(node, root)
+        return _coerce_scalar(value, types_) if types_ else value
     return value
 
 
@@ -102,7 +140,7 @@ def rerun_keys(values: dict[str, Any], schema: dict[str, Any] | None = None) -> 
             return
         if isinstance(value, dict) and "properties" in node:
             for key in sorted(value):
-                walk(value[key], _child_node(node, key), f"{path}.{key}" if path else key)
+                walk(value[key], _child_node(node, key, root), f"{path}.{key}" if path else key)
         else:
             found[path] = value
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import shutil
+import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -71,11 +72,13 @@ class Tracker:
         self.folder = Path(folder) / "tracking"
         self.tensorboard = self.wandb = None
         if cfg.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
+            # tensorboard's own event writer (what torch's SummaryWriter wraps): the gather job of
+            # an evaluation runs in envs/report.yaml, which has no torch
+            from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
             if fresh:
                 shutil.rmtree(self.folder / "tensorboard", ignore_errors=True)
-            self.tensorboard = SummaryWriter(str(self.folder / "tensorboard"))
+            self.tensorboard = EventFileWriter(str(self.folder / "tensorboard"))
         if cfg.wandb.enable:
             self.wandb = self._wandb_run(cfg, name, fresh, dict(run_config or {}))
 
@@ -101,9 +104,12 @@ class Tracker:
     def log(self, record: Mapping[str, Any], step: int | None = None) -> None:
         step = int(record.get("step", 0)) if step is None else step
         numbers = _numbers(record)
-        if self.tensorboard is not None:
-            for key, value in numbers.items():
-                self.tensorboard.add_scalar(key, value, step)
+        if self.tensorboard is not None and numbers:
+            from tensorboard.compat.proto.event_pb2 import Event
+            from tensorboard.compat.proto.summary_pb2 import Summary
+
+            values = [Summary.Value(tag=key, simple_value=value) for key, value in numbers.items()]
+            self.tensorboard.add_event(Event(wall_time=time.time(), step=step, summary=Summary(value=values)))
             self.tensorboard.flush()
         if self.wandb is not None:
             self.wandb.log(numbers, step=step)
