@@ -241,3 +241,147 @@ def test_metrics_and_pass_rate_files_name_the_file(tmp_path):
     table.write_bytes(b"\0" * 100)
     with pytest.raises(DataFormatError, match=r"pass_rates.parquet: not a readable parquet file"):
         read_pass_rates(table)
+
+
+# --------------------------------------------------------------------------- the same classes, through the CLIs
+def upstream_config(tmp_path: Path, sft: Path, rl: Path) -> Path:
+    """A config whose upstream data are local JSON-lines files (no eval sets: nothing from the hub)."""
+    config = tmp_path / "upstream.yaml"
+    data = {"source": "upstream", "upstream": {"sft": {"id": str(sft)}, "rl": {"id": str(rl)}, "eval": {}}}
+    config.write_text(json.dumps({"data": data}))  # JSON is YAML
+    return config
+
+
+def prepare_data(tmp_path: Path, config: Path) -> subprocess.CompletedProcess:
+    out = tmp_path / "prepared"
+    return agentrl("prepare-data", "--config", config, "--sft", out / "sft.parquet", "--rl-pool",
+                   out / "rl_pool.parquet", "--eval-dir", out / "eval", cwd=tmp_path)  # fmt: skip
+
+
+def assert_nothing_written(folder: Path) -> None:
+    """No file at all under ``folder`` (check_writable may leave the empty folders it made)."""
+    written = [p for p in folder.rglob("*") if p.is_file()] if folder.exists() else []
+    assert written == [], written
+
+
+UPSTREAM_SFT_ROW = {
+    "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}],
+    "tools": "[]",
+}
+UPSTREAM_RL_ROW = {
+    "prompt": [{"role": "user", "content": "1+1?"}],
+    "data_source": "aime2024",
+    "reward_model": {"ground_truth": "2"},
+}
+
+
+def grpo_command(tmp_path: Path, model: Path, train: Path, out: Path | None = None) -> list:
+    return ["grpo", "--model", model, "--train", train, "--out", out or tmp_path / "out/rl",
+            "--metrics", tmp_path / "out/rl_metrics.jsonl", "--checkpoint-dir", tmp_path / "out/rl_ck",
+            "--nproc", "0"]  # fmt: skip
+
+
+def test_cli_wrong_type_in_a_column_names_the_file_row_and_column(tmp_path):
+    """GRPO reads its problems before DeepSpeed starts; SFT its conversations."""
+    rows = [PROBLEM.to_row() for _ in range(3)]
+    rows[1] = {**rows[1], "extra": "[1, 2]"}  # valid JSON, wrong type: a list where a dict belongs
+    train = problems_file(tmp_path / "rl_train.parquet", rows)
+    model = fake_model(tmp_path / "model")
+    grpo = agentrl(*grpo_command(tmp_path, model, train), cwd=tmp_path)
+    assert_refused(grpo, "rl_train.parquet: row 1, column 'extra': expected dict, got list")
+    assert_nothing_written(tmp_path / "out")
+    data = problems_file(tmp_path / "sft.parquet", [SFT.to_row(), SFT.to_row(), {**SFT.to_row(), "tools": "{}"}])
+    sft = agentrl(*sft_command(tmp_path, model, data), cwd=tmp_path)
+    assert_refused(sft, "sft.parquet: row 2, column 'tools': expected list, got dict")
+    assert_nothing_written(tmp_path / "out")
+    assert not (tmp_path / "ck").exists()
+
+
+def test_cli_bad_json_in_row_k_of_a_jsonl_sft_or_problem_file(tmp_path):
+    good_sft, good_rl = json.dumps(UPSTREAM_SFT_ROW), json.dumps(UPSTREAM_RL_ROW)
+    sft = tmp_path / "sft.jsonl"
+    sft.write_text(f"{good_sft}\n{good_sft}\n{good_sft[:-1]},\n")  # row 2 (line 3): a trailing comma, no brace
+    rl = tmp_path / "rl.jsonl"
+    rl.write_text(f"{good_rl}\n{good_rl}\n")
+    bad_sft = prepare_data(tmp_path, upstream_config(tmp_path, sft, rl))
+    # The decoder stops just after the trailing comma, where the next key should start.
+    assert_refused(bad_sft, f"sft.jsonl: line 3, column {len(good_sft) + 1}: not JSON")
+    assert_nothing_written(tmp_path / "prepared")
+    sft.write_text(f"{good_sft}\n")
+    rl.write_text(f'{good_rl}\n{{"prompt": [{{"role": "user", "content": "2+2?"}}], "data_source": aime2024}}\n')
+    bad_rl = prepare_data(tmp_path, upstream_config(tmp_path, sft, rl))
+    assert_refused(bad_rl, "rl.jsonl: line 2, column 66: not JSON")
+    assert_nothing_written(tmp_path / "prepared")
+    rl.write_text(f"{good_rl}\n")  # the same files, fixed: the stage runs (the test can tell the two apart)
+    fixed = prepare_data(tmp_path, upstream_config(tmp_path, sft, rl))
+    assert fixed.returncode == 0, fixed.stderr[-2000:]
+    assert (tmp_path / "prepared/rl_pool.parquet").is_file()
+
+
+def test_cli_corrupt_parquet_names_the_file(tmp_path):
+    model = fake_model(tmp_path / "model")
+    corrupt = tmp_path / "rl_train.parquet"
+    corrupt.write_bytes(b"PAR1" + os.urandom(200) + b"PAR1")
+    grpo = agentrl(*grpo_command(tmp_path, model, corrupt), cwd=tmp_path)
+    assert_refused(grpo, f"{corrupt}: not a readable parquet file")
+    sft = agentrl(*sft_command(tmp_path, model, corrupt), cwd=tmp_path)
+    assert_refused(sft, f"{corrupt}: not a readable parquet file")
+    assert_nothing_written(tmp_path / "out")
+    assert not (tmp_path / "ck").exists() and not (tmp_path / "out/rl_ck").exists()
+
+
+def test_cli_unwritable_out_of_grpo_and_filter_scoring_is_found_before_any_work(tmp_path):
+    """--out under a regular file: refused before the model folder is even looked at (it does not
+    exist here) and before any data is read, with nothing written."""
+    (tmp_path / "blocker").write_text("a file where a folder is needed")
+    missing_model, missing_data = tmp_path / "no-model", tmp_path / "no-data.parquet"
+    grpo = agentrl(*grpo_command(tmp_path, missing_model, missing_data, out=tmp_path / "blocker/rl"), cwd=tmp_path)
+    assert_refused(grpo, "--out", "blocker/rl", "cannot be written")
+    assert "no-model" not in grpo.stderr and "no-data" not in grpo.stderr, grpo.stderr[-2000:]
+    assert_nothing_written(tmp_path / "out")
+    assert not (tmp_path / "out/rl_ck").exists()
+    score = ["filter", "score", "--model", missing_model, "--pool", missing_data]
+    bad_out = agentrl(*score, "--out", tmp_path / "blocker/pass_rates.parquet", "--samples",
+                      tmp_path / "filter/samples.jsonl", cwd=tmp_path)  # fmt: skip
+    assert_refused(bad_out, "--out", "blocker/pass_rates.parquet", "cannot be written")
+    bad_samples = agentrl(*score, "--out", tmp_path / "filter/pass_rates.parquet", "--samples",
+                          tmp_path / "blocker/samples.jsonl", cwd=tmp_path)  # fmt: skip
+    assert_refused(bad_samples, "--samples", "blocker/samples.jsonl", "cannot be written")
+    for completed in (bad_out, bad_samples):
+        assert "no-model" not in completed.stderr, completed.stderr[-2000:]
+    assert_nothing_written(tmp_path / "filter")
+
+
+def test_cli_empty_sft_file_is_an_error(tmp_path):
+    empty = tmp_path / "sft.parquet"
+    pd.DataFrame({c: pd.Series(dtype=str) for c in SFT.to_row()}).to_parquet(empty, index=False)
+    sft = agentrl(*sft_command(tmp_path, fake_model(tmp_path / "model"), empty), cwd=tmp_path)
+    assert_refused(sft, "sft.parquet: no rows")
+    assert_nothing_written(tmp_path / "out")
+    assert not (tmp_path / "ck").exists()
+    blank = tmp_path / "sft.jsonl"  # the upstream spelling of an SFT file: JSON lines, here none
+    blank.write_text("\n\n")
+    rl = tmp_path / "rl.jsonl"
+    rl.write_text(json.dumps(UPSTREAM_RL_ROW) + "\n")
+    prepared = prepare_data(tmp_path, upstream_config(tmp_path, blank, rl))
+    assert_refused(prepared, "sft.jsonl: no rows")
+    assert_nothing_written(tmp_path / "prepared")
+
+
+def test_snakemake_dry_run_refuses_a_response_budget_below_the_overlong_length(tmp_path):
+    """Was silent: the overlong penalty could never apply. Now `snakemake -n` names both keys."""
+    from workflow_runs import TINY, run_snakemake, write_config
+
+    budget = {"rollout": {"max_response_tokens": 16}, "reward": {"overlong": {"enable": True}}}
+    write_config(tmp_path, TINY, budget)  # TINY's overlong.max_response_length is 32
+    refused = run_snakemake(tmp_path, "-n", timeout=180)
+    output = refused.stdout + refused.stderr
+    assert refused.returncode != 0, output[-3000:]
+    assert "rollout.max_response_tokens (16) is below reward.overlong.max_response_length (32)" in output, output[
+        -3000:
+    ]
+    assert "Traceback" not in output, output[-3000:]
+    assert not (tmp_path / "results").exists()
+    write_config(tmp_path, TINY)  # the same workflow with equal lengths plans its jobs
+    planned = run_snakemake(tmp_path, "-n", timeout=180)
+    assert planned.returncode == 0, (planned.stdout + planned.stderr)[-3000:]

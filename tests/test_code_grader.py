@@ -1,12 +1,15 @@
 """The code grader cannot be fooled: each known trick scores as a failure, for every kind of test.
 
 A pass must mean that the test ran to its end: an exit status 0 pays nothing by itself. The
-tricks (``os._exit(0)``, ``sys.exit(0)``, an ``atexit`` hook, a redefined ``check`` or
-``AssertionError``, patched builtins, always-equal return values, writing the pass line, reaching
-the checker's stdout through ``/proc``, killing the checker) are each run against stdin,
-functional and LeetCode ground truths in the real sandbox. LeetCode rows get upstream's credit
-per assert (``test_code`` split into lines, one program per assert): a solution right on 3 of 4
-asserts scores 0.75 with or without a trick added.
+tricks (``os._exit(0)``, ``sys.exit(0)``, ``atexit`` hooks that exit 0 or re-exec, exiting 0 from
+``sys.excepthook``, ``threading.excepthook``, a finalizer, a signal handler or a replaced
+``__build_class__``, a trace function, always-equal return values, writing the pass line to every
+descriptor, reaching the checker's stdout through ``/proc``, signalling the checker; and the
+regression guards that never fooled the old grader: a redefined ``check`` or ``AssertionError``,
+patched builtins) are each run against stdin, functional and LeetCode ground truths in the real
+sandbox; test_old_grader_judgement_of_each_trick shows which of them the old exit-status grader
+paid. LeetCode rows get upstream's credit per assert (``test_code`` split into lines, one program
+per assert): a solution right on 3 of 4 asserts scores 0.75 with or without a trick added.
 """
 
 from __future__ import annotations
@@ -41,17 +44,60 @@ LEETCODE_WRONG = "class Solution:\n    def maxValue(self, nums: List[int]) -> in
 # Right on the first three asserts, wrong on [0, 9]: upstream's per-assert credit gives 0.75.
 LEETCODE_THREE_OF_FOUR = "class Solution:\n    def maxValue(self, nums: List[int]) -> int:\n        return 0 if nums == [0, 9] else max(nums)\n"
 
-# Each trick is prepended to a wrong (or 3-of-4) solution.
+# Each trick is prepended to a wrong (or 3-of-4) solution. "Old:" says whether the exit-status
+# grader this one replaced (commit aab7ac0^: `import_prefix + solution + test_code + check(...)` as
+# one program, a LeetCode row passing when it exited 0) paid the wrong solution with it;
+# test_old_grader_judgement_of_each_trick checks every such claim. Stdin and functional cases were
+# judged by their output there too, so no trick paid on them: they guard the output checks.
 TRICKS = {
+    # Old: paid (exits 0 before the check runs).
     "os._exit": "import os\nos._exit(0)\n",
+    # Old: paid (SystemExit(0) at module level is exit status 0).
     "sys.exit": "import sys\nsys.exit(0)\n",
+    # Old: paid (the failed assert sets status 1, then the hook exits 0).
     "atexit": "import atexit, os\natexit.register(lambda: os._exit(0))\n",
-    "atexit-prints-pass": f"import atexit\natexit.register(lambda: print({PASSED!r}))\n",
-    "redefine-check": "def check(candidate):\n    return None\n",
-    "redefine-AssertionError": (
-        "import builtins\nclass AssertionError(Exception):\n    pass\nbuiltins.AssertionError = AssertionError\n"
+    # Old: paid (the hook replaces the failing process by a fresh interpreter that exits 0).
+    "atexit-re-execs": "import atexit, os, sys\natexit.register(os.execv, sys.executable, [sys.executable, '-c', ''])\n",
+    # Old: paid (the interpreter reports the failed assert through sys.excepthook, which exits 0).
+    "excepthook-exits-0": "import os, sys\nsys.excepthook = lambda *exc: os._exit(0)\n",
+    # Old: paid (at exit the interpreter joins the thread; its exception goes to threading.excepthook).
+    "threading-excepthook-exits-0": (
+        "import os, threading, time\n"
+        "threading.excepthook = lambda args: os._exit(0)\n"
+        "def _raise_later():\n"
+        "    time.sleep(0.3)\n"
+        "    raise RuntimeError('late')\n"
+        "threading.Thread(target=_raise_later).start()\n"
     ),
-    "patch-builtins": "import builtins\nbuiltins.max = lambda *a, **k: 0\nbuiltins.print = lambda *a, **k: None\n",
+    # Old: paid (weakref.finalize runs its callback at exit, after the failed assert).
+    "finalizer-exits-0": (
+        "import os, weakref\nclass _Anchor:\n    pass\n_anchor = _Anchor()\nweakref.finalize(_anchor, os._exit, 0)\n"
+    ),
+    # Old: paid (a thread keeps the failed process alive until the alarm's handler exits 0).
+    "signal-handler-exits-0": (
+        "import os, signal, threading, time\n"
+        "signal.signal(signal.SIGALRM, lambda *args: os._exit(0))\n"
+        "signal.setitimer(signal.ITIMER_REAL, 0.5)\n"
+        "threading.Thread(target=time.sleep, args=(3,)).start()\n"
+    ),
+    # Old: paid (the solution's own `class Solution` statement exits 0).
+    "build-class-exits-0": "import builtins, os\nbuiltins.__build_class__ = lambda *a, **k: os._exit(0)\n",
+    # Old: paid (every method of every later class returns an object equal to anything: asserts hold).
+    "build-class-always-equal": (
+        "import builtins\n"
+        "class _Equal:\n"
+        "    def __eq__(self, other):\n"
+        "        return True\n"
+        "_build_class = builtins.__build_class__\n"
+        "def _always_equal_class(*args, **kwargs):\n"
+        "    cls = _build_class(*args, **kwargs)\n"
+        "    for name, value in list(vars(cls).items()):\n"
+        "        if callable(value) and not name.startswith('__'):\n"
+        "            setattr(cls, name, lambda *a, **k: _Equal())\n"
+        "    return cls\n"
+        "builtins.__build_class__ = _always_equal_class\n"
+    ),
+    # Old: paid (a trace function turns the first line of check into SystemExit(0)).
     "settrace-skips-lines": (
         "import sys\n"
         "def _skip(frame, event, arg):\n"
@@ -60,7 +106,45 @@ TRICKS = {
         "    return _skip\n"
         "sys.settrace(_skip)\n"
     ),
+    # Old: paid (exits 0); the pass line goes to every channel the process holds: stdout, stderr,
+    # /proc/self/fd/1 and 2, every other open descriptor (the harness's pipes), fd 2 dup2'ed onto 1.
+    "pass-line-everywhere-then-exit": (
+        "import os\n"
+        f"_line = b{(PASSED + chr(10))!r}\n"
+        "for _fd in range(1, 64):\n"
+        "    try:\n"
+        "        os.write(_fd, _line)\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "for _path in ('/proc/self/fd/1', '/proc/self/fd/2'):\n"
+        "    try:\n"
+        "        with open(_path, 'wb') as _fh:\n"
+        "            _fh.write(_line)\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "os.dup2(2, 1)\n"
+        "os.write(1, _line)\n"
+        f"print({PASSED!r}, flush=True)\n"
+        "os._exit(0)\n"
+    ),
+    # Old: paid (exits 0 after writing the verdict line where the checker's stdout would be).
+    "prints-pass-line-then-exits": f"import os, sys\nprint({PASSED!r}, flush=True)\nos._exit(0)\n",
+    # Regression guards: the old grader did not pay these either (exit status 1 after the failed assert).
+    # Old: not paid (the hook prints, the exit status stays 1).
+    "atexit-prints-pass": f"import atexit\natexit.register(lambda: print({PASSED!r}))\n",
+    # Old: not paid (the row's own `def check` comes after the solution and replaces this one).
+    "redefine-check": "def check(candidate):\n    return None\n",
+    # Old: not paid (since Python 3.9 `assert` raises the real AssertionError, whatever the name means).
+    "redefine-AssertionError": (
+        "import builtins\nclass AssertionError(Exception):\n    pass\nbuiltins.AssertionError = AssertionError\n"
+    ),
+    # Old: not paid (as above: `assert` never looks the name up; SystemExit would have meant status 0).
+    "builtins-AssertionError-is-SystemExit": "import sys\nsys.modules['builtins'].AssertionError = SystemExit\n",
+    # Old: not paid (the wrong answer stays wrong).
+    "patch-builtins": "import builtins\nbuiltins.max = lambda *a, **k: 0\nbuiltins.print = lambda *a, **k: None\n",
+    # Old: not paid (stdout was not read; the exit status stays 1).
     "prints-pass-line": f"import os\nos.write(1, b{(PASSED + chr(10))!r})\nprint({PASSED!r})\n",
+    # Old: not paid (no checker; the parent's descriptors are closed to the sandboxed code).
     "writes-checker-stdout": (
         "import os\n"
         "try:\n"
@@ -68,17 +152,62 @@ TRICKS = {
         "except OSError:\n"
         "    pass\n"
     ),
+    # Old: not paid (the parent was the sandbox's, of another uid: PermissionError, exit status 1).
     "kills-checker": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n",
+    # Old: not paid (as above). Here the parent is the checker: a KeyboardInterrupt or SIGTERM there
+    # ends it before its verdict.
+    "interrupts-checker": "import os, signal\nos.kill(os.getppid(), signal.SIGINT)\nos.kill(os.getppid(), signal.SIGTERM)\n",
+    # Old: not paid (the whole group, this program included, dies of SIGKILL).
+    "kills-own-group": "import os, signal\nos.killpg(0, signal.SIGKILL)\n",
 }
+# The tricks the old grader paid on a LeetCode row (each entry above says why).
+FOOLED_THE_OLD_GRADER = {
+    "os._exit",
+    "sys.exit",
+    "atexit",
+    "atexit-re-execs",
+    "excepthook-exits-0",
+    "threading-excepthook-exits-0",
+    "finalizer-exits-0",
+    "signal-handler-exits-0",
+    "build-class-exits-0",
+    "build-class-always-equal",
+    "settrace-skips-lines",
+    "pass-line-everywhere-then-exit",
+    "prints-pass-line-then-exits",
+}
+# Whole solutions whose return value does the trick (one per kind of ground truth; a stdin
+# program has no return value, so its variant is the object's finalizer at the end of the program).
+# Old: paid on LeetCode (the returned int's __del__ runs as soon as `candidate(x) == 5` is
+# evaluated, before the assert can raise, and exits 0).
+RETURN_VALUE_EXITS_0 = (
+    "import os\n"
+    "class _Exit(int):\n"
+    "    def __del__(self):\n"
+    "        os._exit(0)\n"
+    "class Solution:\n"
+    "    def maxValue(self, nums):\n"
+    "        return _Exit(0)\n"
+)
+STDIO_FINALIZER_EXITS_0 = (
+    "import os\nclass _Exit:\n    def __del__(self):\n        os._exit(0)\nprint(0)\n_x = _Exit()\ndel _x\n"
+)
 ALWAYS_EQUAL = "class _Equal:\n    def __eq__(self, other):\n        return True\n"
 ALWAYS_EQUAL_INT = "class _Equal(int):\n    def __eq__(self, other):\n        return True\n"
 
 
+CFG = load_config({"reward": {**NO_SHAPING, "code_case_timeout_s": 5}, "sandbox": {"workers": 2}})
+
+
 @pytest.fixture(scope="module")
-def reward_fn():
-    cfg = load_config({"reward": {**NO_SHAPING, "code_case_timeout_s": 5}, "sandbox": {"workers": 2}})
-    with LocalSandbox(cfg.sandbox) as sandbox:
-        yield RewardFunction(cfg.reward, sandbox)
+def sandbox():
+    with LocalSandbox(CFG.sandbox) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def reward_fn(sandbox):
+    return RewardFunction(CFG.reward, sandbox)
 
 
 def score(reward_fn, ground_truth, code, source="train-code-leetcode-Medium"):
@@ -105,7 +234,42 @@ def test_tricks_fail_on_leetcode_tests(reward_fn, trick):
     assert value == 0.0, details
 
 
-@pytest.mark.parametrize("trick", ["atexit", "atexit-prints-pass", "redefine-check", "prints-pass-line"])
+def old_grader_program(ground_truth: dict, code: str) -> str:
+    """The one program the exit-status grader (aab7ac0^) ran for a LeetCode row; it paid exit status 0."""
+    truth = ground_truth
+    return f"{truth['import_prefix']}\n{code}\n\n{truth['test_code']}\n\ncheck({truth['entry_point']})\n"
+
+
+def test_old_grader_judgement_of_each_trick(sandbox):
+    """The claims of the TRICKS table: the listed tricks made the wrong solution exit 0 under the
+    old grader (a pass there), the regression guards did not. The wrong solution alone exits 1."""
+    cases = {"none": LEETCODE_WRONG, **{name: TRICKS[name] + LEETCODE_WRONG for name in TRICKS}}
+    cases["return-value-exits-0"] = RETURN_VALUE_EXITS_0
+    cases["always-equal"] = ALWAYS_EQUAL + "class Solution:\n    def maxValue(self, nums):\n        return _Equal()\n"
+    jobs = [(old_grader_program(LEETCODE, code), None) for code in cases.values()]
+    paid = {
+        name for name, result in zip(cases, sandbox.run_many(jobs, timeout_s=CFG.reward.code_case_timeout_s))
+        if result.status == "ok"
+    }  # fmt: skip
+    assert paid == FOOLED_THE_OLD_GRADER | {"return-value-exits-0", "always-equal"}
+
+
+def test_return_values_and_finalizers_that_exit_0_fail(reward_fn):
+    """The returned value's __del__ runs in the solution's process (LeetCode) or after the result
+    line is printed (functional); a stdin program's finalizer exits before its output is flushed."""
+    leetcode = score(reward_fn, LEETCODE, RETURN_VALUE_EXITS_0)
+    assert leetcode[0] == 0.0, leetcode[1]
+    functional = score(reward_fn, FUNCTIONAL, RETURN_VALUE_EXITS_0, source="LiveCodeBench_v6")
+    assert functional[0] == 0.0, functional[1]
+    stdio = score(reward_fn, STDIO, STDIO_FINALIZER_EXITS_0, source="embedded-code")
+    assert stdio[0] == 0.0, stdio[1]
+
+
+@pytest.mark.parametrize(
+    "trick",
+    ["atexit", "atexit-prints-pass", "redefine-check", "prints-pass-line", "excepthook-exits-0", "finalizer-exits-0",
+     "atexit-re-execs"],
+)  # fmt: skip
 def test_a_trick_adds_nothing_to_upstreams_per_assert_credit(reward_fn, trick):
     """Tricks that leave the solution able to answer: the score is what the answers earn, 3 of 4."""
     assert score(reward_fn, LEETCODE, LEETCODE_THREE_OF_FOUR)[0] == pytest.approx(0.75)

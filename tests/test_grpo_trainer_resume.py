@@ -93,6 +93,7 @@ def _weights(folder: Path) -> dict[str, torch.Tensor]:
     return load_file(str(folder / "model.safetensors"))
 
 
+@pytest.mark.timeout(1800)  # several training runs: over the global 600 s on a loaded 2-core machine
 def test_grpo_stage_writes_model_metrics_and_checkpoints_and_a_rerun_resumes(inputs, tmp_path):
     from agentrl.grpo.runner import train
 
@@ -193,6 +194,7 @@ def test_fingerprint_differences_name_the_keys_that_differ():
     ]
 
 
+@pytest.mark.timeout(1800)  # several training runs: over the global 600 s on a loaded 2-core machine
 def test_a_checkpoint_of_the_same_setup_is_resumed_and_one_of_another_setup_is_discarded(inputs, tmp_path, caplog):
     """The rerun that Snakemake starts after ``grpo.lr`` changed trains from step 0 again."""
     from agentrl.grpo.runner import train
@@ -259,6 +261,7 @@ def _latest_step(checkpoints: Path) -> int:
     return int(pointer.read_text().removeprefix("step_")) if pointer.exists() else 0
 
 
+@pytest.mark.timeout(1800)  # several training runs: over the global 600 s on a loaded 2-core machine
 @pytest.mark.slow
 def test_a_killed_run_resumes_from_its_last_checkpoint_without_repeating_or_skipping_steps(inputs, tmp_path):
     model, root = inputs

@@ -95,6 +95,7 @@ def grpo_inputs(tmp_path_factory):
     return random_policy(), root
 
 
+@pytest.mark.timeout(1800)  # several training runs: over the global 600 s on a loaded 2-core machine
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGTERM])
 def test_a_stop_signal_checkpoints_the_running_step_exits_and_the_rerun_resumes(grpo_inputs, tmp_path, signum):
@@ -129,6 +130,7 @@ def test_a_stop_signal_checkpoints_the_running_step_exits_and_the_rerun_resumes(
                 assert rb[key] == pytest.approx(ra[key], rel=1e-5, abs=1e-7), (ra["step"], key)
 
 
+@pytest.mark.timeout(1800)  # several training runs: over the global 600 s on a loaded 2-core machine
 def test_the_wall_time_interval_checkpoints_without_a_step_interval(grpo_inputs, tmp_path):
     from test_grpo_trainer_resume import TINY_RUN, _paths
 
@@ -145,6 +147,7 @@ def test_the_wall_time_interval_checkpoints_without_a_step_interval(grpo_inputs,
 
 
 # --------------------------------------------------------------------------- SFT
+@pytest.mark.timeout(1800)  # several training runs: over the global 600 s on a loaded 2-core machine
 @pytest.mark.slow
 def test_sft_stops_on_sigusr1_with_a_checkpoint_and_the_rerun_ends_as_an_uninterrupted_run(tmp_path_factory):
     import torch

@@ -392,6 +392,22 @@ with LocalSandbox(cfg) as sb:
 """
 
 
+def _link_or_copy(source: str, target: str) -> None:
+    """A hard link (fast, and the file then lives in /tmp too), else a copy: hard links cannot
+    cross file systems (EXDEV), and /tmp is often a tmpfs or another disk than the environment."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def _link_or_copy_tree(source: Path, target: Path) -> None:
+    if source.is_dir():
+        shutil.copytree(source, target, symlinks=True, copy_function=_link_or_copy)
+    else:
+        _link_or_copy(str(source), str(target))
+
+
 def test_a_python_environment_under_tmp_is_importable(tmp_path):
     """A venv in /tmp (node-local envs on clusters) whose numpy lives there too: read-only, importable."""
     if not (os.geteuid() == 0 or os.path.exists("/proc/sys/kernel/unprivileged_userns_clone")):
@@ -405,8 +421,8 @@ def test_a_python_environment_under_tmp_is_importable(tmp_path):
         )
         site = next((root / "venv" / "lib").glob("python*/site-packages"))
         source = Path(numpy.__file__).parent
-        for item in [source, *source.parent.glob("numpy.libs")]:  # hard links: fast, and the files live in /tmp
-            subprocess.run(["cp", "-al", str(item), str(site / item.name)], check=True)
+        for item in [source, *source.parent.glob("numpy.libs")]:
+            _link_or_copy_tree(item, site / item.name)
         import agentrl
 
         env = {**os.environ, "PYTHONPATH": str(Path(agentrl.__file__).resolve().parents[1])}

@@ -94,6 +94,40 @@ def test_the_exit_of_a_parent_sets_the_stop_request():
 
 
 # --------------------------------------------------------------------------- real trainers
+def test_grpo_refuses_a_held_checkpoint_folder_naming_the_holder_before_deepspeed_starts(tmp_path):
+    """The real ``agentrl grpo`` CLI on a folder whose lock another process holds: exit 1, the
+    holder's pid in the message, no traceback; the lock is taken before DeepSpeed's distributed
+    init (its log line never appears) and nothing is written."""
+    from test_bad_inputs import PROBLEM, fake_model
+
+    from agentrl.data.records import write_records
+
+    folder = tmp_path / "checkpoints"
+    train = tmp_path / "rl_train.parquet"
+    write_records([PROBLEM], train)
+    command = [sys.executable, "-m", "agentrl", "grpo", "--model", fake_model(tmp_path / "model"),
+               "--train", train, "--out", tmp_path / "rl", "--metrics", tmp_path / "metrics.jsonl",
+               "--checkpoint-dir", folder, "--nproc", "0"]  # fmt: skip
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], env=_env(), stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        second = subprocess.run(list(map(str, command)), env=_env(), capture_output=True, text=True, timeout=300)
+        assert holder.poll() is None, "the holder ended before the trainer tried"
+        lock = json.loads((folder / LOCK_FILE).read_text())
+    finally:
+        holder.kill()
+        holder.wait()
+    assert second.returncode == 1, second.stderr[-3000:]
+    assert re.search(rf"in use by another trainer \(grpo process {holder.pid} on ", second.stderr), second.stderr[
+        -3000:
+    ]
+    assert "Traceback" not in second.stderr, second.stderr[-3000:]
+    assert "collectives wait up to" not in second.stderr, "DeepSpeed's distributed init ran before the lock"
+    assert lock["pid"] == holder.pid, "the refused trainer rewrote the holder's lock file"
+    assert not (tmp_path / "metrics.jsonl").exists() and not (tmp_path / "rl").exists()
+    assert sorted(p.name for p in folder.iterdir()) == [LOCK_FILE], "the refused trainer wrote into the folder"
+
+
 def _steps(metrics: Path) -> list[int]:
     return [json.loads(line)["step"] for line in metrics.read_text().splitlines() if line.strip()]
 
@@ -129,6 +163,57 @@ def test_a_second_trainer_on_the_same_checkpoint_folder_refuses_naming_the_first
     steps = _steps(metrics)
     assert steps == list(range(1, steps[-1] + 1)), "the first run alone wrote the metrics, every step once"
     assert (root / "run" / "ckpt" / "latest").read_text() == f"step_{steps[-1]}"
+
+
+# The parent starts the command (argv[2:]) with its stderr in a file (argv[1]), prints the child's
+# pid, then waits forever: killing it alone orphans the trainer, as kill -9 <snakemake> does.
+TRAINER_PARENT = (
+    "import subprocess, sys, time\n"
+    "child = subprocess.Popen(sys.argv[2:], stdout=subprocess.DEVNULL, stderr=open(sys.argv[1], 'w'))\n"
+    "print(child.pid, flush=True)\n"
+    "time.sleep(3600)\n"
+)
+
+
+@pytest.mark.slow
+def test_an_orphaned_grpo_trainer_stops_at_its_next_step_boundary_with_a_checkpoint(tmp_path):
+    from rollout_fixtures import random_policy
+    from test_grpo_trainer_resume import _arith
+    from test_preemption import _grpo_command, _records
+
+    from agentrl.data.records import write_records
+
+    write_records(_arith(9, "rl"), tmp_path / "rl_train.parquet")
+    write_records(_arith(3, "eval"), tmp_path / "arith.parquet")
+    run, total = tmp_path / "run", 200  # far more steps than run before the watch (every 2 s) notices
+    command = _grpo_command(random_policy(), tmp_path, run, max_steps=total, test_freq=0, val_before_train=False)
+    log = tmp_path / "grpo.log"
+    env = {**_env(), "OMP_NUM_THREADS": "1"}
+    parent = subprocess.Popen(
+        [sys.executable, "-c", TRAINER_PARENT, str(log), *command], env=env, stdout=subprocess.PIPE, text=True
+    )
+    trainer = int(parent.stdout.readline())
+    try:
+        deadline = time.monotonic() + 600
+        while not any(r["step"] >= 1 for r in _records(run / "metrics.jsonl")):
+            assert time.monotonic() < deadline, "no GRPO step within 600 s"
+            assert Path(f"/proc/{trainer}").exists(), log.read_text()[-3000:]
+            time.sleep(0.05)
+    finally:
+        parent.kill()  # the parent alone: the trainer lives on, reparented
+        parent.wait()
+    deadline = time.monotonic() + 300
+    while not _lock_is_free(run / "checkpoints"):
+        assert time.monotonic() < deadline, f"the orphaned trainer {trainer} did not stop:\n{log.read_text()[-3000:]}"
+        time.sleep(0.2)
+    text = log.read_text()
+    stopped = re.search(rf"stopped on the exit of parent process {parent.pid} \(\S+\) after step (\d+)", text)
+    assert stopped, text[-3000:]
+    step = int(stopped[1])
+    assert 1 <= step < total, text[-3000:]
+    assert [r["step"] for r in _records(run / "metrics.jsonl")][-1] == step
+    assert (run / "checkpoints" / "latest").read_text() == f"step_{step}", "the stop wrote its step's checkpoint"
+    assert not (run / "rl" / "config.json").exists(), "a stopped run exports no final policy"
 
 
 def _lock_is_free(folder: Path) -> bool:
