@@ -75,6 +75,26 @@ def test_item1_paper_preset_scores_wrong_and_codeless_answers_as_released(paper)
     assert wrong.score == pytest.approx(-0.7)
 
 
+# --------------------------------------------------------------------------- functional code without its entry point
+def test_a_functional_answer_without_its_entry_point_scores_as_no_code(paper, interpreter):
+    # code_math: "fn_name" in the tests and "class Solution" not in the code -> the rewrite looks
+    # for a top-level def fn_name; None found -> -1.0 before any test runs; then -1.1 as released.
+    reward_fn = RewardFunction(paper.reward, interpreter.sandbox)
+    truth = {"inputs": [[1, 2], [3, 4]], "outputs": [3, 7], "fn_name": "add"}
+    problem = Problem("f1", "train-code-taco-easy", [], "code", truth)
+
+    def score(code: str) -> float:
+        answer = f"```python\n{code}\n```"
+        return reward_fn.score(problem, answer, response_length=100, num_tool_calls=1).score
+
+    assert score("def plus(a, b):\n    return a + b") == pytest.approx(-1.1)
+    assert score("add = lambda a, b: a + b") == pytest.approx(-1.1), "upstream wraps only a def"
+    assert score("def add(a, b):\n    return a + b") == 1.0
+    assert score("class Solution:\n    def add(self, a, b):\n        return a + b") == 1.0
+    # the text "class Solution" is upstream's test: no rewrite, the run fails every case (0, unshaped)
+    assert score("class Solution:\n    pass") == 0.0
+
+
 # --------------------------------------------------------------------------- 5. LiveCodeBench prompt
 def test_item5_livecodebench_prompt_shows_the_whole_test_lists(tmp_path):
     import json

@@ -250,7 +250,7 @@ CASES = [
         TWO_SUM_LCB,
         fenced("def two_sum(nums, target):\n    return [0, 1]"),
         "strict",
-        0.0,
+        -1.0,  # no entry point to call: unrunnable, as upstream's rewrite (tests/test_fidelity.py)
         False,
         ANY,
     ),

@@ -3,7 +3,8 @@
 Recipe (docs/recipe.md section 4): the last fenced python block of the response is the solution;
 it is graded against the row's tests in the sandbox, one sandbox run per case with a per-case
 timeout (``reward.code_case_timeout_s``; upstream: 30 s). Score = fraction of cases passed,
-``acc`` = all passed, -1 when there is no code block or the code does not parse. Three kinds
+``acc`` = all passed, -1 when there is no code block, the code does not parse or a functional
+answer lacks its entry point. Three kinds
 of tests (the ground truth is a dict, or its JSON string):
 
 - stdin/stdout ``{"inputs": [...], "outputs": [...]}``: the program reads the case's input on
@@ -15,7 +16,9 @@ of tests (the ground truth is a dict, or its JSON string):
   output is a value or its JSON. The target is ``Solution().fn_name`` when the code defines a
   ``class Solution`` with that method, else a top-level ``fn_name`` (upstream wraps free
   functions into ``class Solution`` textually; resolving the name at run time is the same
-  call without rewriting the user's code). The solution is executed with
+  call without rewriting the user's code). Code with neither the text ``class Solution`` nor a
+  top-level ``def fn_name`` scores -1 like code that does not parse: upstream's rewrite finds
+  no function to wrap and returns -1 before running anything. The solution is executed with
   ``__name__ != "__main__"`` so a demo ``main`` block does not wait on stdin; common stdlib
   names (``typing``, ``collections``, ``heapq``, ...) are pre-imported as LiveCodeBench does.
   The return value travels back as JSON (tuples become lists) and is compared on the host:
@@ -33,9 +36,11 @@ check process of :mod:`agentrl.rewards.leetcode_harness` ran the assert to its e
 its pass line, on a stdout the solution's process does not hold; the solution runs in a process
 of its own, which never sees the test (it arrives on the checker's stdin after the fork), and
 hands back return values as plain data only. So ``os._exit(0)``,
-``sys.exit(0)``, ``atexit`` hooks, a redefined ``check`` or ``AssertionError``, patched builtins
-and always-equal objects score as failures. (Departure: upstream runs ``prefix + solution +
-check`` as one program and pays any exit status 0; docs/fidelity.md.) The solution's own
+``sys.exit(0)``, ``atexit`` hooks, exits from ``sys.excepthook``, ``threading.excepthook``,
+finalizers or signal handlers, a replaced ``__build_class__``, a redefined ``check`` or
+``AssertionError``, patched builtins and always-equal objects score as failures. (Departure:
+upstream runs ``prefix + solution + check`` as one program and pays any exit status 0;
+docs/fidelity.md.) The solution's own
 prints during a functional call are captured so they cannot fake a result line.
 """
 
@@ -136,6 +141,14 @@ class FunctionalTests:
             )
             for args in self.args
         ]
+
+    def unrunnable(self, code: str, tree: ast.Module) -> str | None:
+        """Why upstream would score ``code`` -1 before running it, or None (its rewrite's test)."""
+        if "class Solution" in code:
+            return None
+        if any(isinstance(node, ast.FunctionDef) and node.name == self.fn_name for node in tree.body):
+            return None
+        return f"no_entry_point: neither class Solution nor a top-level def {self.fn_name}"
 
     def outcome(self, index: int, result: ExecutionResult) -> str:
         if result.status != "ok":
@@ -297,9 +310,11 @@ class CodeVerifier:
         if code is None:
             return PendingVerdict.ready(_unrunnable(None, "no_code", total))
         try:
-            ast.parse(code)
+            tree = ast.parse(code)
         except (SyntaxError, ValueError) as exc:  # ValueError: NUL bytes in the source
             return PendingVerdict.ready(_unrunnable(code, f"syntax_error: {exc}", total))
+        if isinstance(tests, FunctionalTests) and (reason := tests.unrunnable(code, tree)):
+            return PendingVerdict.ready(_unrunnable(code, reason, total))
         return PendingVerdict(jobs=tests.jobs(code), finish=lambda results: _graded(code, tests, results))
 
 
