@@ -6,7 +6,7 @@ Gen-Verse/Qwen3-4B-RA-SFT, and the upstream data sources are the fixture files (
 What the issue asks of the presets: the dry run of each lists exactly its jobs (no sft job with
 sft.from set; for the eval preset nothing but the eval data, the two model links, evaluation and
 the report); a rehearsal-size run of the eval preset writes a report with the published figures;
-changing sft.from re-runs scoring, GRPO and the evaluation of the models built on it, nothing else.
+changing sft.from re-runs the prompt fits (its tokenizer measures them), scoring, GRPO and the evaluation of the models built on it, nothing else.
 Slow: each Snakemake call pays its start-up, the real runs a few minutes on 2 cores.
 """
 
@@ -160,11 +160,15 @@ def test_rehearsal_of_the_eval_preset_reports_the_published_figures(stand_ins, t
 
 @pytest.fixture(scope="module")
 def completed_from_sft(stand_ins, tmp_path_factory):
-    """The tiny embedded workflow, run to the end with sft.from = a stand-in released SFT model."""
+    """The tiny embedded workflow, run to the end with sft.from = a stand-in released SFT model.
+
+    It evaluates what presets/paper-rl-from-released-sft.yaml evaluates (sft and rl, not base), so
+    no base model is built and the released SFT model's tokenizer measures the prompts.
+    """
     workdir = tmp_path_factory.mktemp("from_sft")
     # The stand-in's tokenizer (trained on three lines) needs more tokens for a prompt than the
-    # embedded base model's, which fit_*_prompts measure with.
-    limits = {"rollout": {"max_prompt_tokens": 2048}, "eval": {"max_prompt_tokens": 2048}}
+    # embedded base model's.
+    limits = {"rollout": {"max_prompt_tokens": 2048}, "eval": {"max_prompt_tokens": 2048, "models": ["sft", "rl"]}}
     write_config(workdir, TINY, {"sft": {"from": str(stand_ins["Qwen3-4B-RA-SFT"])}, **limits})
     done = snakemake(workdir, timeout=1200)
     assert "sft" not in rules_of(jobs_in_listing(done.stdout + done.stderr))
@@ -178,6 +182,8 @@ def test_a_changed_sft_from_reruns_what_is_built_on_the_sft_model_only(completed
     jobs = planned(completed_from_sft, "--configfile", str(completed_from_sft / "config.yaml"), str(override))
     expected = {
         "released_sft",
+        "fit_rl_prompts",  # the released SFT model's tokenizer measures the prompts (no base model)
+        "fit_eval_prompts",
         "score_rl_pool",
         "gather_pass_rates",
         "scoring_config",
@@ -188,10 +194,10 @@ def test_a_changed_sft_from_reruns_what_is_built_on_the_sft_model_only(completed
         "export_livecodebench",
         "report",
     }
-    assert rules_of(jobs) == expected, "not the data, the base model or its evaluation"
+    assert rules_of(jobs) == expected, "not the data preparation"
     assert models_of(jobs, "evaluate") == {"sft", "rl"} == models_of(jobs, "export_livecodebench")
     assert TINY["data"]["embedded"]["families"] == ["arith", "program"]
-    assert len(jobs) == 1 + 5 + 2 * 2 * 2 + 2 + 1, (
-        "one job each: link, score, gather, scoring config, select, grpo; 4 evaluations and their 4 gathers, "
-        "2 exports, the report"
+    assert len(jobs) == 1 + 2 + 5 + 2 * 2 * 2 + 2 + 1, (
+        "one job each: link, the two prompt fits, score, gather, scoring config, select, grpo; "
+        "4 evaluations and their 4 gathers, 2 exports, the report"
     )
