@@ -112,4 +112,5 @@ def test_a_question_naming_an_undefined_arm_stops_the_workflow_at_load(tmp_path)
         cores=1,
     )
     assert done.returncode != 0
-    assert "ablations.questions names undefined arm(s) ['no_such_arm']" in done.stdout + done.stderr
+    assert "'ablations.questions.data' names undefined arm(s) ['no_such_arm']" in done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
