@@ -17,7 +17,7 @@ SRC = str(Path(workflow.basedir).parent / "src")
 shell.prefix(f"export PYTHONPATH={SRC}:$PYTHONPATH; ")
 
 sys.path.insert(0, SRC)  # the checkout's package decides what is read from the hub
-from agentrl.config import load_config  # noqa: E402
+from agentrl.config import load_config, process_count_problems  # noqa: E402
 from agentrl.config_schema import load_schema, rerun_keys  # noqa: E402
 from agentrl.hub import needs_hub  # noqa: E402
 
