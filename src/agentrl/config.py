@@ -561,8 +561,9 @@ def colocated_engine_problems(rollout: RolloutConfig) -> list[str]:
 def process_count_problems(grpo: GrpoConfig, processes: int, section: str = "grpo") -> list[str]:
     """What a GRPO job of ``processes`` ranks (its GPUs: the ``gpu`` resource of the grpo rule; 0 is
     one CPU process) cannot split: every rank rolls out and updates on the same number of prompts,
-    so both batch sizes must be multiples of it. The stage checks this once its ranks started
-    (:class:`agentrl.grpo.trainer.GrpoStep`); the workflow's config check does not know the count."""
+    so both batch sizes must be multiples of it. The workflow checks it at load against the rule's
+    resource (``check_grpo_process_counts`` in rules/common.smk), the stage again once its ranks
+    started (:class:`agentrl.grpo.trainer.GrpoStep`)."""
     processes = max(processes, 1)
     if not (grpo.batch_prompts % processes or grpo.mini_batch_prompts % processes):
         return []

@@ -4,8 +4,8 @@ Recipe (docs/recipe.md section 4): the last fenced python block of the response 
 it is graded against the row's tests in the sandbox, one sandbox run per case with a per-case
 timeout (``reward.code_case_timeout_s``; upstream: 30 s). Score = fraction of cases passed,
 ``acc`` = all passed, -1 when there is no code block, the code does not parse or a functional
-answer lacks its entry point. Three kinds
-of tests (the ground truth is a dict, or its JSON string):
+answer lacks its entry point. Three kinds of tests (the ground truth is a dict, or its JSON
+string):
 
 - stdin/stdout ``{"inputs": [...], "outputs": [...]}``: the program reads the case's input on
   stdin; it passes when it exits cleanly and ``stdout.rstrip("\\n")`` equals the expected
@@ -40,8 +40,8 @@ hands back return values as plain data only. So ``os._exit(0)``,
 finalizers or signal handlers, a replaced ``__build_class__``, a redefined ``check`` or
 ``AssertionError``, patched builtins and always-equal objects score as failures. (Departure:
 upstream runs ``prefix + solution + check`` as one program and pays any exit status 0;
-docs/fidelity.md.) The solution's own
-prints during a functional call are captured so they cannot fake a result line.
+docs/fidelity.md.) The solution's own prints during a functional call are captured so they
+cannot fake a result line.
 """
 
 from __future__ import annotations
