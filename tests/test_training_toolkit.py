@@ -1,4 +1,5 @@
-"""The toolkit the SFT and GRPO stages share (``agentrl.training``): metrics file, run fingerprint, seeds."""
+"""The toolkit the SFT and GRPO stages share (``agentrl.training``): metrics file, run fingerprint,
+seeds, the end of a training process."""
 
 from __future__ import annotations
 
@@ -76,3 +77,52 @@ def test_derived_seeds_are_stable_and_separate_streams():
         len({derived_seed(3, "a", 0), derived_seed(3, "a", 1), derived_seed(3, "b", 0), derived_seed(4, "a", 0)}) == 4
     )
     assert 0 <= derived_seed(3, "a") < 2**31
+
+
+_LAUNCHER_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture
+def own_process_group(monkeypatch):
+    """A one-process group that the test's trainer opens; whatever it leaves is torn down after."""
+    import torch.distributed as dist
+
+    for key in _LAUNCHER_KEYS:
+        monkeypatch.setenv(key, "unset")
+        monkeypatch.delenv(key)  # recorded as absent, so the keys init_distributed sets go again
+    yield dist
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def test_a_finished_or_stopped_trainer_destroys_its_process_group_and_a_failed_one_leaves_it(own_process_group):
+    """Gloo's threads left to interpreter teardown abort a finished two-rank stage now and then
+    (SIGABRT after "SFT done", seen in CI), so run_trainer destroys the group after a run that
+    ended alike on every rank, and leaves it after an error, where destroying can hang."""
+    import logging
+
+    from agentrl.config import ConfigError
+    from agentrl.training import deepspeed_engine as dse
+    from agentrl.training.cli import run_trainer
+    from agentrl.training.preemption import EXIT_CODE, StoppedForRetry
+
+    dist, log = own_process_group, logging.getLogger("test")
+
+    def finishes():
+        dse.init_distributed()
+        assert dist.is_initialized()
+
+    def stops():
+        dse.init_distributed()
+        raise StoppedForRetry("sft", 3, "ckpt", "SIGTERM")
+
+    def refuses():
+        dse.init_distributed()
+        raise ConfigError("sft.global_batch_size: 3 does not split over 2 processes")
+
+    assert run_trainer(finishes, log) == 0
+    assert not dist.is_initialized()
+    assert run_trainer(stops, log) == EXIT_CODE
+    assert not dist.is_initialized()
+    assert run_trainer(refuses, log) == 2
+    assert dist.is_initialized()

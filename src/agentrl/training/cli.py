@@ -68,8 +68,16 @@ def deepspeed_config(args: argparse.Namespace, zero_stage: int) -> Path:
 def run_trainer(train: Callable[[], Any], log: logging.Logger) -> int:
     """Run ``train``; the stage's exit status: 0, EXIT_CODE after a stop request (the rerun
     resumes), 1 when another trainer holds the checkpoint folder, 2 for a config error found
-    once the processes started (batch sizes against the process count)."""
+    once the processes started (batch sizes against the process count).
+
+    After a run that ended the same way on every rank (done, or stopped at a step boundary the
+    ranks agreed on) the process group is destroyed before the interpreter exits: gloo's worker
+    threads left to interpreter teardown abort the process now and then ("terminate called
+    without an active exception", SIGABRT), which fails a finished stage. After an error it is
+    left alone, since destroying it while another rank sits in a collective can hang.
+    """
     from agentrl.config import ConfigError
+    from agentrl.training.deepspeed_engine import close_distributed
     from agentrl.training.folder_lock import CheckpointFolderInUse
     from agentrl.training.preemption import EXIT_CODE, StoppedForRetry
 
@@ -77,6 +85,7 @@ def run_trainer(train: Callable[[], Any], log: logging.Logger) -> int:
         train()
     except StoppedForRetry as stopped:
         log.warning("%s", stopped)
+        close_distributed()
         return EXIT_CODE
     except CheckpointFolderInUse as busy:
         log.error("%s", busy)
@@ -84,4 +93,5 @@ def run_trainer(train: Callable[[], Any], log: logging.Logger) -> int:
     except ConfigError as exc:  # a check that needs the process count, known once the ranks started
         log.error("%s", exc)
         return 2
+    close_distributed()
     return 0

@@ -108,6 +108,17 @@ def init_distributed(timeout_minutes: float | None = None) -> DistributedContext
     return DistributedContext(rank=rank, world_size=world, local_rank=local_rank, device=device)
 
 
+def close_distributed() -> None:
+    """Destroy the process group (all of them) if one is up; every rank calls it at the same point.
+
+    Gloo's worker threads, when the interpreter tears the group down instead, can abort the
+    process at exit (pytorch/pytorch#190489); torch asks trainers to call
+    ``destroy_process_group`` near the end of main.
+    """
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
 def _skip_shared_memory_kernel() -> None:
     """Keep DeepSpeed's CPU backend from JIT-compiling ``deepspeed_shm_comm``.
 
