@@ -5,7 +5,8 @@
          --pairs 5 --batch-prompts 16 --n 8 --threads 1 --plain --json out.json]
 
 The config is the repository's ``config.yaml`` (or ``--config``); each ``--arm NAME=JSON`` overrides
-it (``--batch-prompts``/``--n`` override every arm). The arms run interleaved, A B A B, ``--pairs``
+it (``--batch-prompts``/``--n`` override every arm); an arm's top-level ``"threads"`` is not a config
+key but that arm's torch threads (the rule's ``threads:``; ``--threads`` for the others). The arms run interleaved, A B A B, ``--pairs``
 rounds, each run a fresh build of the parts from the model folder and the same step (the same
 prompts and rollout seeds), so the arms differ only in what they override and a change in the
 machine's load hits each alike; the report gives per arm the median of every timing and, against
@@ -156,20 +157,21 @@ def main() -> None:
     parser.add_argument("--plain", action="store_true", help="also time a plain-torch update of the same samples")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    default_threads = args.threads or torch.get_num_threads()
     base = yaml.safe_load(args.config.read_text()) or {}
     sizes = {k: v for k, v in (("batch_prompts", args.batch_prompts), ("n", args.n)) if v is not None}
     if "batch_prompts" in sizes:  # at most the batch: as many updates per step as the config allows
         mini = base.get("grpo", {}).get("mini_batch_prompts", 8)
         sizes["mini_batch_prompts"] = min(sizes["batch_prompts"], mini)
     arms = dict(args.arm or [("config", {})])
+    threads = {name: over.pop("threads", default_threads) for name, over in arms.items()}
     configs = {name: merged(merged(base, over), {"grpo": sizes}) for name, over in arms.items()}
     print(json.dumps({"cpus": os.cpu_count(), "load_average": os.getloadavg(), "config": str(args.config)}))
     runs: dict[str, list[dict]] = {name: [] for name in arms}
     for round_ in range(args.pairs):
         for name in arms:
-            report = one_step(configs[name], args.model, args.train, args.plain)
+            torch.set_num_threads(threads[name])
+            report = {"threads": threads[name], **one_step(configs[name], args.model, args.train, args.plain)}
             runs[name].append(report)
             print(json.dumps({"round": round_, "arm": name, **report}), flush=True)
     first = next(iter(arms))

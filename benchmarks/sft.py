@@ -11,6 +11,9 @@ ratios. Tokens are real (not padding) tokens; ``pad_fraction`` is padded positio
     python benchmarks/sft.py --model results/models/base --data results/data/sft.parquet \
         --arm greedy='{"micro_batch_overhead_tokens": null}' --arm grouped='{}' --pairs 3 --steps 40
 
+An arm's ``"threads"`` key is not an sft key: it sets that arm's torch threads per process (the
+rule's ``threads:``), so ``--arm t1='{"threads": 1}' --arm t2='{"threads": 2}'`` compares them.
+
 Not a test: timings depend on the machine and its load (printed: CPU count, load average).
 """
 
@@ -93,9 +96,10 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=5, help="rounds of every arm in turn")
     parser.add_argument("--steps", type=int, default=40, help="optimizer steps per run")
     parser.add_argument("--nproc", type=int, default=1)
-    parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS per process")
+    parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS per process (an arm's own wins)")
     args = parser.parse_args()
     arms = dict(args.arm or [("greedy", {"micro_batch_overhead_tokens": None}), ("config", {})])
+    threads = {name: sft.pop("threads", args.threads) for name, sft in arms.items()}
     base = yaml.safe_load(args.config.read_text()) or {}
     configs = {name: merged(base, {"sft": {"epochs": 1, "save_every_steps": 0, **sft}}) for name, sft in arms.items()}
     batch = {configs[name]["sft"].get("global_batch_size", 8) for name in arms}
@@ -106,9 +110,10 @@ def main() -> int:
         data = subset(args.data, args.steps * batch.pop(), Path(tmp) / "sft.parquet")
         for round_ in range(args.pairs):
             for name in arms:
-                result = run_once(configs[name], args.model, data, args.nproc, args.threads)
+                result = run_once(configs[name], args.model, data, args.nproc, threads[name])
                 results[name].append(result)
-                print(json.dumps({"round": round_, "arm": name, "loadavg": os.getloadavg()[0], **result}), flush=True)
+                line = {"round": round_, "arm": name, "threads": threads[name], "loadavg": os.getloadavg()[0], **result}
+                print(json.dumps(line), flush=True)
     first = next(iter(arms))
     for name, runs in results.items():
         summary = {key: statistics.median(r[key] for r in runs) for key in runs[0] if key != "steps"}
