@@ -298,6 +298,7 @@ class GrpoConfig:
     old_logprobs: Literal["auto", "recompute", "engine"]
     micro_batch_tokens: int
     logit_chunk_tokens: int
+    share_prompts: bool
     lr: float
     lr_schedule: Literal["constant", "cosine"]
     lr_warmup_steps: int
@@ -521,6 +522,12 @@ def cross_key_problems(cfg: Config) -> list[str]:
                 f"{section}.batch_prompts ({grpo.batch_prompts}) must be a multiple of {section}.mini_batch_prompts "
                 f"({grpo.mini_batch_prompts}): every optimizer step sees the same number of prompts"
             )
+    if cfg.grpo.share_prompts and cfg.grpo.deepspeed.gradient_checkpointing:
+        problems.append(
+            "grpo.share_prompts with grpo.deepspeed.gradient_checkpointing: the shared forward hands each prompt's "
+            "keys and values to its responses through a KV cache, which transformers' checkpointed layers do not "
+            "keep; turn one of them off"
+        )
     if cfg.rollout.temperature <= 0:
         problems.append("rollout.temperature must be > 0 for GRPO: greedy rollouts of a group are identical")
     if cfg.rollout.engine == "vllm" and "rl" in cfg.eval.models:  # GRPO on vLLM (evaluation-only runs may use TP)

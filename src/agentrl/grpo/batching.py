@@ -16,11 +16,16 @@ never holds more than the budget and short sequences share a forward. A sample l
 budget gets a micro-batch of its own (it cannot be split). The loss of a micro-batch is divided
 by the *mini-batch's* token (or sequence) count, so packing changes no gradient
 (``algorithm.aggregate_loss``).
+
+With ``grpo.share_prompts`` the ``n`` samples of a prompt also share its forward: a micro-batch
+holds whole prompt groups (:func:`pack_prompt_groups`) and carries :class:`SharedPrompts`, the
+distinct prompts once and the responses apart; the actor runs the prompts, hands their keys and
+values to every response of the group, and runs the responses (``policy.ResponseLogProbs``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +46,10 @@ class PolicySample:
     @property
     def response_length(self) -> int:
         return len(self.input_ids) - self.prompt_length
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.input_ids[: self.prompt_length]
 
     @property
     def num_loss_tokens(self) -> int:
@@ -81,6 +90,81 @@ def pack_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[i
     return groups
 
 
+def prompt_groups(samples: Sequence[PolicySample], indices: Sequence[int]) -> list[list[int]]:
+    """``indices`` cut into runs of consecutive samples with the same prompt (a GRPO group)."""
+    runs: list[list[int]] = []
+    for index in indices:
+        sample = samples[index]
+        if runs:
+            first = samples[runs[-1][0]]
+            if first.prompt_length == sample.prompt_length and first.prompt_ids == sample.prompt_ids:
+                runs[-1].append(index)
+                continue
+        runs.append([index])
+    return runs
+
+
+def pack_prompt_groups(
+    groups: Sequence[Sequence[int]],
+    prompt_lengths: Sequence[int],
+    response_lengths: Mapping[int, int] | Sequence[int],
+    token_budget: int,
+) -> list[list[int]]:
+    """Micro-batches of whole prompt groups, each within ``token_budget`` padded tokens.
+
+    A micro-batch of ``G`` prompts and ``B`` responses computes ``G * max prompt + B * max
+    response`` padded positions (the prompts once, then the responses over their keys), which is
+    what the budget bounds. ``groups[g]`` are sample indices and ``prompt_lengths[g]`` their
+    prompt's length; ``response_lengths`` is indexed by sample. Groups go longest first; a group
+    over the budget alone is cut into runs of members that fit (each run computes the prompt
+    again), a single member over it runs alone. Every index appears exactly once.
+    """
+    assert token_budget >= 1, f"token_budget must be >= 1, got {token_budget}"
+    units: list[tuple[int, list[int]]] = []  # (prompt length, members), each unit fitting if it can
+    for members, prompt_length in zip(groups, prompt_lengths):
+        members = sorted(members, key=lambda i: (-response_lengths[i], i))
+        run: list[int] = []
+        for index in members:
+            longest = response_lengths[run[0]] if run else response_lengths[index]
+            if run and prompt_length + (len(run) + 1) * longest > token_budget:
+                units.append((prompt_length, run))
+                run = []
+            run.append(index)
+        units.append((prompt_length, run))
+
+    def cost(batch: list[tuple[int, list[int]]]) -> int:
+        prompts = max(p for p, _ in batch) * len(batch)
+        rows = sum(len(m) for _, m in batch)
+        return prompts + rows * max(response_lengths[i] for _, m in batch for i in m)
+
+    units.sort(key=lambda u: (-(u[0] + max(response_lengths[i] for i in u[1])), u[1][0]))
+    batches: list[list[tuple[int, list[int]]]] = []
+    for unit in units:
+        if batches and cost([*batches[-1], unit]) <= token_budget:
+            batches[-1].append(unit)
+        else:
+            batches.append([unit])
+    return [[i for _, members in batch for i in members] for batch in batches]
+
+
+@dataclass
+class SharedPrompts:
+    """The distinct prompts of a micro-batch, once, and each row's response apart.
+
+    ``prompt_ids`` ``(G, P)`` right-padded; ``row_prompt[i]`` the prompt of row ``i``;
+    ``response_ids`` ``(B, R)`` right-padded, in the response frame (column k = response token k).
+    """
+
+    prompt_ids: torch.Tensor  # (G, P)
+    prompt_mask: torch.Tensor  # (G, P)
+    row_prompt: torch.Tensor  # (B,) index into the prompts
+    response_ids: torch.Tensor  # (B, R)
+    response_mask: torch.Tensor  # (B, R) 1 on the response's tokens (all of them, loss or not)
+
+    def to(self, device: torch.device | str) -> SharedPrompts:
+        return SharedPrompts(**{name: value.to(device) for name, value in self.__dict__.items()})
+
+
 @dataclass
 class MicroBatch:
     """Padded tensors of a few samples; ``(B, L)`` inputs and ``(B, R)`` response-frame values."""
@@ -94,15 +178,18 @@ class MicroBatch:
     sampling_logp: torch.Tensor  # (B, R)
     old_logp: torch.Tensor | None  # (B, R)
     ref_logp: torch.Tensor | None  # (B, R)
+    shared: SharedPrompts | None = None  # set: the actor runs each distinct prompt once
 
     @property
     def num_tokens(self) -> int:
         """Padded tokens of the forward."""
+        if self.shared is not None:
+            return int(self.shared.prompt_ids.numel() + self.shared.response_ids.numel())
         return int(self.input_ids.numel())
 
     def to(self, device: torch.device | str) -> MicroBatch:
         moved = {
-            name: (value.to(device) if isinstance(value, torch.Tensor) else value)
+            name: (value.to(device) if isinstance(value, (torch.Tensor, SharedPrompts)) else value)
             for name, value in self.__dict__.items()
         }
         return MicroBatch(**moved)
@@ -115,8 +202,9 @@ def _response_frame(rows: Sequence[Sequence[float]], width: int, dtype: torch.dt
     return out
 
 
-def collate(samples: Sequence[PolicySample], pad_token_id: int) -> MicroBatch:
-    """Right-pad ``samples`` into a :class:`MicroBatch` (on the CPU)."""
+def collate(samples: Sequence[PolicySample], pad_token_id: int, share_prompts: bool = False) -> MicroBatch:
+    """Right-pad ``samples`` into a :class:`MicroBatch` (on the CPU); ``share_prompts`` adds
+    :class:`SharedPrompts` for runs of consecutive samples with the same prompt."""
     assert samples, "cannot collate an empty micro-batch"
     width = max(len(s.input_ids) for s in samples)
     response_width = max(s.response_length for s in samples)
@@ -139,7 +227,28 @@ def collate(samples: Sequence[PolicySample], pad_token_id: int) -> MicroBatch:
         sampling_logp=_response_frame([s.sampling_logp for s in samples], response_width, torch.float32),
         old_logp=_response_frame([s.old_logp for s in samples], response_width, torch.float32) if has_old else None,
         ref_logp=_response_frame([s.ref_logp for s in samples], response_width, torch.float32) if has_ref else None,
+        shared=_shared_prompts(samples, response_width, pad_token_id) if share_prompts else None,
     )
+
+
+def _shared_prompts(samples: Sequence[PolicySample], response_width: int, pad_token_id: int) -> SharedPrompts:
+    groups = prompt_groups(samples, range(len(samples)))
+    prompt_width = max(samples[g[0]].prompt_length for g in groups)
+    prompt_ids = torch.full((len(groups), prompt_width), pad_token_id, dtype=torch.long)
+    prompt_mask = torch.zeros((len(groups), prompt_width), dtype=torch.long)
+    row_prompt = torch.empty(len(samples), dtype=torch.long)
+    for g, members in enumerate(groups):
+        prompt = samples[members[0]].prompt_ids
+        prompt_ids[g, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
+        prompt_mask[g, : len(prompt)] = 1
+        row_prompt[members] = g
+    response_ids = torch.full((len(samples), response_width), pad_token_id, dtype=torch.long)
+    response_mask = torch.zeros((len(samples), response_width), dtype=torch.long)
+    for i, sample in enumerate(samples):
+        response = sample.input_ids[sample.prompt_length :]
+        response_ids[i, : len(response)] = torch.tensor(response, dtype=torch.long)
+        response_mask[i, : len(response)] = 1
+    return SharedPrompts(prompt_ids, prompt_mask, row_prompt, response_ids, response_mask)
 
 
 def unpad_response(values: torch.Tensor, samples: Sequence[PolicySample]) -> list[list[float]]:

@@ -10,6 +10,13 @@ a 150k-vocabulary model would need ~12 GB for them in float32), and the backward
 one chunk at a time. Log-probs use the sampling temperature (``logits / T``), as verl's actor,
 so that ``old_logp`` and the engine's sampling log-probs describe the same distribution.
 
+A micro-batch with :class:`~agentrl.grpo.batching.SharedPrompts` (``grpo.share_prompts``) runs
+each distinct prompt once, with a KV cache, and the responses over that cache, the prompt's keys
+and values indexed out to each row of its group (a differentiable gather, so the gradient of every
+response reaches the prompt's positions): the same function of the weights as the full forward,
+computed ``n - 1`` prompt lengths shorter per group. The responses take explicit positions
+(prompt length + k), and the prompts' padding is masked, so prompts of different lengths share it.
+
 :func:`old_logprobs_source` decides whether the update's old log-probs need this forward at
 all, or are the engine's sampling log-probs (``grpo.old_logprobs``).
 """
@@ -80,16 +87,11 @@ class ResponseLogProbs(nn.Module):
         self.temperature = temperature
 
     def forward(self, batch: MicroBatch, with_entropy: bool = False, entropy_grad: bool = False):
-        hidden = self.model.base_model(
-            input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
-        ).last_hidden_state  # (B, L, H)
-        batch_size, width, hidden_size = hidden.shape
-        response_width = batch.loss_mask.shape[1]
-        offsets = torch.arange(response_width, device=hidden.device)
-        # Position p predicts token p + 1: response token k of row i is predicted at start_i - 1 + k.
-        positions = (batch.response_start[:, None] - 1 + offsets[None, :]).clamp(0, width - 2)  # (B, R)
-        labels = batch.input_ids.gather(1, positions + 1)  # (B, R)
-        states = hidden.gather(1, positions[:, :, None].expand(-1, -1, hidden_size))  # (B, R, H)
+        if batch.shared is not None:
+            states, labels = self._shared_prompt_states(batch)
+        else:
+            states, labels = self._full_states(batch)
+        batch_size, response_width, hidden_size = states.shape
 
         flat_states = states.reshape(-1, hidden_size)
         flat_labels = labels.reshape(-1)
@@ -107,6 +109,51 @@ class ResponseLogProbs(nn.Module):
         logp = torch.cat(logps).view(batch_size, response_width)
         entropy = torch.cat(entropies).view(batch_size, response_width) if with_entropy else None
         return logp, entropy
+
+    def _full_states(self, batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The hidden states that predict each response token, ``(B, R, H)``, and those tokens."""
+        hidden = self.model.base_model(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
+        ).last_hidden_state  # (B, L, H)
+        width, hidden_size = hidden.shape[1:]
+        offsets = torch.arange(batch.loss_mask.shape[1], device=hidden.device)
+        # Position p predicts token p + 1: response token k of row i is predicted at start_i - 1 + k.
+        positions = (batch.response_start[:, None] - 1 + offsets[None, :]).clamp(0, width - 2)  # (B, R)
+        labels = batch.input_ids.gather(1, positions + 1)  # (B, R)
+        states = hidden.gather(1, positions[:, :, None].expand(-1, -1, hidden_size))  # (B, R, H)
+        return states, labels
+
+    def _shared_prompt_states(self, batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """As :meth:`_full_states`, each distinct prompt computed once.
+
+        Response token 0 of row i is predicted by its prompt's last position, token k >= 1 by
+        response position k - 1 (whose keys are the prompt's and the response's first k).
+        """
+        from transformers import DynamicCache
+
+        shared = batch.shared
+        cache = DynamicCache(config=self.model.config)
+        prompt_hidden = self.model.base_model(
+            input_ids=shared.prompt_ids, attention_mask=shared.prompt_mask, past_key_values=cache, use_cache=True
+        ).last_hidden_state  # (G, P, H)
+        rows = shared.row_prompt
+        for layer in cache.layers:  # the group's keys and values for each of its rows
+            layer.keys, layer.values = layer.keys.index_select(0, rows), layer.values.index_select(0, rows)
+        prompt_length = shared.prompt_mask.sum(1)  # (G,)
+        response_width = shared.response_ids.shape[1]
+        positions = prompt_length[rows][:, None] + torch.arange(response_width, device=rows.device)[None, :]
+        response_hidden = self.model.base_model(
+            input_ids=shared.response_ids,
+            attention_mask=torch.cat([shared.prompt_mask.index_select(0, rows), shared.response_mask], dim=1),
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+        ).last_hidden_state  # (B, R, H)
+        hidden_size = prompt_hidden.shape[-1]
+        last = (prompt_length - 1)[:, None, None].expand(-1, 1, hidden_size)
+        prompt_last = prompt_hidden.gather(1, last).index_select(0, rows)  # (B, 1, H)
+        states = torch.cat([prompt_last, response_hidden[:, :-1]], dim=1)  # (B, R, H)
+        return states, shared.response_ids
 
     def _chunk(self, states: torch.Tensor, labels: torch.Tensor, with_entropy: bool, entropy_grad: bool):
         logits = self.model.get_output_embeddings()(states)  # (N, V)

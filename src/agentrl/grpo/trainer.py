@@ -48,7 +48,15 @@ import torch
 from agentrl.config import Config, ConfigError, process_count_problems
 from agentrl.data.records import Problem, Trajectory
 from agentrl.grpo import algorithm as alg
-from agentrl.grpo.batching import MicroBatch, PolicySample, collate, pack_micro_batches, unpad_response
+from agentrl.grpo.batching import (
+    MicroBatch,
+    PolicySample,
+    collate,
+    pack_micro_batches,
+    pack_prompt_groups,
+    prompt_groups,
+    unpad_response,
+)
 from agentrl.grpo.distributed import all_gather, all_reduce, step_with_grad_norm
 from agentrl.grpo.metrics import TokenWeightedStats, TrajectorySummary, rollout_metrics
 from agentrl.grpo.variants import AlgorithmSettings
@@ -203,11 +211,22 @@ class GrpoStep:
         plan = []
         for m in range(num_minis):
             indices = list(range(m * per_mini * n, min((m + 1) * per_mini, num_groups) * n))
-            lengths = [len(samples[i].input_ids) for i in indices]
-            micro = [[indices[j] for j in group] for group in pack_micro_batches(lengths, self.grpo.micro_batch_tokens)]
+            micro = self._micro_batches(samples, indices)
             count = int(all_reduce(self.ctx, len(micro), "max"))
             plan.append(micro + [[] for _ in range(count - len(micro))])
         return plan
+
+    def _micro_batches(self, samples: Sequence[PolicySample], indices: list[int]) -> list[list[int]]:
+        """``indices`` packed to ``grpo.micro_batch_tokens``: by sample, or by whole prompt groups
+        when they share the prompt's forward (``grpo.share_prompts``)."""
+        budget = self.grpo.micro_batch_tokens
+        if self.grpo.share_prompts:
+            groups = prompt_groups(samples, indices)
+            prompt_lengths = [samples[g[0]].prompt_length for g in groups]
+            response_lengths = {i: samples[i].response_length for i in indices}
+            return pack_prompt_groups(groups, prompt_lengths, response_lengths, budget)
+        lengths = [len(samples[i].input_ids) for i in indices]
+        return [[indices[j] for j in group] for group in pack_micro_batches(lengths, budget)]
 
     def micro_batch(self, samples: Sequence[PolicySample], indices: list[int]) -> MicroBatch:
         if not indices:  # padding micro-batch of a rank with fewer: one masked token, zero loss
@@ -221,7 +240,8 @@ class GrpoStep:
                 ref_logp=[0.0] if self.settings.uses_reference else None,
             )
             return collate([empty], self.parts.pad_token_id).to(self.ctx.device)
-        return collate([samples[i] for i in indices], self.parts.pad_token_id).to(self.ctx.device)
+        chosen = [samples[i] for i in indices]
+        return collate(chosen, self.parts.pad_token_id, share_prompts=self.grpo.share_prompts).to(self.ctx.device)
 
     def single_pass(self, plan) -> bool:
         """One PPO epoch over one mini-batch: the update's forward runs on the weights that the
