@@ -12,6 +12,7 @@ import copy
 
 import pytest
 import torch
+from test_grpo_trainer import _tiny_model, _update_with
 
 from agentrl.config import ConfigError, check_cross_keys, load_config
 from agentrl.grpo import algorithm as alg
@@ -34,25 +35,8 @@ def _grouped_samples(vocab: int, seed: int = 0) -> list[PolicySample]:
     return samples
 
 
-def _tiny_model(seed: int = 0):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(seed)
-    config = Qwen3Config(
-        vocab_size=60,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        tie_word_embeddings=True,
-    )
-    return Qwen3ForCausalLM(config).float()
-
-
 def test_prompt_groups_are_runs_of_the_same_prompt_and_the_packer_keeps_them_whole():
-    samples = _grouped_samples(vocab=60)
+    samples = _grouped_samples(vocab=50)
     assert prompt_groups(samples, range(5)) == [[0, 1, 2], [3, 4]]
     assert prompt_groups(samples, [0, 3, 1]) == [[0], [3], [1]]  # runs, not sets
     responses = [s.response_length for s in samples]  # 9 3 5 | 14 1
@@ -71,7 +55,7 @@ def test_prompt_groups_are_runs_of_the_same_prompt_and_the_packer_keeps_them_who
 
 
 def test_the_shared_batch_holds_each_prompt_once():
-    samples = _grouped_samples(vocab=60)
+    samples = _grouped_samples(vocab=50)
     batch = collate(samples, pad_token_id=0, share_prompts=True)
     shared = batch.shared
     assert shared.prompt_ids.shape == (2, 6) and shared.row_prompt.tolist() == [0, 0, 0, 1, 1]
@@ -84,7 +68,7 @@ def test_the_shared_batch_holds_each_prompt_once():
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_shared_prompt_logprobs_entropies_and_gradients_equal_one_forward_per_sample(temperature):
-    samples = _grouped_samples(vocab=60)
+    samples = _grouped_samples(vocab=50)
     results = []
     for share in (False, True):
         model = _tiny_model()
@@ -112,7 +96,6 @@ def test_a_deepspeed_update_with_shared_prompts_equals_the_unshared_one(zero_sta
     gradients, the norms and the weights after one update, with budgets that keep the groups
     together and that cut them apart."""
     from rollout_fixtures import random_policy
-    from test_grpo_trainer import _update_with
 
     model_dir = random_policy()
     every = _grouped_samples(vocab=300)
