@@ -2,11 +2,13 @@
 
 Runs the real stage CLI (``python -m agentrl sft``) on a model folder and an SFT parquet, each arm
 being the repository's ``config.yaml`` (or ``--config``) with a few ``sft`` keys overridden, for
-``--steps`` optimizer steps (the first ``steps x global_batch_size`` conversations of the data, one
-epoch). Arms run in turn, ``--pairs`` rounds, so a change in the machine's load hits every arm
-alike; each run's figures are medians over its steps (the first pays for warm-up), and the report
-gives per arm the median over rounds and, against the first arm, the median of the per-round
-ratios. Tokens are real (not padding) tokens; ``pad_fraction`` is padded positions / all.
+``--steps`` optimizer steps (one epoch over ``steps x global_batch_size`` conversations spread
+evenly over the data file: the embedded file lists its families one after the other, and its first
+rows alone, all arithmetic and the shortest, made a step look 0.7x of the whole run's). Arms run
+in turn, ``--pairs`` rounds, so a change in the machine's load hits every arm alike; each run's
+figures are medians over its steps (the first pays for warm-up), and the report gives per arm the
+median over rounds and, against the first arm, the median of the per-round ratios. Tokens are
+real (not padding) tokens; ``pad_fraction`` is padded positions / all.
 
     python benchmarks/sft.py --model results/models/base --data results/data/sft.parquet \
         --arm greedy='{"micro_batch_overhead_tokens": null}' --arm grouped='{}' --pairs 3 --steps 40
@@ -48,7 +50,7 @@ def subset(data: Path, rows: int, out: Path) -> Path:
     table = pq.read_table(data)
     if rows > table.num_rows:
         raise SystemExit(f"{data} has {table.num_rows} conversations, fewer than the {rows} asked for")
-    pq.write_table(table.slice(0, rows), out)
+    pq.write_table(table.take([i * table.num_rows // rows for i in range(rows)]), out)
     return out
 
 
