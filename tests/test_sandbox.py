@@ -187,7 +187,16 @@ def test_undecodable_output_is_replaced(sandbox):
 def test_result_json_round_trip(sandbox):
     result = sandbox.run("print(1)")
     assert ExecutionResult.from_json(result.to_json()) == result
-    assert set(result.to_json()) == {"status", "stdout", "stderr", "exit_code", "duration_s", "truncated"}
+    assert set(result.to_json()) == {
+        "status",
+        "stdout",
+        "stderr",
+        "exit_code",
+        "duration_s",
+        "truncated",
+        "infra_failure",
+        "queue_s",
+    }
 
 
 def test_bad_requests_fail_clearly(sandbox):

@@ -125,6 +125,9 @@ class SandboxConfig:
     network_isolation: Literal["required", "best_effort"]
     sandbox_fusion_url: str
     preload_modules: tuple[str, ...]
+    max_queue_wait_s: float | None  # None: a call waits for a worker as long as it takes
+    max_infra_failure_share: float
+    infra_failure_window: int
 
 
 @dataclass(frozen=True)

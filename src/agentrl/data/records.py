@@ -89,9 +89,15 @@ class Trajectory:
     num_turns: int
     tool_calls: list[str]  # the code of each executed call, in order
     tool_errors: list[bool]  # per call: True when the call failed (bad call, exception, timeout)
-    finish_reason: str  # stop | length | max_turns
+    finish_reason: str  # stop | length | max_turns | infra_failure (the sandbox lost a call of the retry too)
     reward: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # Per call: what it came to (agentrl.tools.sandbox.OUTCOMES), seconds waiting for a worker, running.
+    tool_outcomes: list[str] = field(default_factory=list)
+    tool_queue_s: list[float] = field(default_factory=list)
+    tool_run_s: list[float] = field(default_factory=list)
+    attempts: int = 1  # 2: rolled out again after the sandbox lost a call (same sample seeds)
+    infra_failed: bool = False  # the retry lost one too: left out of advantages, pass rates, metrics
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -63,6 +63,7 @@ def grade_problems(
     index) as soon as its rollouts are done, in the order problems finish."""
     from agentrl.rollout import AgentLoop, SamplingParams, make_engine
     from agentrl.tools.code_interpreter import CodeInterpreter
+    from agentrl.tools.health import InfraFailureBound
     from agentrl.tools.sandbox import make_sandbox
 
     assert problems, "no problems to roll out"
@@ -71,7 +72,13 @@ def grade_problems(
     seed = derived_seed(setup.seed, setup.seed_tag)
     params = SamplingParams.from_config(cfg.rollout, seed, temperature=setup.temperature, top_p=setup.top_p)
     with make_sandbox(cfg.sandbox) as sandbox:
-        loop = AgentLoop(engine, tokenizer, CodeInterpreter(sandbox, cfg.tool), cfg.rollout)
+        loop = AgentLoop(
+            engine,
+            tokenizer,
+            CodeInterpreter(sandbox, cfg.tool),
+            cfg.rollout,
+            InfraFailureBound.from_config(cfg.sandbox),
+        )
         reward_fn = RewardFunction(cfg.reward, sandbox)
         total, done, correct = len(problems), 0, 0
         bar = progress(total, setup.seed_tag, unit="problems", logger=log)

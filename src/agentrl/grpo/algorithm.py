@@ -109,6 +109,41 @@ def group_advantages(
     return torch.where(counts[group_index] > 1, deviation, torch.zeros_like(deviation))
 
 
+def masked_group_advantages(
+    rewards: Tensor,
+    groups: int | Sequence[Hashable] | Tensor,
+    valid: Tensor,
+    *,
+    eps: float = 1e-6,
+    norm_by_std: bool,
+) -> Tensor:
+    """:func:`group_advantages` over the valid samples only; 0 for the others.
+
+    ``A_i = m_i (r_i - mean_{g,m}(r)) / (std_{g,m}(r) + eps)``, where ``mean_{g,m}`` and the
+    unbiased ``std_{g,m}`` run over the samples j of i's group g with ``m_j = 1``: a sample left
+    out (an infrastructure failure: its reward is not the model's) neither gets an advantage nor
+    moves its group's baseline. A group with fewer than two valid samples gets 0. With every
+    ``m_i = 1`` this is :func:`group_advantages` exactly.
+
+    valid: (N,) bool or 0/1, the mask m. Other arguments and the result as :func:`group_advantages`.
+    """
+    assert valid.shape == rewards.shape, f"valid {tuple(valid.shape)} does not match rewards {tuple(rewards.shape)}"
+    n = rewards.shape[0]
+    if isinstance(groups, int):
+        assert groups >= 1 and n % groups == 0, f"{n} rewards do not split into groups of {groups}"
+        ids = (torch.arange(n, device=rewards.device) // groups).tolist()
+    else:
+        ids = groups.tolist() if isinstance(groups, Tensor) else list(groups)
+        assert len(ids) == n, f"{len(ids)} group ids for {n} rewards"
+    keep = valid.bool()
+    dtype = torch.promote_types(rewards.dtype, torch.float32)
+    out = torch.zeros(n, dtype=dtype, device=rewards.device)
+    if keep.any():
+        kept_ids = [g for g, k in zip(ids, keep.tolist()) if k]
+        out[keep] = group_advantages(rewards[keep], kept_ids, eps=eps, norm_by_std=norm_by_std)
+    return out
+
+
 def broadcast_advantages(advantages: Tensor, loss_mask: Tensor) -> Tensor:
     """``A_{i,t} = A_i * mask_{i,t}``: (B,) -> (B, T), zero on tokens outside the loss."""
     assert advantages.dim() == 1 and advantages.shape[0] == loss_mask.shape[0], (

@@ -156,6 +156,7 @@ def build_components(cfg: Config, paths: GrpoPaths, ctx: dse.DistributedContext,
     from agentrl.rewards import RewardFunction
     from agentrl.rollout import AgentLoop, make_engine
     from agentrl.tools.code_interpreter import CodeInterpreter
+    from agentrl.tools.health import InfraFailureBound
 
     settings = resolve_algorithm(cfg.grpo)
     tokenizer = AutoTokenizer.from_pretrained(str(paths.model))
@@ -183,7 +184,13 @@ def build_components(cfg: Config, paths: GrpoPaths, ctx: dse.DistributedContext,
         colocated=True,
         seed=derived_seed(cfg.seed, "grpo-engine", ctx.rank),
     )
-    loop = AgentLoop(rollout_engine, tokenizer, CodeInterpreter(sandbox, cfg.tool), cfg.rollout)
+    loop = AgentLoop(
+        rollout_engine,
+        tokenizer,
+        CodeInterpreter(sandbox, cfg.tool),
+        cfg.rollout,
+        InfraFailureBound.from_config(cfg.sandbox),
+    )
     reward_fn = RewardFunction(reward_config(cfg, settings), sandbox)
     parts = Components(
         cfg=cfg,

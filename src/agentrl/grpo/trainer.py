@@ -33,6 +33,12 @@ with fewer pads with an empty micro-batch of zero loss), because the gradient re
 
 Tool-response tokens have loss mask 0, so they never enter the loss, but they count in the
 response length that the overlong penalty sees (as upstream).
+
+A trajectory whose retry still lost a tool call to the sandbox (``Trajectory.infra_failed``,
+:mod:`agentrl.tools.health`) is left out: its group's advantages are computed without it
+(``algorithm.masked_group_advantages``), it has no loss token, it does not make a group
+uniform for dynamic sampling, and the ``rollout/`` metrics do not count it (``tool_health/``
+does). The agent loop's bound stops the step when too many are.
 """
 
 from __future__ import annotations
@@ -60,6 +66,7 @@ from agentrl.grpo.batching import (
 from agentrl.grpo.distributed import all_gather, all_reduce, step_with_grad_norm
 from agentrl.grpo.metrics import TokenWeightedStats, TrajectorySummary, rollout_metrics
 from agentrl.grpo.variants import AlgorithmSettings
+from agentrl.tools.health import ToolUse, tool_health
 from agentrl.training.deepspeed_engine import DistributedContext
 from agentrl.training.seeds import derived_seed
 
@@ -84,8 +91,14 @@ class Group:
     overlong_penalties: list[float]
 
     @property
+    def valid(self) -> list[bool]:
+        """Per trajectory: not lost to an infrastructure failure (:mod:`agentrl.tools.health`)."""
+        return [not t.infra_failed for t in self.trajectories]
+
+    @property
     def uniform(self) -> bool:
-        return max(self.scores) == min(self.scores)
+        scores = [s for s, ok in zip(self.scores, self.valid) if ok]
+        return not scores or max(scores) == min(scores)
 
 
 @dataclass
@@ -197,7 +210,12 @@ class GrpoStep:
         out = []
         for group in groups:
             rewards = torch.tensor(group.scores, dtype=torch.float64)
-            adv = alg.group_advantages(rewards, len(group.scores), norm_by_std=self.settings.norm_adv_by_std)
+            norm = self.settings.norm_adv_by_std
+            if all(group.valid):
+                adv = alg.group_advantages(rewards, len(group.scores), norm_by_std=norm)
+            else:
+                valid = torch.tensor(group.valid)
+                adv = alg.masked_group_advantages(rewards, len(group.scores), valid, norm_by_std=norm)
             out.append(adv.tolist())
         return out
 
@@ -371,12 +389,16 @@ class GrpoStep:
 
     # ------------------------------------------------------------------ the step
     def samples(self, groups: Sequence[Group], advantages: Sequence[Sequence[float]]) -> list[PolicySample]:
-        """One sample per trajectory, groups contiguous (the mini-batch split relies on it)."""
-        return [
-            PolicySample.from_trajectory(t, a)
-            for g, adv in zip(groups, advantages)
-            for t, a in zip(g.trajectories, adv)
-        ]
+        """One sample per trajectory, groups contiguous (the mini-batch split relies on it); one
+        left out for an infrastructure failure keeps its place with no loss token."""
+        samples = []
+        for g, adv in zip(groups, advantages):
+            for t, a in zip(g.trajectories, adv):
+                sample = PolicySample.from_trajectory(t, a)
+                if t.infra_failed:
+                    sample.loss_mask = [0] * len(sample.loss_mask)
+                samples.append(sample)
+        return samples
 
     def run(self, step: int, sampler) -> dict[str, Any]:
         started = time.perf_counter()
@@ -410,11 +432,13 @@ class GrpoStep:
             )
             for g, advs in zip(groups, advantages)
             for t, s, a, o, adv in zip(g.trajectories, g.scores, g.accs, g.overlong_penalties, advs)
+            if not t.infra_failed
         ]
         gathered = all_gather(
             self.ctx,
             {
                 "summaries": summaries,
+                "tool_use": [ToolUse.of(t) for g in groups for t in g.trajectories],
                 "update": update_stats,
                 "mismatch": mismatch,
                 "loss_tokens": sum(s.num_loss_tokens for s in samples),
@@ -427,6 +451,7 @@ class GrpoStep:
                 [s for g in gathered for s in g["summaries"]], max_response_tokens=self.cfg.rollout.max_response_tokens
             )
         )
+        record.update(tool_health([u for g in gathered for u in g["tool_use"]], prefix="tool_health/"))
         record.update(TokenWeightedStats.merge(g["mismatch"] for g in gathered))
         record.update(TokenWeightedStats.merge(g["update"] for g in gathered))
         record.update(

@@ -45,11 +45,21 @@ template/tool ids, never re-tokenized text; ``loss_mask`` is 1 exactly on sample
 counts assistant turns; ``tool_calls`` holds one entry per call the loop answered: the code
 of a well-formed call, the raw text between the tags of a malformed one (``tool_errors`` is
 then True, as for a run that failed or timed out); ``text`` decodes the whole response without
-special tokens, as upstream's reward manager sees it.
+special tokens, as upstream's reward manager sees it. Per call, ``tool_outcomes`` says what it
+came to (:data:`agentrl.tools.sandbox.OUTCOMES`: ``parse_failure`` for a malformed call) and
+``tool_queue_s`` / ``tool_run_s`` how long it waited for a worker and ran (0 for a malformed call).
+
+Infrastructure failures (:mod:`agentrl.tools.health`): a call the sandbox lost is not the model's
+doing, so its answer never enters the trajectory. The trajectory is rolled out again from its
+first turn with the same turn seeds (``attempts`` 2); if the retry meets one too, it ends there
+(``finish_reason`` ``infra_failure``, ``infra_failed`` True) and the stages leave it out of
+advantages, pass rates and metrics. ``infra_bound`` (``sandbox.max_infra_failure_share``) stops
+the call when too many do, before their problems are handed over.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -61,6 +71,9 @@ from agentrl.data.prompt_fit import prompt_length, rendered_prompt_ids
 from agentrl.data.records import Problem, Trajectory
 from agentrl.rollout.engine import Engine, GenerationOutput, Request, SamplingParams
 from agentrl.rollout.tool_parser import ToolCall, ToolTurnFormat, parse_tool_call
+from agentrl.tools.health import InfraFailureBound
+
+log = logging.getLogger("agentrl.rollout")
 
 
 @dataclass
@@ -76,7 +89,17 @@ class _Rollout:
     num_turns: int = 0
     tool_calls: list[str] = field(default_factory=list)
     tool_errors: list[bool] = field(default_factory=list)
+    tool_outcomes: list[str] = field(default_factory=list)
+    tool_queue_s: list[float] = field(default_factory=list)
+    tool_run_s: list[float] = field(default_factory=list)
     finish_reason: str | None = None
+    attempts: int = 1
+    infra_failed: bool = False
+
+    def restart(self) -> None:
+        """Throw this attempt away and start again from the prompt (the next attempt)."""
+        fresh = _Rollout(self.problem, self.sample_index, self.prompt_ids, attempts=self.attempts + 1)
+        self.__dict__.update(fresh.__dict__)
 
     def add_generated(self, ids: list[int], logprobs: list[float]) -> None:
         self.response_ids += ids
@@ -100,6 +123,8 @@ class RolloutStats:
     tool_calls: int = 0
     generate_s: float = 0.0
     tools_s: float = 0.0
+    infra_failures: int = 0  # calls the sandbox lost, the retried attempts' included
+    retries: int = 0  # trajectories rolled out again after one
 
 
 def turn_seed(seed: int, problem_id: str, sample_index: int, turn: int) -> int:
@@ -114,11 +139,14 @@ def turn_seed(seed: int, problem_id: str, sample_index: int, turn: int) -> int:
 class AgentLoop:
     """Multi-turn rollouts of ``engine`` with the code-interpreter tool."""
 
-    def __init__(self, engine: Engine, tokenizer, interpreter, cfg: RolloutConfig) -> None:
+    def __init__(
+        self, engine: Engine, tokenizer, interpreter, cfg: RolloutConfig, infra_bound: InfraFailureBound | None = None
+    ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.interpreter = interpreter
         self.cfg = cfg
+        self.infra_bound = infra_bound
         self.format = ToolTurnFormat(tokenizer)
         self.stats = RolloutStats()
 
@@ -186,10 +214,26 @@ class AgentLoop:
         assert window is None or window >= 1, f"max_problems_in_flight must be >= 1, got {window}"
         self.stats = RolloutStats()
         turn_params = params.replace(stop_token_ids=self.format.stop_token_ids)
+        if self.infra_bound is not None:
+            on_group = self._bounded(on_group, self.infra_bound)
         if self.cfg.scheduling == "per_trajectory":
             self._run_per_trajectory(iter(problems), n, turn_params, seed, on_group, window)
-            return
-        problems = list(problems)
+        else:
+            self._run_per_turn_chunks(list(problems), n, turn_params, seed, on_group, window)
+        if self.infra_bound is not None:
+            self.infra_bound.check()
+
+    @staticmethod
+    def _bounded(on_group, bound: InfraFailureBound):
+        """``on_group`` after the bound has seen the group (it raises before the group is handed over)."""
+
+        def observed(number: int, trajectories: list[Trajectory]) -> None:
+            bound.observe(t.infra_failed for t in trajectories)
+            on_group(number, trajectories)
+
+        return observed
+
+    def _run_per_turn_chunks(self, problems: list[Problem], n: int, turn_params, seed: int, on_group, window) -> None:
         size = window or max(1, len(problems))
         for start in range(0, len(problems), size):
             chunk = [(p, self.prompt_ids(p)) for p in problems[start : start + size]]
@@ -250,7 +294,7 @@ class AgentLoop:
                         running_tools[self.interpreter.submit(call.code)] = (number, rollout, call)
                         continue
                     if call is not None:  # malformed: answered at once
-                        self._answer(rollout, call, call.error, failed=True)
+                        self._answer(rollout, call, call.error, failed=True, outcome="parse_failure")
                     go_on(number, rollout)
             else:
                 assert running_tools, "rollouts left, but no engine request or tool call runs"
@@ -260,15 +304,21 @@ class AgentLoop:
             for future in [f for f in running_tools if f.done()]:
                 number, rollout, call = running_tools.pop(future)
                 result = future.result()
-                self._answer(rollout, call, result.text, failed=not result.ok)
+                if result.outcome == "infra_failure":
+                    self._lost_call(rollout, call, result.result)
+                    if rollout.finish_reason is None:  # rolled out again: its cached turns are stale
+                        engine.end_session(str(number * n + rollout.sample_index))
+                else:
+                    self._answer_result(rollout, call, result)
                 go_on(number, rollout)
         assert not in_flight, f"{len(in_flight)} problems never finished"
 
     def _request(self, index: int, rollout: _Rollout, params: SamplingParams, seed: int) -> Request:
         """The engine request of the rollout's next turn (its session: the rollout's index in the call)."""
         turn = rollout.num_turns
+        attempt = "" if rollout.attempts == 1 else f":attempt{rollout.attempts}"
         return Request(
-            request_id=f"{index}:{turn}",
+            request_id=f"{index}:{turn}{attempt}",
             prompt_ids=rollout.prompt_ids + rollout.response_ids,
             params=params.replace(
                 max_tokens=self.cfg.max_response_tokens - len(rollout.response_ids),
@@ -280,7 +330,6 @@ class AgentLoop:
     # ------------------------------------------------------------------ per_turn
     def _run_per_turn(self, rollouts: list[_Rollout], n: int, params: SamplingParams, seed: int, on_group):
         live = list(rollouts)
-        turn = 0
         budget = self.cfg.max_response_tokens
         while live:
             started = time.perf_counter()
@@ -288,14 +337,15 @@ class AgentLoop:
                 [r.prompt_ids + r.response_ids for r in live],
                 params.replace(max_tokens=budget),
                 max_tokens=[budget - len(r.response_ids) for r in live],
-                seeds=[turn_seed(seed, r.problem.id, r.sample_index, turn) for r in live],
+                # A rollout's own turn number: a retried one starts again at 0 (live ones are all
+                # at the same turn otherwise).
+                seeds=[turn_seed(seed, r.problem.id, r.sample_index, r.num_turns) for r in live],
             )
             self.stats.generate_s += time.perf_counter() - started
             calls = [(r, call) for r, output in zip(live, outputs) if (call := self._end_turn(r, output)) is not None]
             self._answer_calls(calls)
             self._report_finished(rollouts, [r for r in live if r.finish_reason is not None], n, on_group)
             live = [r for r in live if r.finish_reason is None]
-            turn += 1
 
     def _report_finished(self, rollouts: list[_Rollout], ended: list[_Rollout], n: int, on_group) -> None:
         """Hand over each problem whose last rollouts ended this turn (``rollouts`` are grouped by problem)."""
@@ -311,10 +361,15 @@ class AgentLoop:
         started = time.perf_counter()
         results = self.interpreter.execute_many([call.code for _, call in runnable]) if runnable else []
         self.stats.tools_s += time.perf_counter() - started
-        answers = {id(rollout): (result.text, not result.ok) for (rollout, _), result in zip(runnable, results)}
+        answers = {id(rollout): result for (rollout, _), result in zip(runnable, results)}
         for rollout, call in calls:
-            text, failed = answers.get(id(rollout), (call.error, True))
-            self._answer(rollout, call, text, failed)
+            result = answers.get(id(rollout))
+            if result is None:
+                self._answer(rollout, call, call.error, failed=True, outcome="parse_failure")
+            elif result.outcome == "infra_failure":
+                self._lost_call(rollout, call, result.result)
+            else:
+                self._answer_result(rollout, call, result)
 
     # ------------------------------------------------------------------ one turn, either way
     def _end_turn(self, rollout: _Rollout, output: GenerationOutput) -> ToolCall | None:
@@ -341,12 +396,52 @@ class AgentLoop:
             return None
         return call
 
-    def _answer(self, rollout: _Rollout, call: ToolCall, text: str, failed: bool) -> None:
-        """Record the call and append its answer as a tool-response turn (or end, as the budget rule says)."""
+    def _answer_result(self, rollout: _Rollout, call: ToolCall, result) -> None:
+        """Answer a call with what the program did (a :class:`ToolResult` of the interpreter)."""
+        execution = result.result
+        self._answer(rollout, call, result.text, not result.ok, result.outcome, execution.queue_s, execution.duration_s)
+
+    def _lost_call(self, rollout: _Rollout, call: ToolCall, execution) -> None:
+        """The sandbox lost the call: roll the trajectory out again, or, on its retry, end it excluded."""
+        self.stats.infra_failures += 1
+        where = f"problem {rollout.problem.id!r} sample {rollout.sample_index}"
+        if rollout.attempts == 1:
+            self.stats.retries += 1
+            log.warning("%s: the sandbox lost a tool call (%s); rolling it out again", where, execution.stderr[:300])
+            rollout.restart()
+            return
+        self._record(rollout, call, True, "infra_failure", execution.queue_s, execution.duration_s)
+        rollout.infra_failed = True
+        rollout.finish_reason = "infra_failure"
+        log.warning(
+            "%s: the sandbox lost a tool call of the retry too (%s); the trajectory is left out",
+            where,
+            execution.stderr[:300],
+        )
+
+    def _record(
+        self, rollout: _Rollout, call: ToolCall, failed: bool, outcome: str, queue_s: float, run_s: float
+    ) -> None:
         recorded = call.code if call.ok else call.raw
         rollout.tool_calls.append(recorded if isinstance(recorded, str) else str(recorded))
         rollout.tool_errors.append(failed)
+        rollout.tool_outcomes.append(outcome)
+        rollout.tool_queue_s.append(float(queue_s))
+        rollout.tool_run_s.append(float(run_s))
         self.stats.tool_calls += 1
+
+    def _answer(
+        self,
+        rollout: _Rollout,
+        call: ToolCall,
+        text: str,
+        failed: bool,
+        outcome: str,
+        queue_s: float = 0.0,
+        run_s: float = 0.0,
+    ) -> None:
+        """Record the call and append its answer as a tool-response turn (or end, as the budget rule says)."""
+        self._record(rollout, call, failed, outcome, queue_s, run_s)
         response = self.format.response_ids(text)
         over = len(rollout.response_ids) + len(response) >= self.cfg.max_response_tokens
         if over and self.cfg.tool_response_over_budget == "drop":
@@ -377,4 +472,9 @@ class AgentLoop:
             tool_calls=rollout.tool_calls,
             tool_errors=rollout.tool_errors,
             finish_reason=rollout.finish_reason,
+            tool_outcomes=rollout.tool_outcomes,
+            tool_queue_s=rollout.tool_queue_s,
+            tool_run_s=rollout.tool_run_s,
+            attempts=rollout.attempts,
+            infra_failed=rollout.infra_failed,
         )

@@ -74,6 +74,7 @@ def main(argv: list[str]) -> int:
     from agentrl.data.records import read_problems
     from agentrl.rollout import AgentLoop, SamplingParams, make_engine
     from agentrl.tools.code_interpreter import CodeInterpreter
+    from agentrl.tools.health import InfraFailureBound
     from agentrl.tools.sandbox import make_sandbox
     from agentrl.training.threads import set_torch_threads
 
@@ -89,7 +90,13 @@ def main(argv: list[str]) -> int:
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     engine = make_engine(cfg.rollout, str(args.model), tokenizer=tokenizer)
     with make_sandbox(cfg.sandbox) as sandbox:
-        loop = AgentLoop(engine, tokenizer, CodeInterpreter(sandbox, cfg.tool), cfg.rollout)
+        loop = AgentLoop(
+            engine,
+            tokenizer,
+            CodeInterpreter(sandbox, cfg.tool),
+            cfg.rollout,
+            InfraFailureBound.from_config(cfg.sandbox),
+        )
         started = time.perf_counter()
         trajectories = loop.run(problems, args.n, params, seed)
         elapsed = time.perf_counter() - started

@@ -48,6 +48,11 @@ class ToolResult:
     ok: bool
     result: ExecutionResult
 
+    @property
+    def outcome(self) -> str:
+        """What the call came to (``ExecutionResult.outcome``; the agent loop adds ``parse_failure``)."""
+        return self.result.outcome
+
 
 def extract_code(text: str) -> str:
     """The first fenced python block of ``text`` if it has one, else ``text`` itself."""

@@ -85,6 +85,7 @@ import os
 import queue
 import random
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -101,6 +102,14 @@ from agentrl.tools.sandbox_worker import FRAME_HEADER
 logger = logging.getLogger(__name__)
 
 STATUSES = ("ok", "error", "timeout", "killed")
+# What a tool call came to, in one vocabulary for every stage (agentrl.tools.health): the first
+# four are the program's doing (``parse_failure`` is the model's malformed call, classified by
+# the agent loop), ``infra_failure`` is the sandbox's (it lost the execution, a worker died, the
+# service did not answer, the call waited for a worker past ``sandbox.max_queue_wait_s``).
+OUTCOMES = ("ok", "parse_failure", "program_error", "program_timeout", "infra_failure")
+# Signals that mean the program's own time ran out: the CPU limit's soft (SIGXCPU) and hard
+# (SIGKILL) signal, the wall-clock kill.
+_TIME_LIMIT_SIGNALS = (-signal.SIGXCPU, -signal.SIGKILL)
 _READY_TIMEOUT_S = 120.0
 # Time the worker may need beyond the code's own timeout: fork, kill, drain, reap, reset tmp.
 _ANSWER_GRACE_S = 15.0
@@ -127,6 +136,9 @@ class ExecutionResult:
     lost by the sandbox itself, then ``exit_code`` is None and ``stderr`` says why).
     ``exit_code``: the process's exit status, negative for a signal (``-9``: SIGKILL).
     ``truncated``: stdout or stderr was longer than ``max_output_bytes`` and was cut.
+    ``infra_failure``: the sandbox, not the program, failed the execution (see :attr:`outcome`).
+    ``queue_s``: seconds the request waited for a free worker (or request slot) before it was
+    sent; ``duration_s`` is the run itself (the worker's clock, or the service's).
     """
 
     status: str
@@ -135,21 +147,41 @@ class ExecutionResult:
     exit_code: int | None
     duration_s: float
     truncated: bool
+    infra_failure: bool = False
+    queue_s: float = 0.0
 
     def __post_init__(self) -> None:
         assert self.status in STATUSES, f"ExecutionResult.status must be one of {STATUSES}, got {self.status!r}"
+
+    @property
+    def outcome(self) -> str:
+        """``ok``, ``program_error`` (non-zero exit, an exception, a signal of its own),
+        ``program_timeout`` (wall clock or CPU time ran out while it ran) or ``infra_failure``."""
+        if self.infra_failure:
+            return "infra_failure"
+        if self.status == "ok":
+            return "ok"
+        if self.status == "timeout" or (self.status == "killed" and self.exit_code in _TIME_LIMIT_SIGNALS):
+            return "program_timeout"
+        return "program_error"
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ExecutionResult:
-        return cls(**{field.name: data[field.name] for field in dataclasses.fields(cls)})
+        """From :meth:`to_json`'s dict, or a worker's answer (which has no bookkeeping fields)."""
+        fields = dataclasses.fields(cls)
+        missing = [f.name for f in fields if f.name not in data and f.default is dataclasses.MISSING]
+        if missing:
+            raise KeyError(f"execution result without {missing}: {str(data)[:200]}")
+        return cls(**{f.name: data[f.name] for f in fields if f.name in data})
 
 
 def lost_result(reason: str, duration_s: float = 0.0, status: str = "killed") -> ExecutionResult:
-    """The result of an execution the sandbox itself failed (no exit status to report)."""
-    return ExecutionResult(status, "", reason, None, duration_s, False)
+    """The result of an execution the sandbox itself failed (no exit status to report): an
+    infrastructure failure, whatever ``status`` the caller's old contract reports."""
+    return ExecutionResult(status, "", reason, None, duration_s, False, infra_failure=True)
 
 
 @dataclass(frozen=True)
@@ -179,9 +211,10 @@ class Isolation:
 class Sandbox(abc.ABC):
     """Runs Python code; ``run`` is thread-safe, ``run_many`` runs a batch concurrently."""
 
-    def __init__(self, concurrency: int):
+    def __init__(self, concurrency: int, max_queue_wait_s: float | None = None):
         assert concurrency >= 1, f"sandbox concurrency must be >= 1, got {concurrency}"
         self.concurrency = concurrency
+        self.max_queue_wait_s = max_queue_wait_s
         self._executor = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="sandbox")
         self._closed = False
 
@@ -192,7 +225,7 @@ class Sandbox(abc.ABC):
     def submit(self, code: str, stdin: str | None = None, timeout_s: float | None = None) -> Future[ExecutionResult]:
         """Run ``code`` in the sandbox's own pool (at most ``concurrency`` at once); returns its future."""
         self._check_open()
-        return self._executor.submit(self.run, code, stdin, timeout_s)
+        return self._executor.submit(self._run_queued, time.monotonic(), code, stdin, timeout_s)
 
     def run_many(self, jobs: Sequence[tuple[str, str | None]], timeout_s: float | None = None) -> list[ExecutionResult]:
         """Run ``(code, stdin)`` jobs concurrently; results in input order."""
@@ -201,7 +234,19 @@ class Sandbox(abc.ABC):
             if not (isinstance(job, (tuple, list)) and len(job) == 2):
                 raise TypeError(f"run_many: job {index} must be a (code, stdin) pair, got {type(job).__name__}")
         self._check_open()
-        return list(self._executor.map(lambda job: self.run(job[0], job[1], timeout_s), jobs))
+        queued = time.monotonic()
+        return list(self._executor.map(lambda job: self._run_queued(queued, job[0], job[1], timeout_s), jobs))
+
+    def _run_queued(self, queued: float, code: str, stdin: str | None, timeout_s: float | None) -> ExecutionResult:
+        """``run`` for a request queued in the pool at ``queued``: its wait is added to
+        ``queue_s``, and a wait past ``max_queue_wait_s`` is an infrastructure failure (the
+        program never started: an overloaded pool is not the program's doing)."""
+        waited = time.monotonic() - queued
+        if self.max_queue_wait_s is not None and waited > self.max_queue_wait_s:
+            reason = f"sandbox error: waited {waited:.1f} s for a worker, over sandbox.max_queue_wait_s"
+            return dataclasses.replace(lost_result(reason), queue_s=waited)
+        result = self.run(code, stdin, timeout_s)
+        return dataclasses.replace(result, queue_s=result.queue_s + waited)
 
     def close(self) -> None:
         self._closed = True
@@ -348,7 +393,7 @@ class LocalSandbox(Sandbox):
     """
 
     def __init__(self, cfg: SandboxConfig, *, namespaces: bool = True):
-        super().__init__(cfg.workers)
+        super().__init__(cfg.workers, cfg.max_queue_wait_s)
         self.config = cfg
         self._namespaces = namespaces
         self._idle: queue.SimpleQueue[int] = queue.SimpleQueue()
@@ -412,11 +457,14 @@ class LocalSandbox(Sandbox):
     def run(self, code: str, stdin: str | None = None, timeout_s: float | None = None) -> ExecutionResult:
         timeout = self._check_request(code, stdin, timeout_s, self.config.timeout_s)
         self._check_open()
+        waiting = time.monotonic()
         slot = self._idle.get()
+        waited = time.monotonic() - waiting
         try:
-            return self._run_on(slot, {"code": code, "stdin": stdin, "timeout_s": timeout}, timeout)
+            result = self._run_on(slot, {"code": code, "stdin": stdin, "timeout_s": timeout}, timeout)
         finally:
             self._idle.put(slot)
+        return dataclasses.replace(result, queue_s=waited)
 
     def _run_on(self, slot: int, request: dict[str, Any], timeout: float) -> ExecutionResult:
         for _ in range(2):  # a worker found dead before it took the job gets one replacement

@@ -13,7 +13,7 @@ execution_time, return_code, stdout, stderr}, ...}`` (bytedance/SandboxFusion,
 Mapping to :class:`ExecutionResult`: ``Finished`` with return code 0 -> ``ok``, another code ->
 ``error`` (negative: a signal -> ``killed``); ``TimeLimitExceeded`` -> ``timeout``; ``Error``,
 ``SandboxError``, HTTP and connection failures -> ``killed`` with ``exit_code`` None and the
-reason in ``stderr``. Output is capped at ``max_output_bytes`` per stream like the local
+reason in ``stderr``: infrastructure failures (``ExecutionResult.outcome``), never the program's. Output is capped at ``max_output_bytes`` per stream like the local
 backend. Like verl's client, failed requests (connection errors, HTTP 5xx) are retried with
 backoff; a result always comes back.
 """
@@ -55,7 +55,7 @@ class SandboxFusionSandbox(Sandbox):
     """Runs code on a SandboxFusion service; ``sandbox.workers`` requests in flight at most."""
 
     def __init__(self, cfg: SandboxConfig):
-        super().__init__(cfg.workers)
+        super().__init__(cfg.workers, cfg.max_queue_wait_s)
         self.config = cfg
         self.url = run_code_url(cfg.sandbox_fusion_url)
 

@@ -326,6 +326,7 @@ class _Zygote:
                     "exit_code": None,
                     "duration_s": 0.0,
                     "truncated": False,
+                    "infra_failure": True,
                 }
             write_frame(answers_fd, answer)
             # Cleaning up and forking the next child happen while the host handles the answer.
