@@ -15,6 +15,7 @@ from agentrl.grpo.algorithm import (
     group_advantages,
     importance_ratio,
     kl_penalty,
+    masked_group_advantages,
     masked_mean,
     policy_loss,
     token_logprobs,
@@ -62,6 +63,25 @@ def test_group_advantages_equal_rewards_and_singletons_are_zero():
     assert adv[4].item() == pytest.approx(-1 / (math.sqrt(2) + 1e-6))
     with pytest.raises(AssertionError, match="groups of 4"):
         group_advantages(rewards, 4, norm_by_std=True)
+
+
+def test_masked_group_advantages_leave_the_masked_samples_out_of_their_group():
+    # group 0 = [1, 0, 9 (left out), -1]: over [1, 0, -1], mean 0, unbiased std 1
+    rewards = torch.tensor([1.0, 0.0, 9.0, -1.0, 3.0, 1.0, 5.0, 5.0])
+    valid = torch.tensor([True, True, False, True, True, True, False, False])
+    adv = masked_group_advantages(rewards, 4, valid, eps=0.0, norm_by_std=True)
+    assert adv.tolist() == pytest.approx([1.0, 0.0, 0.0, -1.0, 1 / math.sqrt(2), -1 / math.sqrt(2), 0.0, 0.0])
+    kept = group_advantages(rewards[valid], [0, 0, 0, 1, 1], eps=0.0, norm_by_std=True)
+    assert adv[valid].tolist() == kept.tolist()
+    everyone = torch.ones(8, dtype=torch.bool)
+    for norm in (True, False):
+        assert torch.equal(
+            masked_group_advantages(rewards, 4, everyone, norm_by_std=norm),
+            group_advantages(rewards, 4, norm_by_std=norm),
+        ), "with nothing masked it is group_advantages exactly"
+    one_left = masked_group_advantages(rewards, 4, torch.tensor([1, 0, 0, 0, 1, 1, 1, 1]), norm_by_std=True)
+    assert one_left[:4].tolist() == [0.0] * 4, "a group with a single valid sample gets 0"
+    assert masked_group_advantages(rewards, 4, torch.zeros(8), norm_by_std=True).tolist() == [0.0] * 8
 
 
 def test_broadcast_advantages_zero_outside_mask():

@@ -81,9 +81,13 @@ class WorkerKillingSandbox(LocalSandbox):
         self.calls = itertools.count()
 
     def run(self, code, stdin=None, timeout_s=None):
-        if next(self.calls) in self.kill_calls:
-            threading.Timer(0.3, os.kill, (self.worker_pids()[0], signal.SIGKILL)).start()
+        if next(self.calls) in self.kill_calls:  # the worker is started (again) for this call if it is gone
+            threading.Timer(0.3, self._kill_worker).start()
         return super().run(code, stdin, timeout_s)
+
+    def _kill_worker(self):
+        for pid in self.worker_pids():
+            os.kill(pid, signal.SIGKILL)
 
 
 # --------------------------------------------------------------------------- each outcome, where it happens
@@ -239,3 +243,106 @@ def test_the_bound_judges_the_last_window():
     with pytest.raises(InfraFailureShareExceeded, match="1 of the last 3"):
         short.check()
     assert load_config({}).sandbox.max_infra_failure_share == 0.05
+
+
+# --------------------------------------------------------------------------- in a GRPO step
+def _grpo_step(sandbox, scripts, n: int, **grpo):
+    """A real GRPO step's parts on DeepSpeed: the tiny random policy, its hf engine sharing the
+    actor's module (scripted by ForceTurns), the agent loop over ``sandbox``, the reward registry."""
+    from pathlib import Path
+
+    from agentrl.grpo.policy import ResponseLogProbs
+    from agentrl.grpo.runner import GrpoPaths, build_engine, reward_config
+    from agentrl.grpo.trainer import Components, GrpoStep
+    from agentrl.grpo.variants import resolve_algorithm
+    from agentrl.rewards import RewardFunction
+    from agentrl.training import deepspeed_engine as dse
+    from agentrl.training.model import load_causal_lm
+
+    model_dir = random_policy()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    cfg = load_config(
+        {
+            "rollout": {"scheduling": "per_turn", "max_turns": 3, "max_response_tokens": 96},
+            "grpo": {"n": n, "batch_prompts": 2, "mini_batch_prompts": 2, "lr": 1e-3, **grpo},
+        }
+    )
+    ctx = dse.init_distributed()
+    paths = GrpoPaths(Path(model_dir), *(Path("-"),) * 5, dse.find_deepspeed_config(0))
+    actor = ResponseLogProbs(load_causal_lm(model_dir, device=ctx.device), logit_chunk_tokens=64, temperature=1.0)
+    engine = build_engine(actor, cfg, paths, ctx, torch.float32, steps=1)
+    rollout_engine = HFEngine(
+        engine.module.model, pad_token_id=0, batch_size=8, logits_processor=ForceTurns(tokenizer, scripts)
+    )
+    settings = resolve_algorithm(cfg.grpo)
+    loop = AgentLoop(
+        rollout_engine,
+        tokenizer,
+        CodeInterpreter(sandbox, cfg.tool),
+        cfg.rollout,
+        InfraFailureBound.from_config(sandbox.config),
+    )
+    reward_fn = RewardFunction(reward_config(cfg, settings), sandbox)
+    parts = Components(cfg, settings, ctx, engine, None, rollout_engine, loop, reward_fn, tokenizer.pad_token_id)
+    return GrpoStep(parts), cfg
+
+
+def test_a_grpo_step_leaves_an_infra_failed_trajectory_out_of_its_group(policy):
+    from agentrl.grpo import algorithm as alg
+    from agentrl.grpo.prompts import PromptSampler
+    from agentrl.grpo.trainer import Group
+
+    _, tokenizer = policy
+    scripts = [call_turn(tokenizer, "import time; time.sleep(1); print(6 * 7)"), final_turn(tokenizer, "42")]
+    # One worker, calls in order (per_turn): turn 0 runs the 6 rollouts' calls 0-5; the first
+    # rollout's is lost, so it starts again and its retry's call is number 6 of turn 1: lost too.
+    sandbox = WorkerKillingSandbox(sandbox_cfg(max_infra_failure_share=0.5), kill_calls=[0, 6])
+    with sandbox:
+        step, cfg = _grpo_step(sandbox, scripts, n=3)
+        seen = []
+        real_advantages = step.advantages
+        step.advantages = lambda groups: seen.append((groups, real_advantages(groups))) or seen[-1][1]
+        record = step.run(1, PromptSampler(arith_problems(2), seed=0))
+    [(groups, advantages)] = seen
+    trajectories = [t for g in groups for t in g.trajectories]
+    assert [(t.attempts, t.infra_failed) for t in trajectories] == [(2, True)] + [(1, False)] * 5
+    assert trajectories[0].tool_outcomes == ["infra_failure"]
+    assert advantages[0][0] == 0.0
+    kept = torch.tensor(groups[0].scores[1:], dtype=torch.float64)
+    assert advantages[0][1:] == alg.group_advantages(kept, 2, norm_by_std=True).tolist()
+    # No loss token of it reaches the update, and the rollout metrics count the others only.
+    assert record["actor/loss_tokens"] == sum(sum(t.loss_mask) for t in trajectories[1:])
+    assert record["rollout/trajectories"] == 5.0
+    assert record["tool_health/infra_excluded"] == 1.0 and record["tool_health/retried"] == 1.0
+    assert record["tool_health/share/infra_failure"] == pytest.approx(1 / 6)
+    assert record["tool_health/share/ok"] == pytest.approx(5 / 6)
+    assert record["tool_health/run_s_p50"] >= 1.0
+    # The trainer's own advantages on these trajectories with rewards that differ: the same as
+    # the group's advantages computed without the excluded trajectory.
+    scored = [
+        Group(g.problem, g.trajectories, s, [False] * 3, [0.0] * 3)
+        for g, s in zip(groups, ([9.0, 1.0, -1.0], [2.0, 0.0, 1.0]))
+    ]
+    first, second = step.advantages(scored)
+    assert first == [
+        0.0,
+        *alg.group_advantages(torch.tensor([1.0, -1.0], dtype=torch.float64), 2, norm_by_std=True).tolist(),
+    ]
+    assert (
+        second == alg.group_advantages(torch.tensor([2.0, 0.0, 1.0], dtype=torch.float64), 3, norm_by_std=True).tolist()
+    )
+    assert not scored[0].uniform and Group(groups[0].problem, groups[0].trajectories, [9.0, 1.0, 1.0], [], []).uniform
+
+
+def test_a_grpo_step_whose_sandbox_loses_every_call_stops_naming_the_key(policy):
+    from agentrl.grpo.prompts import PromptSampler
+
+    _, tokenizer = policy
+    scripts = [call_turn(tokenizer, "import time; time.sleep(1); print(6 * 7)"), final_turn(tokenizer, "42")]
+    with WorkerKillingSandbox(sandbox_cfg(), kill_calls=range(100)) as sandbox:
+        step, _ = _grpo_step(sandbox, scripts, n=2)
+        updates = []
+        step.update = lambda *args: updates.append(args)
+        with pytest.raises(InfraFailureShareExceeded, match=r"sandbox\.max_infra_failure_share"):
+            step.run(1, PromptSampler(arith_problems(2), seed=0))
+    assert updates == [], "the step stops before any update"
