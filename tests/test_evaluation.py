@@ -13,9 +13,10 @@ from agentrl.config import load_config
 from agentrl.data.prompts import CODE_INTERPRETER_TOOL
 from agentrl.data.records import Problem, Trajectory, write_records
 from agentrl.evaluation import cli as eval_cli
+from agentrl.evaluation.cli import metrics_of_samples
 from agentrl.evaluation.livecodebench import custom_outputs
 from agentrl.evaluation.metrics import summarize_benchmark
-from agentrl.evaluation.samples import generated_spans, read_jsonl, tokens_before_calls
+from agentrl.evaluation.samples import generated_spans, read_jsonl, tokens_before_calls, write_jsonl
 from agentrl.filtering import cli as filter_cli
 from agentrl.filtering.pass_rates import read_pass_rates
 
@@ -120,6 +121,19 @@ def test_evaluate_writes_samples_and_their_metrics(model_dir, tmp_path):
     assert sum(metrics["finish_reasons"].values()) == 9
     assert metrics["mean_score"] == pytest.approx(sum(r["score"] for r in rows) / 9)
 
+    health = metrics["tool_health"]
+    calls = sum(r["tool_calls"] for r in rows)
+    assert health["calls"] == calls and health["infra_excluded"] == 0 and health["problems_left_out"] == 0
+    assert all(len(r["tool_outcomes"]) == r["tool_calls"] and not r["infra_failed"] for r in rows)
+    assert health["share/ok"] == pytest.approx(sum(not e for r in rows for e in r["tool_errors"]) / max(calls, 1))
+    # A problem with a sample the sandbox lost is left out of the summary whole ("@n" needs n).
+    rows[4]["infra_failed"] = True
+    write_jsonl(rows, tmp_path / "lost.jsonl")
+    lost = metrics_of_samples(tmp_path / "lost.jsonl", {})
+    kept = [r for r in rows if r["problem_id"] != rows[4]["problem_id"]]
+    assert lost["num_problems"] == 2 and lost["tool_health"]["problems_left_out"] == 1
+    assert {k: lost[k] for k in summary} == json.loads(json.dumps(summarize_benchmark(kept)))
+    assert lost["tool_health"]["infra_excluded"] == 1
     again = _run_eval(model_dir, tmp_path / "bench.parquet", tmp_path / "b")  # same seed and config
     assert (tmp_path / "a/samples.jsonl").read_text() == (tmp_path / "b/samples.jsonl").read_text()
     assert {k: again[k] for k in summary} == {k: metrics[k] for k in summary}

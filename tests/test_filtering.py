@@ -68,6 +68,30 @@ def test_pass_rate_table_refuses_a_problem_with_the_wrong_sample_count():
         pass_rate_table(problems, rows, K)
 
 
+def test_pass_rate_table_leaves_out_samples_lost_to_the_sandbox():
+    problems = [_problem(0), _problem(1)]
+    rows = [
+        {"problem_id": "p000", "acc": j < 2, "score": 1.0 if j < 2 else -1.0, "tool_calls": 1, "response_length": 10}
+        for j in range(K)
+    ]
+    rows[0]["infra_failed"] = True  # a correct-looking sample whose retry the sandbox lost: not the model's
+    rows[-1]["infra_failed"] = True
+    rows += [
+        {
+            "problem_id": "p001",
+            "acc": False,
+            "score": -1.0,
+            "tool_calls": 1,
+            "response_length": 10,
+            "infra_failed": True,
+        }
+    ] * K
+    table = pass_rate_table(problems, rows, K)
+    assert table["id"].tolist() == ["p000"], "a problem whose every sample was lost gets no pass rate"
+    assert (table.loc[0, "k"], table.loc[0, "correct"], table.loc[0, "pass_rate"]) == (K - 2, 1, 1 / (K - 2))
+    assert table.loc[0, "mean_score"] == pytest.approx((1 - (K - 3)) / (K - 2))
+
+
 def test_pass_rate_table_round_trips_through_parquet_without_levels(tmp_path):
     problems = [_problem(i, level=None) for i in range(2)]
     rows = [

@@ -35,20 +35,41 @@ from agentrl.evaluation.shards import gathered_rows, run_shard
 from agentrl.model.folder import check_model_folder
 from agentrl.paths import check_writable
 from agentrl.stage_cli import add_command, add_shard_arguments, setup_logging, stage_parser
+from agentrl.tools.health import log_tool_health
 from agentrl.tracking import Tracker, check_tracking
 
 log = logging.getLogger("agentrl.evaluate")
 
 
 def metrics_of_samples(samples_path: Path, run: dict[str, Any]) -> dict[str, Any]:
-    """metrics.json: the summary of the samples file plus the ``run`` block."""
+    """metrics.json: the summary of the samples file, its ``tool_health``, and the ``run`` block.
+
+    A problem with a sample left out for an infrastructure failure (``infra_failed``,
+    :mod:`agentrl.tools.health`) is left out of the summary whole, with its other samples: the
+    "@n" metrics need n samples of every problem. ``tool_health`` counts all rows, and
+    ``tool_health.problems_left_out`` those problems.
+    """
     rows = list(read_jsonl(samples_path))
-    summary = summarize_benchmark(rows, source=str(samples_path))
-    scores = [float(r["score"]) for r in rows]
+    lost = {row["problem_id"] for row in rows if row.get("infra_failed", False)}
+    kept = [row for row in rows if row["problem_id"] not in lost]
+    if not kept:
+        raise RuntimeError(
+            f"{samples_path}: every problem has a sample whose tool call the sandbox lost twice; "
+            "nothing is left to summarize (see the shard logs for what failed)"
+        )
+    summary = summarize_benchmark(kept, source=str(samples_path))
+    scores = [float(r["score"]) for r in kept]
     finish: dict[str, int] = {}
-    for row in rows:
+    for row in kept:
         finish[row["finish_reason"]] = finish.get(row["finish_reason"], 0) + 1
-    return {**summary, "mean_score": sum(scores) / len(scores), "finish_reasons": finish, "run": run}
+    health = {**log_tool_health(rows, f"evaluation of {samples_path}"), "problems_left_out": len(lost)}
+    return {
+        **summary,
+        "mean_score": sum(scores) / len(scores),
+        "finish_reasons": finish,
+        "tool_health": health,
+        "run": run,
+    }
 
 
 def eval_setup(cfg: Config, benchmark: str, problems_per_chunk: int = 256) -> SamplingSetup:

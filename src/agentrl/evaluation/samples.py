@@ -100,6 +100,9 @@ def sample_row(problem: Problem, trajectory: Trajectory, reward: RewardResult, t
         "response_tokens": int(sum(trajectory.loss_mask)),
         "response_length": len(trajectory.response_ids),
         "finish_reason": trajectory.finish_reason,
+        "tool_outcomes": list(trajectory.tool_outcomes),
+        "attempts": int(trajectory.attempts),
+        "infra_failed": bool(trajectory.infra_failed),
         "reward_details": reward.to_json()["details"],
         "text": trajectory.text,
     }

@@ -63,7 +63,7 @@ def grade_problems(
     index) as soon as its rollouts are done, in the order problems finish."""
     from agentrl.rollout import AgentLoop, SamplingParams, make_engine
     from agentrl.tools.code_interpreter import CodeInterpreter
-    from agentrl.tools.health import InfraFailureBound
+    from agentrl.tools.health import InfraFailureBound, ToolUse, tool_health
     from agentrl.tools.sandbox import make_sandbox
 
     assert problems, "no problems to roll out"
@@ -93,10 +93,22 @@ def grade_problems(
                 problem, [sample_row(problem, t, r, tokenizer) for t, r in zip(trajectories, rewards, strict=True)]
             )
             done, correct = done + 1, correct + sum(r.acc for r in rewards)
+            tool_use.extend(ToolUse.of(t) for t in trajectories)
             bar.set_postfix(correct=f"{correct}/{done * setup.n}")
             bar.update(1)
 
         by_id = {p.id: p for p in problems}
+        tool_use: list[ToolUse] = []  # the latencies, which the sample rows leave out
         loop.stream(problems, setup.n, params, seed, grade, max_problems_in_flight=setup.problems_per_chunk)
         assert done == total, f"the agent loop handed over {done} of {total} problems"
         bar.close()
+        health = tool_health(tool_use)
+        log.info(
+            "%s tool latency: queue p50 %.3f s p95 %.3f s, run p50 %.3f s p95 %.3f s over %d calls",
+            setup.seed_tag,
+            health["queue_s_p50"],
+            health["queue_s_p95"],
+            health["run_s_p50"],
+            health["run_s_p95"],
+            health["calls"],
+        )

@@ -35,6 +35,7 @@ from agentrl.filtering.selection import select_problems, target_shares_from_tabl
 from agentrl.model.folder import check_model_folder
 from agentrl.paths import check_writable
 from agentrl.stage_cli import add_command, add_shard_arguments, setup_logging, stage_parser
+from agentrl.tools.health import log_tool_health
 from agentrl.training.fingerprint import file_sha256
 
 log = logging.getLogger("agentrl.filter")
@@ -74,17 +75,19 @@ def gather(k: int, pool_path: Path, shard_paths: list[Path], pass_rates_out: Pat
     """The shard files, in pool order -> ``samples.jsonl`` and the pass-rate table (the same for any shard count)."""
     problems = read_problems(pool_path)
     rows = []
+    counted = ("problem_id", "acc", "score", "tool_calls", "response_length", "tool_outcomes", "attempts")
 
     def keep(stream):
         # The samples file gets each row as it comes; the table keeps only the counts it needs
         # (texts of 240K paper-scale rollouts would not fit in memory).
         for row in stream:
-            rows.append({key: row[key] for key in ("problem_id", "acc", "score", "tool_calls", "response_length")})
+            rows.append({key: row[key] for key in counted if key in row} | {"infra_failed": row.get("infra_failed")})
             yield row
 
     write_jsonl(keep(gathered_rows(problems, shard_paths, k)), samples_out)
     table = pass_rate_table(problems, rows, k)
     write_pass_rates(table, pass_rates_out)
+    log_tool_health(rows, "scoring")
     log.info(
         "gathered %d shard files: mean pass rate %.3f; solved never %d, always %d, of %d",
         len(shard_paths),

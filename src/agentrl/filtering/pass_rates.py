@@ -5,10 +5,16 @@ has them: the embedded task does, the upstream pool does not), ``k`` (rollouts),
 ``pass_rate`` (= correct / k), ``mean_score`` (shaped reward, as RL would see it),
 ``mean_tool_calls``, ``mean_response_length`` (response tokens including tool responses, the
 length the RL response budget counts).
+
+A sample left out for an infrastructure failure (``infra_failed``: the sandbox lost a tool call
+of its retry too, :mod:`agentrl.tools.health`) is not a failure of the model: the row's numbers
+are over the other samples and ``k`` counts those; a problem whose samples were all lost has no
+row (logged).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,6 +23,9 @@ import pandas as pd
 
 from agentrl.data.records import Problem, read_parquet, write_parquet
 from agentrl.filtering.selection import check_pass_rate_table
+from agentrl.tools.health import valid_rows
+
+log = logging.getLogger("agentrl.filter")
 
 COLUMNS = (
     "id",
@@ -48,6 +57,10 @@ def pass_rate_table(problems: Sequence[Problem], rows: Sequence[Mapping[str, Any
         samples = by_problem[problem.id]
         if len(samples) != k:
             raise ValueError(f"problem {problem.id!r} has {len(samples)} scored samples, expected k = {k}")
+        samples = valid_rows(samples)
+        if not samples:
+            log.warning("problem %r: every sample lost a tool call to the sandbox; it gets no pass rate", problem.id)
+            continue
         correct = sum(bool(s["acc"]) for s in samples)
         level = problem.extra.get("level")
         records.append(
@@ -56,12 +69,12 @@ def pass_rate_table(problems: Sequence[Problem], rows: Sequence[Mapping[str, Any
                 "data_source": problem.data_source,
                 "family": problem.extra.get("family"),
                 "level": int(level) if isinstance(level, (int, float)) and not isinstance(level, bool) else None,
-                "k": k,
+                "k": len(samples),
                 "correct": correct,
-                "pass_rate": correct / k,
-                "mean_score": sum(float(s["score"]) for s in samples) / k,
-                "mean_tool_calls": sum(int(s["tool_calls"]) for s in samples) / k,
-                "mean_response_length": sum(int(s["response_length"]) for s in samples) / k,
+                "pass_rate": correct / len(samples),
+                "mean_score": sum(float(s["score"]) for s in samples) / len(samples),
+                "mean_tool_calls": sum(int(s["tool_calls"]) for s in samples) / len(samples),
+                "mean_response_length": sum(int(s["response_length"]) for s in samples) / len(samples),
             }
         )
     table = pd.DataFrame.from_records(records, columns=list(COLUMNS))

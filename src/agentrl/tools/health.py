@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -100,6 +100,46 @@ class ToolUse(NamedTuple):
             int(trajectory.attempts),
             bool(trajectory.infra_failed),
         )
+
+
+def rows_tool_health(rows: Sequence[Mapping[str, Any]], prefix: str = "") -> dict[str, float]:
+    """:func:`tool_health` of ``samples.jsonl`` rows (``tool_outcomes``, ``attempts``,
+    ``infra_failed``; rows written before they existed count as calls of unknown outcome):
+    without the latencies, which the rows leave out so that a samples file is the same for any
+    shard count and machine (the stage logs them)."""
+    uses = [
+        ToolUse(
+            tuple(row.get("tool_outcomes", ())),
+            (),
+            (),
+            int(row.get("attempts", 1)),
+            bool(row.get("infra_failed", False)),
+        )
+        for row in rows
+    ]
+    health = tool_health(uses)
+    return {f"{prefix}{k}": v for k, v in health.items() if not k.startswith(("queue_s", "run_s"))}
+
+
+def log_tool_health(rows: Sequence[Mapping[str, Any]], stage: str) -> dict[str, float]:
+    """Log (and return) :func:`rows_tool_health` of a stage's rows in one line."""
+    health = rows_tool_health(rows)
+    shares = ", ".join(f"{o} {health[f'share/{o}']:.1%}" for o in OUTCOMES)
+    log.info(
+        "%s tool health: %d calls (%.2f per trajectory): %s; %d trajectories retried, %d left out",
+        stage,
+        health["calls"],
+        health["calls_per_trajectory"],
+        shares,
+        health["retried"],
+        health["infra_excluded"],
+    )
+    return health
+
+
+def valid_rows(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The rows not left out for an infrastructure failure (``infra_failed``)."""
+    return [row for row in rows if not row.get("infra_failed", False)]
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
