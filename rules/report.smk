@@ -25,6 +25,7 @@ REPORT_OPTIONAL_ARGS = " ".join(
         f"--{stage}-metrics {result(f'{stage}/metrics.jsonl')} --{stage}-plot {result(f'report/training_{stage}.png')}"
         for stage in REPORT_TRAINING_STAGES
     ]
+    + ([f"--health-plot {result('report/tool_health_rl.png')}"] if "rl" in REPORT_TRAINING_STAGES else [])
     + (
         [f"--filter-stats {result('filter/stats.json')} --pass-rate-histogram {result('filter/pass_rate_hist.png')}"]
         if "rl" in config["eval"]["models"]
@@ -84,6 +85,13 @@ rule report:
             )
             for stage in REPORT_TRAINING_STAGES
         ],
+        health_md=report(result("report/health.md"), caption="../workflow/report/health.rst", category="Health"),
+        health_csv=report(result("report/health.csv"), caption="../workflow/report/health.rst", category="Health"),
+        health_plot=[
+            report(result("report/tool_health_rl.png"), caption="../workflow/report/health.rst", category="Health")
+            for stage in REPORT_TRAINING_STAGES
+            if stage == "rl"
+        ],
     log:
         f"{LOGS}/report.log",
     benchmark:
@@ -101,4 +109,5 @@ rule report:
         "python -m agentrl report --metrics {input.metrics} {params.optional} "
         "--published {input.published} {params.published} {params.model_configs} "
         "--table-md {output.table_md} --table-csv {output.table_csv} "
-        "--accuracy-plot {output.accuracy} --modes-plot {output.modes} > {log} 2>&1"
+        "--accuracy-plot {output.accuracy} --modes-plot {output.modes} "
+        "--health-md {output.health_md} --health-csv {output.health_csv} > {log} 2>&1"

@@ -326,3 +326,52 @@ def test_training_logs_are_grouped_by_metric_name(tmp_path):
     empty.write_text("")
     with pytest.raises(ValueError, match="no rows"):
         read_training_log(empty)
+
+
+def test_report_health_section_shows_what_failed_and_why(tmp_path):
+    root = tmp_path
+    from agentrl.tools.health import ToolUse, rows_tool_health, tool_health
+
+    # metrics.json of a healthy evaluation and of one whose sandbox lost calls.
+    healthy = [
+        {**r, "tool_outcomes": ["program_error" if e else "ok" for e in r["tool_errors"]]} for r in _samples(0.5)
+    ]
+    broken = [{**r, "tool_outcomes": ["infra_failure"] * r["tool_calls"]} for r in _samples(0.5, seed=1)]
+    broken[0] = {**broken[0], "tool_calls": 1, "tool_outcomes": ["infra_failure"], "attempts": 2, "infra_failed": True}
+    paths = []
+    for model, rows in (("sft", healthy), ("rl", broken)):
+        path = root / "eval" / model / "arith" / "metrics.json"
+        path.parent.mkdir(parents=True)
+        health = {**rows_tool_health(rows), "problems_left_out": 1 if model == "rl" else 0}
+        path.write_text(json.dumps({**summarize_benchmark(healthy), "tool_health": health, "run": {"n": 4}}))
+        paths.append(path)
+    # A GRPO log whose steps hold tool_health/ keys as the trainer writes them.
+    steps = []
+    for step in range(1, 5):
+        uses = [ToolUse(("ok", "program_error"), (0.01, 0.02), (0.1, 0.2 * step), 1, False)] * 3
+        uses += [ToolUse(("infra_failure",), (0.5,), (0.0,), 2, True)] * (step == 3)
+        steps.append({"step": step, "rollout/reward_mean": 0.1 * step, **tool_health(uses, prefix="tool_health/")})
+    rl_log = _write_log(root / "rl/metrics.jsonl", steps)
+    out = _outputs(tmp_path)
+    health_md, health_csv, health_png = (
+        root / "report" / name for name in ("health.md", "health.csv", "tool_health_rl.png")
+    )
+    args = ["--metrics", *map(str, paths), "--rl-metrics", str(rl_log), "--rl-plot", str(out["rl"])]
+    args += ["--table-md", str(out["md"]), "--table-csv", str(out["csv"])]
+    args += ["--accuracy-plot", str(out["acc"]), "--modes-plot", str(out["modes"])]
+    args += ["--health-md", str(health_md), "--health-csv", str(health_csv), "--health-plot", str(health_png)]
+    assert report_cli.main(args) == 0
+    frame = pd.read_csv(health_csv)
+    assert frame["stage"].tolist() == ["grpo rollouts", "evaluate sft", "evaluate rl"]
+    grpo, sft, rl = frame.to_dict("records")
+    assert grpo["calls"] == 25 and grpo["retried"] == 1 and grpo["left_out"] == 1
+    assert grpo["infra_failure_pct"] == pytest.approx(100 / 25) and grpo["ok_pct"] == pytest.approx(1200 / 25)
+    assert grpo["run_p95_s"] == pytest.approx(max(s["tool_health/run_s_p95"] for s in steps))
+    assert sft["infra_failure_pct"] == 0 and sft["ok_pct"] + sft["program_error_pct"] == pytest.approx(100)
+    assert rl["infra_failure_pct"] == pytest.approx(100) and rl["left_out"] == 1 and rl["problems_left_out"] == 1
+    md = health_md.read_text()
+    assert md.startswith("# Tool health") and "lost up to 100.0 % of a stage's tool calls" in md
+    assert "| grpo rollouts | 4 steps | 25 |" in md and "](tool_health_rl.png)" in md
+    data = health_png.read_bytes()
+    assert data[:8] == PNG_MAGIC and len(data) > 20_000
+    assert "](health.md)" in out["md"].read_text(), "the summary links the health section"

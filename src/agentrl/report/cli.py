@@ -94,10 +94,31 @@ def build_report(args: argparse.Namespace) -> None:
         filter_stats = read_json_file(args.filter_stats)
     if args.pass_rate_histogram is not None:
         plots.append(("RL pool pass rates", _relative(args.pass_rate_histogram, out_dir)))
+    if args.health_md is not None:
+        write_health(args, results)
+        plots.append(("tool health", _relative(args.health_md, out_dir)))
     args.table_md.parent.mkdir(parents=True, exist_ok=True)
     args.table_md.write_text(summary_markdown(frame, filter_stats, plots, published, sources), encoding="utf-8")
     args.table_csv.parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(args.table_csv, index=False)
+
+
+def write_health(args: argparse.Namespace, results) -> None:
+    """health.md and health.csv (:mod:`agentrl.report.health`), with GRPO's plot when its log is given."""
+    from agentrl.report.health import health_frame, health_markdown, plot_grpo_health
+    from agentrl.report.plots import read_training_log
+
+    if args.health_csv is None or (args.health_plot is not None and args.rl_metrics is None):
+        raise SystemExit("agentrl report: --health-md needs --health-csv, and --health-plot needs --rl-metrics")
+    rl_rows = read_training_log(args.rl_metrics)[1] if args.rl_metrics is not None else None
+    frame = health_frame(results, rl_rows)
+    plot = None
+    if args.health_plot is not None:
+        plot_grpo_health(rl_rows, args.health_plot)
+        plot = _relative(args.health_plot, args.health_md.parent)
+    args.health_md.parent.mkdir(parents=True, exist_ok=True)
+    args.health_md.write_text(health_markdown(frame, plot), encoding="utf-8")
+    frame.to_csv(args.health_csv, index=False)
 
 
 def main(argv: list[str]) -> int:
@@ -142,6 +163,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--modes-plot", type=Path, required=True, help="output: reasoning modes (PNG)")
     parser.add_argument("--sft-plot", type=Path, help="output: SFT training curves (PNG), with --sft-metrics")
     parser.add_argument("--rl-plot", type=Path, help="output: RL training curves (PNG), with --rl-metrics")
+    parser.add_argument("--health-md", type=Path, help="output: the tool-health table (health.md), with --health-csv")
+    parser.add_argument("--health-csv", type=Path, help="output: the tool-health table as CSV")
+    parser.add_argument("--health-plot", type=Path, help="output: GRPO's tool health over the steps (PNG)")
     args = parser.parse_args(argv)
     setup_logging()
     check_writable(
@@ -151,6 +175,9 @@ def main(argv: list[str]) -> int:
         (args.modes_plot, "--modes-plot"),
         (args.sft_plot, "--sft-plot"),
         (args.rl_plot, "--rl-plot"),
+        (args.health_md, "--health-md"),
+        (args.health_csv, "--health-csv"),
+        (args.health_plot, "--health-plot"),
     )
     build_report(args)
     log.info("wrote %s and %s", args.table_md, args.table_csv)
