@@ -273,3 +273,20 @@ def grpo_validation_benchmarks():
 def eval_model_config(w):
     """A model folder is tracked by its config.json: the stage's output, or the checkpoint's."""
     return checkpoint_config(w.model) if w.model in EVAL_CHECKPOINTS else result(f"models/{w.model}/config.json")
+
+
+# --------------------------------------------------------------------------- the cost table
+COST_RULES = ("sft", "grpo", "score_rl_pool", "evaluate")
+
+
+def cost_resources(w):
+    """``--gpus RULE=N --threads RULE=N`` of the rules that may use GPUs, as the profiles set them
+    (the report's cost table, agentrl.report.cost)."""
+    args = []
+    for each in workflow.rules:
+        if each.name in COST_RULES:
+            gpus = getattr(each.resources.get("gpu"), "value", each.resources.get("gpu"))
+            threads = getattr(each.resources.get("_cores"), "value", each.resources.get("_cores"))
+            args.append(f"--gpus {each.name}={gpus if isinstance(gpus, int) else 0}")
+            args.append(f"--threads {each.name}={threads if isinstance(threads, int) else 1}")
+    return " ".join(args)

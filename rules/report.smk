@@ -56,11 +56,26 @@ REPORT_MODEL_CONFIGS = {
     for model in EVAL_MODELS
 }
 REPORT_TARGETS = [result("report/summary.md")]
+# The cost of every stage (agentrl.report.cost), written by the report job from Snakemake's
+# benchmark files of the jobs before it (it waits for the exports too, so that every job of the
+# default target but itself has written its file) and the stages' token counts.
+COST_INPUTS = {
+    **{f"{stage}_model": result(f"models/{stage}/config.json") for stage in REPORT_TRAINING_STAGES},
+    **({"scoring_samples": result("filter/samples.jsonl")} if "rl" in config["eval"]["models"] else {}),
+    "eval_samples": expand(result("eval/{model}/{benchmark}/samples.jsonl"), model=EVAL_MODELS, benchmark=benchmarks()),
+    "exports": LIVECODEBENCH_EXPORTS,
+}
+COST_ARGS = " ".join(
+    [f"--{stage}-metrics {result(f'{stage}/metrics.jsonl')}" for stage in REPORT_TRAINING_STAGES]
+    + [f"--{stage}-model {result(f'models/{stage}')}" for stage in REPORT_TRAINING_STAGES]
+    + ([f"--scoring-samples {result('filter/samples.jsonl')}"] if "rl" in config["eval"]["models"] else [])
+)
 
 
 rule report:
     input:
         **REPORT_INPUTS,
+        **COST_INPUTS,
         published=PUBLISHED_FILE,
         model_configs=list(REPORT_MODEL_CONFIGS.values()),
     output:
@@ -92,6 +107,8 @@ rule report:
             for stage in REPORT_TRAINING_STAGES
             if stage == "rl"
         ],
+        cost_md=report(result("report/cost.md"), caption="../workflow/report/cost.rst", category="Cost"),
+        cost_csv=report(result("report/cost.csv"), caption="../workflow/report/cost.rst", category="Cost"),
     log:
         f"{LOGS}/report.log",
     benchmark:
@@ -104,10 +121,16 @@ rule report:
         model_configs=" ".join(
             f"--model-config {shlex.quote(f'{model}={path}')}" for model, path in REPORT_MODEL_CONFIGS.items()
         ),
+        timings=result("timings"),
+        cost=COST_ARGS,
+        resources=cost_resources,
     threads: 1
     shell:
         "python -m agentrl report --metrics {input.metrics} {params.optional} "
         "--published {input.published} {params.published} {params.model_configs} "
         "--table-md {output.table_md} --table-csv {output.table_csv} "
         "--accuracy-plot {output.accuracy} --modes-plot {output.modes} "
-        "--health-md {output.health_md} --health-csv {output.health_csv} > {log} 2>&1"
+        "--health-md {output.health_md} --health-csv {output.health_csv} > {log} 2>&1 && "
+        "python -m agentrl report cost --timings {params.timings} {params.cost} {params.resources} "
+        "--eval-samples {input.eval_samples} --md {output.cost_md} --csv {output.cost_csv} >> {log} 2>&1"
+

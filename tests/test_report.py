@@ -375,3 +375,76 @@ def test_report_health_section_shows_what_failed_and_why(tmp_path):
     data = health_png.read_bytes()
     assert data[:8] == PNG_MAGIC and len(data) > 20_000
     assert "](health.md)" in out["md"].read_text(), "the summary links the health section"
+
+
+BENCHMARK_HEADER = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
+
+
+def test_cost_table_has_a_row_per_rule_with_tokens_and_mfu(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from agentrl.report import cost
+
+    timings = tmp_path / "timings"
+    jobs = {
+        "prepare_data.tsv": (12.5, 300.0, 10.0),
+        "sft.tsv": (100.0, 900.0, 180.0),
+        "grpo.tsv": (200.0, 1200.0, 390.0),
+        "evaluate/sft/arith/0-of-2.tsv": (30.0, 500.0, 29.0),
+        "evaluate/sft/arith/1-of-2.tsv": (50.0, 700.0, 49.0),
+        "report.tsv": (3.0, 200.0, 2.0),  # the job writing the table: left out
+    }
+    for name, (wall, rss, cpu) in jobs.items():
+        path = timings / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(BENCHMARK_HEADER + f"{wall}\t0:00:{wall}\t{rss}\t1\t1\t1\t0\t0\t50\t{cpu}\n")
+    sft_log = _write_log(
+        tmp_path / "sft/metrics.jsonl",
+        [{"step": s, "loss": 1.0, "tokens_per_s": 100.0, "step_time_s": 2.0, "trained_tokens": 80} for s in (1, 2)],
+    )
+    rl_log = _write_log(
+        tmp_path / "rl/metrics.jsonl",
+        [{"step": 0, "val/mean/acc": 0.1}]  # validation before training: no tokens
+        + [
+            {
+                "step": s,
+                "rollout/generated_tokens_mean": 50.0,
+                "rollout/trajectories": 8.0,
+                "actor/input_tokens": 1000.0,
+            }
+            for s in (1, 2, 3)
+        ],
+    )
+    samples = _write_log(tmp_path / "eval/samples.jsonl", [{"response_tokens": 40}, {"response_tokens": 60}])
+    model = tmp_path / "model"
+    model.mkdir()
+    save_file({"w": torch.zeros(10, 100), "b": torch.zeros(1000)}, str(model / "model.safetensors"))
+    assert cost.parameter_count(model) == 2000
+    md, csv = tmp_path / "report/cost.md", tmp_path / "report/cost.csv"
+    args = ["--timings", str(timings), "--sft-metrics", str(sft_log), "--rl-metrics", str(rl_log)]
+    args += ["--sft-model", str(model), "--rl-model", str(model), "--eval-samples", str(samples)]
+    args += ["--gpus", "sft=0", "--gpus", "grpo=8", "--threads", "sft=2", "--accelerator", "H100"]
+    args += ["--md", str(md), "--csv", str(csv)]
+    assert report_cli.main(["cost", *args]) == 0
+    frame = pd.read_csv(csv).set_index("rule")
+    assert list(frame.index) == ["evaluate", "grpo", "prepare_data", "sft", "total"]
+    assert frame.loc["evaluate", "jobs"] == 2 and frame.loc["evaluate", "wall_s"] == 80.0
+    assert frame.loc["evaluate", "cpu_h"] == pytest.approx(78 / 3600) and frame.loc["evaluate", "max_rss_mb"] == 700
+    assert frame.loc["evaluate", "generated_tokens"] == 100 and frame.loc["evaluate", "tokens_per_s"] == 100 / 80
+    assert frame.loc["sft", "trained_tokens"] == 400 and frame.loc["sft", "gpu_h"] == 0
+    assert (frame.loc["grpo", "generated_tokens"], frame.loc["grpo", "trained_tokens"]) == (1200, 3000)
+    assert frame.loc["grpo", "gpu_h"] == pytest.approx(200 * 8 / 3600)
+    grpo_flops = 6 * 2000 * 3000 + 2 * 2000 * 1200
+    assert frame.loc["grpo", "mfu_pct"] == pytest.approx(100 * grpo_flops / 200 / (8 * 989e12))
+    sft_peak = cost.measured_matmul_tflops(2) * 1e12
+    assert frame.loc["sft", "mfu_pct"] == pytest.approx(100 * 6 * 2000 * 400 / 100 / sft_peak)
+    assert "measured float32 matmul" in frame.loc["sft", "note"] and "H100" in frame.loc["grpo", "note"]
+    assert pd.isna(frame.loc["prepare_data", "generated_tokens"]) and pd.isna(frame.loc["prepare_data", "mfu_pct"])
+    assert frame.loc["total", "wall_s"] == 392.5 and frame.loc["total", "jobs"] == 6 - 1
+    text = md.read_text()
+    assert text.startswith("# Cost of every stage") and "| grpo | 1 | 200.0 |" in text
+    # Without the GPU model the GPU stage's MFU is omitted, with the reason.
+    assert report_cli.main(["cost", *[a for a in args if a not in ("--accelerator", "H100")]]) == 0
+    frame = pd.read_csv(csv).set_index("rule")
+    assert pd.isna(frame.loc["grpo", "mfu_pct"]) and "--accelerator" in frame.loc["grpo", "note"]

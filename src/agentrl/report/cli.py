@@ -10,7 +10,8 @@ of ``NAME`` (an entry of ``--published``, by default ``resources/published.yaml`
 measured ones of ``MODEL`` (config ``eval.published``).
 
 ``python -m agentrl report ablations ...`` writes the ablation tables and plots instead
-(:mod:`agentrl.report.ablations`).
+(:mod:`agentrl.report.ablations`), ``python -m agentrl report cost ...`` the cost table of every
+stage (:mod:`agentrl.report.cost`).
 """
 
 from __future__ import annotations
@@ -126,6 +127,10 @@ def main(argv: list[str]) -> int:
         from agentrl.report import ablations
 
         return ablations.main(argv[1:])
+    if argv[:1] == ["cost"]:
+        from agentrl.report import cost
+
+        return cost.main(argv[1:])
     parser = stage_parser("report", __doc__)
     parser.add_argument(
         "--metrics",
