@@ -346,3 +346,19 @@ def test_a_grpo_step_whose_sandbox_loses_every_call_stops_naming_the_key(policy)
         with pytest.raises(InfraFailureShareExceeded, match=r"sandbox\.max_infra_failure_share"):
             step.run(1, PromptSampler(arith_problems(2), seed=0))
     assert updates == [], "the step stops before any update"
+
+
+def test_grpo_validation_leaves_out_a_problem_with_a_lost_trajectory(policy):
+    from agentrl.grpo.validation import EvalSet, validate
+
+    _, tokenizer = policy
+    scripts = [call_turn(tokenizer, "import time; time.sleep(1); print(6 * 7)"), final_turn(tokenizer, "42")]
+    problems = tuple(arith_problems(2))
+    # 2 problems x validation n 2 = 4 rollouts: the first one's call and its retry's (number 4) lost.
+    with WorkerKillingSandbox(sandbox_cfg(max_infra_failure_share=0.5), kill_calls=[0, 4]) as sandbox:
+        step, cfg = _grpo_step(sandbox, scripts, n=2, validation={"n": 2})
+        metrics = validate(cfg, step.parts.loop, step.parts.reward_fn, [EvalSet("arith", problems)], step.ctx)
+        whole = validate(cfg, step.parts.loop, step.parts.reward_fn, [EvalSet("arith", problems[1:])], step.ctx)
+    assert metrics["val/arith/problems_left_out"] == 1.0
+    assert metrics["val/arith/avg@2"] == whole["val/arith/avg@2"], "the average is the other problem's alone"
+    assert "val/arith/problems_left_out" not in whole

@@ -51,7 +51,7 @@ def validate(
     for eval_set in eval_sets:
         local = list(eval_set.problems[ctx.rank :: ctx.world_size])
         seed = derived_seed(cfg.seed, f"grpo-val-{eval_set.name}", ctx.rank)
-        rows: list[tuple[str, list[float], list[int], list[int]]] = []
+        rows: list[tuple[str, list[float], list[int], list[int], bool]] = []
         if local:
             params = SamplingParams.from_config(cfg.rollout, seed, temperature=setup.temperature, top_p=setup.top_p)
             trajectories = loop.run(local, n, params, seed)
@@ -67,18 +67,30 @@ def validate(
                         [float(r.acc) for r in results[start : start + n]],
                         [len(t.response_ids) for t in group],
                         [len(t.tool_calls) for t in group],
+                        any(t.infra_failed for t in group),
                     )
                 )
         gathered = [row for rank_rows in all_gather(ctx, rows) for row in rank_rows]
         assert len(gathered) == len(eval_set.problems), (
             f"validation of {eval_set.name}: {len(gathered)} problems graded, {len(eval_set.problems)} expected"
         )
-        correct = np.asarray([accs for _, accs, _, _ in gathered])  # (problems, n)
+        # A problem with a trajectory lost to the sandbox is left out whole, as evaluation does
+        # (agentrl.tools.health); the agent loop's bound stops the step when too many are.
+        lost = sum(row[4] for row in gathered)
+        gathered = [row for row in gathered if not row[4]]
+        if not gathered:
+            raise RuntimeError(
+                f"validation of {eval_set.name}: every problem has a trajectory whose tool call the sandbox lost "
+                "twice; nothing is left to validate on (sandbox.max_infra_failure_share is 1: nothing stopped it)"
+            )
+        correct = np.asarray([accs for _, accs, _, _, _ in gathered])  # (problems, n)
         metrics[f"val/{eval_set.name}/avg@{n}"] = avg_at_k(correct)
         metrics[f"val/{eval_set.name}/response_length_mean"] = float(
-            np.mean([x for _, _, ls, _ in gathered for x in ls])
+            np.mean([x for _, _, ls, _, _ in gathered for x in ls])
         )
-        metrics[f"val/{eval_set.name}/tool_calls_mean"] = float(np.mean([x for _, _, _, cs in gathered for x in cs]))
+        metrics[f"val/{eval_set.name}/tool_calls_mean"] = float(np.mean([x for _, _, _, cs, _ in gathered for x in cs]))
+        if lost:
+            metrics[f"val/{eval_set.name}/problems_left_out"] = float(lost)
     if eval_sets:
         metrics[f"val/mean/avg@{n}"] = float(np.mean([metrics[f"val/{s.name}/avg@{n}"] for s in eval_sets]))
     return metrics
