@@ -48,6 +48,7 @@ def workdir(tmp_path_factory) -> Path:
         "results/rl/metrics.jsonl",
         "results/filter/stats.json",
         "results/filter/pass_rate_hist.png",
+        "results/filter/samples.jsonl",  # the scoring's tokens, for the report's cost table
         "ckpt/step_30/config.json",
     ]
     for source in sources:

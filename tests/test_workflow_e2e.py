@@ -106,3 +106,32 @@ def test_changing_an_eval_value_reruns_only_evaluation_and_what_follows(run):
     assert "evaluate" in plan and "report" in plan
     for upstream_rule in sorted(UPSTREAM_OF_EVAL):
         assert f"rule {upstream_rule}:" not in plan and f"\n{upstream_rule} " not in plan, upstream_rule
+
+
+def check_health_and_cost(results, report_html) -> None:
+    """The report's health and cost sections of a finished run (``results``) and its HTML report."""
+    import pandas as pd
+
+    cost = pd.read_csv(results / "report" / "cost.csv").set_index("rule")
+    timed = {
+        p.relative_to(results / "timings").parts[0].removesuffix(".tsv") for p in (results / "timings").rglob("*.tsv")
+    }
+    assert set(cost.index) == (timed - {"report"}) | {"total"}, "a row per rule that wrote a benchmark file"
+    assert (cost["wall_s"] > 0).all() and (cost.drop("total")["cpu_h"] > 0).all()
+    for rule in ("score_rl_pool", "evaluate", "grpo"):
+        assert cost.loc[rule, "generated_tokens"] > 0 and cost.loc[rule, "tokens_per_s"] > 0, rule
+    for rule in ("sft", "grpo"):
+        assert cost.loc[rule, "trained_tokens"] > 0 and cost.loc[rule, "mfu_pct"] > 0, rule
+    health = pd.read_csv(results / "report" / "health.csv")
+    evaluated = {(p.parent.parent.name, p.parent.name) for p in (results / "eval").glob("*/*/metrics.json")}
+    assert health["stage"].iloc[0] == "grpo rollouts"
+    assert {(s.removeprefix("evaluate "), b) for s, b in zip(health["stage"][1:], health["benchmark"][1:])} == evaluated
+    assert (health["infra_failure_pct"].fillna(0) == 0).all() and (health["left_out"] == 0).all()
+    html = report_html.read_text()
+    for name in ("health.md", "health.csv", "tool_health_rl.png", "cost.md", "cost.csv"):
+        assert name in html, f"snakemake --report lacks {name}"
+
+
+def test_the_report_shows_tool_health_and_the_cost_of_every_stage(run):
+    snakemake(run, "--report", str(run / "report.html"), timeout=600)
+    check_health_and_cost(run / "results", run / "report.html")

@@ -98,7 +98,10 @@ def health_frame(results: Sequence[EvalResult], grpo_rows: Sequence[Mapping[str,
     grpo = grpo_health_row(grpo_rows) if grpo_rows else None
     if grpo is not None:
         rows.insert(0, grpo)
-    return pd.DataFrame.from_records(rows, columns=list(COLUMNS))
+    frame = pd.DataFrame.from_records(rows, columns=list(COLUMNS))
+    for column in ("calls", "retried", "left_out", "problems_left_out"):
+        frame[column] = frame[column].astype("Int64")  # counts, "-" where a row has none
+    return frame
 
 
 def health_markdown(frame: pd.DataFrame, plot: str | None) -> str:
@@ -107,7 +110,10 @@ def health_markdown(frame: pd.DataFrame, plot: str | None) -> str:
     header += ["retried", "left out", "problems left out", "queue p95 s", "run p50 s", "run p95 s"]
     seconds = {"queue_p95_s", "run_p50_s", "run_p95_s"}
     rows = [
-        [f"{row[c]:.3f}" if c in seconds and row[c] is not None and not pd.isna(row[c]) else row[c] for c in COLUMNS]
+        [
+            f"{row[c]:.3f}" if c in seconds and not pd.isna(row[c]) else (None if pd.isna(row[c]) else row[c])
+            for c in COLUMNS
+        ]
         for row in frame.to_dict("records")
     ]
     lost = frame["infra_failure_pct"].fillna(0.0)
