@@ -216,17 +216,23 @@ def test_engine_arguments_for_a_colocated_rank_and_for_a_standalone_job():
     cfg = load_config(
         {"rollout": {**ROLLOUT, "vllm": {"gpu_memory_utilization": 0.9, "colocated_gpu_memory_utilization": 0.6}}}
     ).rollout
-    colocated = engine_arguments("m", cfg, device="cuda", seed=7, colocated=True)
+    colocated = engine_arguments("m", cfg, device="cuda", seed=7, colocated=True, max_model_len=128)
     assert colocated["distributed_executor_backend"] == "external_launcher"
     assert (colocated["tensor_parallel_size"], colocated["gpu_memory_utilization"], colocated["seed"]) == (1, 0.6, 7)
     assert colocated["enable_sleep_mode"] is True
-    assert engine_arguments("m", cfg, device="cpu", seed=7, colocated=True)["enable_sleep_mode"] is False
-    standalone = engine_arguments("m", cfg, device="cuda", seed=7, colocated=False)
+    assert (
+        engine_arguments("m", cfg, device="cpu", seed=7, colocated=True, max_model_len=128)["enable_sleep_mode"]
+        is False
+    )
+    standalone = engine_arguments("m", cfg, device="cuda", seed=7, colocated=False, max_model_len=128)
     assert "distributed_executor_backend" not in standalone and standalone["gpu_memory_utilization"] == 0.9
     tp2 = load_config({"rollout": {**ROLLOUT, "vllm": {"tensor_parallel_size": 2}}}).rollout
-    assert engine_arguments("m", tp2, device="cuda", seed=0, colocated=False)["tensor_parallel_size"] == 2
+    assert (
+        engine_arguments("m", tp2, device="cuda", seed=0, colocated=False, max_model_len=128)["tensor_parallel_size"]
+        == 2
+    )
     with pytest.raises(ConfigError, match="rollout.vllm.tensor_parallel_size = 2"):
-        engine_arguments("m", tp2, device="cuda", seed=0, colocated=True)
+        engine_arguments("m", tp2, device="cuda", seed=0, colocated=True, max_model_len=128)
 
 
 VLLM_GRPO = {

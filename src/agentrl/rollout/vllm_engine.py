@@ -64,6 +64,7 @@ from typing import Any
 import torch
 
 from agentrl.config import ConfigError, RolloutConfig, colocated_engine_problems
+from agentrl.rollout.context import context_tokens
 from agentrl.rollout.engine import GenerationOutput, Request, SamplingParams, default_device, resolve_dtype
 
 
@@ -75,13 +76,17 @@ def check_colocated(cfg: RolloutConfig) -> None:
         raise ConfigError("; ".join(problems))
 
 
-def engine_arguments(model_dir: str, cfg: RolloutConfig, *, device: str, seed: int, colocated: bool) -> dict[str, Any]:
+def engine_arguments(
+    model_dir: str, cfg: RolloutConfig, *, device: str, seed: int, colocated: bool, max_model_len: int
+) -> dict[str, Any]:
     """The keyword arguments of ``vllm.LLM`` for this placement (a pure function of its inputs).
 
-    Colocated: external launcher, TP 1, the colocated memory fraction, sleep mode where the
-    platform has it (CUDA). Standalone: vLLM's default executor, the configured TP and fraction.
+    ``max_model_len``: the longest request the agent loop sends
+    (:func:`agentrl.rollout.context.context_tokens`: the prompt as rendered with the tool schema
+    plus the response budget). Colocated: external launcher, TP 1, the colocated memory
+    fraction, sleep mode where the platform has it (CUDA). Standalone: vLLM's default executor,
+    the configured TP and fraction.
     """
-    max_model_len = cfg.max_prompt_tokens + cfg.max_response_tokens
     args: dict[str, Any] = {
         "model": str(model_dir),
         "dtype": str(resolve_dtype(cfg.dtype, device)).removeprefix("torch."),
@@ -172,9 +177,13 @@ class VllmEngine:
         # In-process engine core: the only way update_weights can hand tensors over by reference.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vLLM-CPU's default is 4
+        from transformers import AutoTokenizer
         from vllm import LLM
 
-        self.args = engine_arguments(model_dir, cfg, device=default_device(), seed=seed, colocated=colocated)
+        self.max_model_len = context_tokens(AutoTokenizer.from_pretrained(str(model_dir)), cfg)
+        self.args = engine_arguments(
+            model_dir, cfg, device=default_device(), seed=seed, colocated=colocated, max_model_len=self.max_model_len
+        )
         self.llm = LLM(**self.args)
         self.asleep = False
         self._pending: set[str] = set()  # request-level ids not yet ended
