@@ -44,7 +44,7 @@ from agentrl.training.metrics import MetricsWriter
 from agentrl.training.model import load_causal_lm
 from agentrl.training.parent_watch import stop_when_orphaned
 from agentrl.training.preemption import CheckpointClock, StepBoundary, StoppedForRetry, stop_on_signals
-from agentrl.training.seeds import derived_seed
+from agentrl.training.seeds import derived_seed, rng_state_kept
 
 log = logging.getLogger("agentrl.grpo")
 
@@ -175,14 +175,15 @@ def build_components(cfg: Config, paths: GrpoPaths, ctx: dse.DistributedContext,
             ref_model, logit_chunk_tokens=cfg.grpo.logit_chunk_tokens, temperature=cfg.rollout.temperature
         )
     policy = engine.module.model
-    rollout_engine = make_engine(
-        cfg.rollout,
-        str(paths.model),
-        model=policy,
-        tokenizer=tokenizer,
-        colocated=True,
-        seed=derived_seed(cfg.seed, "grpo-engine", ctx.rank),
-    )
+    with rng_state_kept():  # vLLM's worker reseeds the global generators seeded in _train
+        rollout_engine = make_engine(
+            cfg.rollout,
+            str(paths.model),
+            model=policy,
+            tokenizer=tokenizer,
+            colocated=True,
+            seed=derived_seed(cfg.seed, "grpo-engine", ctx.rank),
+        )
     loop = AgentLoop(rollout_engine, tokenizer, CodeInterpreter(sandbox, cfg.tool), cfg.rollout)
     reward_fn = RewardFunction(reward_config(cfg, settings), sandbox)
     parts = Components(
