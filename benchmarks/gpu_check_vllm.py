@@ -11,8 +11,9 @@ a. **Engine**: ``VllmEngine`` colocated (external launcher, sleep mode, ``enforc
    change, and the engine's log-probs of its greedy tokens must follow a Hugging Face forward of
    the perturbed weights: mean |difference| <= the size's ``logp_tolerance`` (0.02 nats in bf16), while
    the unperturbed model's log-probs for the same tokens are at least 5x that far (so the check
-   can fail). Then sleep (the freed GPU memory is reported) and wake: greedy outputs unchanged;
-   sleep, push the same weights, generate: unchanged.
+   can fail). Then sleep at level 1 (weights kept on the host) and wake: greedy outputs
+   unchanged; sleep at level 2 as GRPO does (the freed GPU memory is reported), a wake-up without
+   a push refused, push the same weights, generate: unchanged.
 b. **Training beside a sleeping engine**: the engine asleep, one DeepSpeed ZeRO-2 bf16 step with
    gradient checkpointing on one sequence of ``LONG_SEQUENCE`` tokens; peak allocated memory and
    the step time reported, the loss finite.
@@ -234,11 +235,16 @@ def part_engine(state: dict[str, Any], size: dict[str, Any]) -> dict[str, Any]:
     stale_gap = mean_gap([o.logprobs for o in after], hf_logprobs(original, prompts, after))
     del original
     free_awake = free_gib()
-    engine.sleep()
-    free_asleep = free_gib()
+    engine.sleep(keep_weights=True)  # level 1: weights to host memory and back
     engine.wake_up()
     round_trip = engine.generate(prompts, greedy)
-    engine.sleep()
+    engine.sleep()  # level 2, as GRPO: weights discarded, the push brings them back
+    free_asleep = free_gib()
+    try:
+        engine.wake_up()
+        refused = False
+    except RuntimeError:
+        refused = True
     engine.update_weights(hf.named_parameters())
     pushed_again = engine.generate(prompts, greedy)
     tolerance = size["logp_tolerance"]
@@ -250,6 +256,7 @@ def part_engine(state: dict[str, Any], size: dict[str, Any]) -> dict[str, Any]:
         "logprobs_follow_pushed_weights": gap <= tolerance < stale_gap / 5,
         "sleep_wake_keeps_greedy_outputs": [o.token_ids for o in round_trip] == [o.token_ids for o in after],
         "sleep_push_keeps_greedy_outputs": [o.token_ids for o in pushed_again] == [o.token_ids for o in after],
+        "wake_without_push_refused": refused,
     }
     failed = [name for name, ok in checks.items() if not ok]
     return {
@@ -329,7 +336,8 @@ def part_decode(state: dict[str, Any], size: dict[str, Any]) -> dict[str, Any]:
     from agentrl.rollout import SamplingParams
 
     engine = state["engine"]
-    engine.wake_up()
+    if engine.asleep:  # part b slept it at level 2, as GRPO does: a push wakes it
+        engine.update_weights(state["hf"].named_parameters())
     generator = torch.Generator().manual_seed(1)
     vocab = size["model"]["vocab_size"]
     figures = {}
