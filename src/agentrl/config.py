@@ -169,6 +169,7 @@ class VllmConfig:
     tensor_parallel_size: int
     enforce_eager: bool
     max_num_seqs: int
+    colocated_memory: str  # fraction | measured (agentrl.rollout.memory_plan)
 
 
 @dataclass(frozen=True)
