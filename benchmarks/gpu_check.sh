@@ -1,19 +1,29 @@
 #!/usr/bin/env bash
 # GPU check, on one CUDA GPU without network, in two parts (about 7 minutes on an H100/H200):
 # 1. benchmarks/gpu_check.py: SFT steps and GRPO steps of a randomly initialised ~0.5 B-parameter
-#    Qwen3 in bf16 on DeepSpeed (ZeRO-2) with the hf rollout engine; training tokens/s and model
-#    FLOPs utilisation (about 3 minutes, limit 7.5).
-# 2. benchmarks/gpu_check_vllm.py: GRPO's colocated vLLM engine with CUDA graphs: weight push
-#    (outputs change, log-probs follow the HF forward of the pushed weights), sleep/wake, a ZeRO-2
-#    bf16 step with gradient checkpointing on a 16K-token sequence beside the sleeping engine (peak
-#    memory), decode tokens/s at 3K/6K/12K context (about 4 minutes). A part whose package is not
-#    importable (vllm, deepspeed) is reported as skipped in its summary, never as passed; without
-#    deepspeed part 1 is skipped (with a message) and part 2 runs the parts that do not need it.
+#    Qwen3 in bf16 on DeepSpeed (ZeRO-2) with the hf rollout engine: SFT tokens/s and model FLOPs
+#    utilisation, GRPO update tokens/s and MFU, hf-engine rollout tokens/s (about 3 minutes, limit 7.5).
+# 2. benchmarks/gpu_check_vllm.py: (a) GRPO's colocated vLLM engine with CUDA graphs: weight push
+#    (outputs change, log-probs follow the HF forward of the pushed weights), sleep level 1 / wake,
+#    sleep level 2 / push; (b) a ZeRO-2 bf16 step with gradient checkpointing on a 16K-token
+#    sequence (beside the sleeping engine when there is one; DeepSpeed only); (c) decode tokens/s
+#    at 3K/6K/12K context (about 4 minutes).
 #
-#   benchmarks/gpu_check.sh [summary.json]      # default: $OUT/gpu_check.json; part 2 writes
-#                                               # gpu_check_vllm.json beside it
+#   benchmarks/gpu_check.sh [summary.json] [--size tiny] # default: $OUT/gpu_check.json; part 2 writes
+#                                                       # gpu_check_vllm.json beside it
+#   GPU_CHECK_CARRY=gpu_carry benchmarks/gpu_check.sh   # on a lent machine, from benchmarks/gpu_carry.sh's wheels
+#
+# Every module a part needs is checked before anything starts (benchmarks/gpu_check_imports.py):
+# without one that every stage imports (jsonschema, pyyaml, transformers, ...) it stops at once,
+# naming it. A part whose package is missing (DeepSpeed: 1 and 2b; vLLM: 2a and 2c) is skipped,
+# never passed, and the others run.
+#
+# Exit status: 0 every part passed; 1 a part failed; 2 nothing could run (no GPU, or a module every
+# part needs is missing); 3 nothing failed but a part was skipped (so "0" always means all checked).
 #
 # Environment:
+#   GPU_CHECK_CARRY        a folder with wheels/ (benchmarks/gpu_carry.sh): what this machine lacks of
+#                          them is installed into $TMPDIR/gpu_check_site first (no index, no network)
 #   GPU_CHECK_PEAK_FLOPS   peak dense bf16 FLOP/s of the chip for the MFU (default 989e12: H100/H200 SXM)
 #   GPU_CHECK_ALLOW_CPU=1  run without a GPU (with --size tiny: tests the script on a CPU)
 #   GPU_CHECK_SIZE         0.5b (default) | tiny (both parts; --size in the arguments also reaches part 2)
@@ -21,6 +31,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+SKIPPED=3
 
 if [[ "${GPU_CHECK_ALLOW_CPU:-0}" != 1 ]]; then
     if ! command -v nvidia-smi > /dev/null || ! nvidia-smi > /dev/null 2>&1; then
@@ -30,16 +41,16 @@ if [[ "${GPU_CHECK_ALLOW_CPU:-0}" != 1 ]]; then
     fi
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 fi
-python -c "import torch, transformers" || {
-    echo "gpu_check: torch and transformers must be installed (pip install -e .): no part can run" >&2
-    exit 2
-}
-deepspeed=1
-python -c "import deepspeed" 2> /dev/null || {
-    deepspeed=0
-    echo "gpu_check: deepspeed is not importable here: part 1 (SFT/GRPO on DeepSpeed) and part 2b are SKIPPED," \
-         "not passed; the vLLM parts (2a, 2c) still run"
-}
+if [[ -n "${GPU_CHECK_CARRY:-}" ]]; then
+    site="${TMPDIR:-/tmp}/gpu_check_site"
+    python benchmarks/gpu_check_imports.py install "$GPU_CHECK_CARRY/wheels" "$site" || {
+        echo "gpu_check: installing the carried wheels from $GPU_CHECK_CARRY/wheels failed: nothing was run" >&2
+        exit 2
+    }
+    export PYTHONPATH="$PWD/src:$site${PYTHONPATH#"$PWD/src"}"
+fi
+python benchmarks/gpu_check_imports.py check || exit 2
+
 summary_dir="${OUT:-.}"
 size="${GPU_CHECK_SIZE:-0.5b}"
 previous=""
@@ -48,18 +59,32 @@ for arg in "$@"; do
     [[ "$arg" == --size=* ]] && size="${arg#--size=}"
     previous="$arg"
 done
-if [[ $# -gt 0 && "$1" != -* ]]; then summary_dir="$(dirname "$1")"; fi
+summary_file="$summary_dir/gpu_check.json"
+if [[ $# -gt 0 && "$1" != -* ]]; then summary_dir="$(dirname "$1")"; summary_file="$1"; fi
+mkdir -p "$summary_dir"
 
-status=0
-if [[ "$deepspeed" == 1 ]]; then
-    python benchmarks/gpu_check.py "$@" || status=$?
+failed=0
+skipped=()
+ran=()
+if python -c "import deepspeed" 2> /dev/null; then
+    if python benchmarks/gpu_check.py "$@"; then ran+=("1"); else failed=1; ran+=("1 (failed)"); fi
 else
-    summary_file="$summary_dir/gpu_check.json"
-    if [[ $# -gt 0 && "$1" != -* ]]; then summary_file="$1"; fi
-    mkdir -p "$summary_dir"
     echo '{"status": "skipped: deepspeed not importable on this machine"}' > "$summary_file"
     echo "gpu_check: part 1: skipped: deepspeed not importable on this machine (-> $summary_file)"
+    skipped+=("1")
 fi
 # Part 2 runs even when part 1 failed: its figures are independent; the exit status keeps the failure.
-python benchmarks/gpu_check_vllm.py "$summary_dir/gpu_check_vllm.json" --size "$size" || status=$?
-exit "$status"
+part2=0
+python benchmarks/gpu_check_vllm.py "$summary_dir/gpu_check_vllm.json" --size "$size" || part2=$?
+case "$part2" in
+    0) ran+=("2") ;;
+    "$SKIPPED") ran+=("2 (in part)"); skipped+=("in 2: see gpu_check_vllm.json") ;;
+    *) failed=1; ran+=("2 (failed)") ;;
+esac
+echo "gpu_check: ran: ${ran[*]:-none}; skipped: ${skipped[*]:-none}; summaries in $summary_dir"
+if [[ "$failed" != 0 ]]; then exit 1; fi
+if [[ ${#skipped[@]} -gt 0 ]]; then
+    echo "gpu_check: exit $SKIPPED: nothing failed, but not everything was checked"
+    exit "$SKIPPED"
+fi
+exit 0

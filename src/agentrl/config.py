@@ -115,7 +115,7 @@ class ModelConfig:
 @dataclass(frozen=True)
 class SandboxConfig:
     backend: Literal["local", "sandbox_fusion"]
-    workers: int | None  # None: the job's CPUs per process (agentrl.launch.cpus_per_process)
+    workers: int | None  # None: the job's CPUs per process (agentrl.cpus.cpus_per_process)
     timeout_s: float
     cpu_time_s: int
     memory_mb: int
@@ -172,6 +172,7 @@ class VllmConfig:
     tensor_parallel_size: int
     enforce_eager: bool
     max_num_seqs: int
+    colocated_memory: str  # fraction | measured (agentrl.rollout.memory_plan)
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,7 @@ Processes per node: ``--nproc N`` when given (rules pass their ``gpu`` resource:
 one-node job), else the GPUs the scheduler granted (CUDA_VISIBLE_DEVICES,
 then SLURM_GPUS_ON_NODE / SLURM_GPUS_PER_NODE / SLURM_JOB_GPUS), else one CPU process.
 
-CPUs: :func:`job_cpus` is what the job was really given (SLURM's allocation, else Snakemake's
-``threads``, never more than the CPUs this process may run on); :func:`cpus_per_process` shares it
-among the processes a launcher started on this node. The sandbox sizes its worker pool from it
-when ``sandbox.workers`` is null.
+CPUs: :mod:`agentrl.cpus` (what the job was given, and each process's share of it on a node).
 
 Several nodes under the Snakemake SLURM executor are refused (:func:`build_launch_command`): the
 executor runs every job inside its own one-task ``srun`` step, which already holds the job's GPUs
@@ -36,9 +33,12 @@ without a cluster.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping, Sequence
+
+from agentrl.cpus import cpus_per_process, job_cpus, visible_gpus
+
+__all__ = ["cpus_per_process", "job_cpus", "visible_gpus"]  # where they were before agentrl.cpus
 
 DEFAULT_MASTER_PORT = 29500
 NPROC_OPTION = "--nproc"  # every stage started through here accepts it
@@ -93,36 +93,6 @@ def first_host(nodelist: str) -> str:
     return host
 
 
-def _count_gpu_spec(spec: str) -> int | None:
-    """SLURM_GPUS_PER_NODE forms: ``8``, ``h100:8``, ``h100:4,a100:2``, ``8(x2)``."""
-    total = 0
-    for part in spec.split(","):
-        part = re.sub(r"\(x\d+\)$", "", part.strip())
-        count = part.rsplit(":", 1)[-1]
-        if not count.isdigit():
-            return None
-        total += int(count)
-    return total
-
-
-def visible_gpus(env: Mapping[str, str]) -> int | None:
-    """GPUs granted to this job on this node, from the environment; None when nothing says."""
-    cuda = env.get("CUDA_VISIBLE_DEVICES")
-    if cuda is not None:
-        ids = [d for d in cuda.split(",") if d.strip() and d.strip() != "-1"]
-        return len(ids)
-    if env.get("SLURM_GPUS_ON_NODE", "").strip().isdigit():
-        return int(env["SLURM_GPUS_ON_NODE"])
-    if env.get("SLURM_GPUS_PER_NODE"):
-        count = _count_gpu_spec(env["SLURM_GPUS_PER_NODE"])
-        if count is not None:
-            return count
-    for key in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
-        if env.get(key):
-            return len([d for d in env[key].split(",") if d.strip()])
-    return None
-
-
 def resolve_nproc_per_node(requested: str | int, env: Mapping[str, str]) -> int:
     """``--nproc``: a number (0 means no GPU: one CPU process) or ``auto`` (from the environment)."""
     if isinstance(requested, str) and requested.strip().lower() == "auto":
@@ -163,37 +133,6 @@ def _one_task_per_node_step(env: Mapping[str, str], nnodes: int) -> bool:
         and env.get("SLURM_STEP_NUM_NODES") == str(nnodes)
         and env.get("SLURM_STEP_NUM_TASKS") == str(nnodes)
     )
-
-
-def _positive_int(env: Mapping[str, str], key: str) -> int | None:
-    value = env.get(key, "").strip()
-    return int(value) if value.isdigit() and int(value) > 0 else None
-
-
-def job_cpus(env: Mapping[str, str], available: int | None = None) -> int:
-    """CPUs this job has on this node.
-
-    SLURM's allocation when it says (``SLURM_CPUS_PER_TASK``; else ``SLURM_CPUS_PER_GPU`` x the
-    node's GPUs), else Snakemake's ``threads`` (which it exports as ``OMP_NUM_THREADS`` to every
-    job), capped by ``available``: the CPUs this process may run on (its affinity mask, which
-    cgroups and SLURM's binding narrow), read from the OS when not given.
-    """
-    if available is None:
-        available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    per_gpu, gpus = _positive_int(env, "SLURM_CPUS_PER_GPU"), visible_gpus(env)
-    for granted in (
-        _positive_int(env, "SLURM_CPUS_PER_TASK"),
-        per_gpu * gpus if per_gpu and gpus else None,
-        _positive_int(env, "OMP_NUM_THREADS"),
-    ):
-        if granted is not None:
-            return max(1, min(granted, available))
-    return max(1, available)
-
-
-def cpus_per_process(env: Mapping[str, str], available: int | None = None) -> int:
-    """:func:`job_cpus` shared among the processes a launcher started on this node (LOCAL_WORLD_SIZE)."""
-    return max(1, job_cpus(env, available) // (_positive_int(env, "LOCAL_WORLD_SIZE") or 1))
 
 
 def world_size(env: Mapping[str, str], nproc_per_node: int) -> int:

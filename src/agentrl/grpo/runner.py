@@ -36,6 +36,7 @@ from agentrl.grpo.validation import EvalSet, fit_eval_sets, limit_problems, vali
 from agentrl.grpo.variants import AlgorithmSettings, resolve_algorithm
 from agentrl.model.folder import stamp_model_digest
 from agentrl.progress import progress
+from agentrl.rollout.memory_plan import TrainerMemory, trainer_growth_bytes
 from agentrl.tracking import Tracker
 from agentrl.training import deepspeed_engine as dse
 from agentrl.training.fingerprint import fingerprint_of, without_keys
@@ -44,7 +45,7 @@ from agentrl.training.metrics import MetricsWriter
 from agentrl.training.model import load_causal_lm
 from agentrl.training.parent_watch import stop_when_orphaned
 from agentrl.training.preemption import CheckpointClock, StepBoundary, StoppedForRetry, stop_on_signals
-from agentrl.training.seeds import derived_seed
+from agentrl.training.seeds import derived_seed, rng_state_kept
 
 log = logging.getLogger("agentrl.grpo")
 
@@ -73,6 +74,7 @@ NOT_IN_FINGERPRINT = {
     "rollout.vllm": (
         "gpu_memory_utilization",
         "colocated_gpu_memory_utilization",
+        "colocated_memory",
         "sleep_mode",
         "max_num_seqs",
         "enforce_eager",
@@ -176,14 +178,16 @@ def build_components(cfg: Config, paths: GrpoPaths, ctx: dse.DistributedContext,
             ref_model, logit_chunk_tokens=cfg.grpo.logit_chunk_tokens, temperature=cfg.rollout.temperature
         )
     policy = engine.module.model
-    rollout_engine = make_engine(
-        cfg.rollout,
-        str(paths.model),
-        model=policy,
-        tokenizer=tokenizer,
-        colocated=True,
-        seed=derived_seed(cfg.seed, "grpo-engine", ctx.rank),
-    )
+    with rng_state_kept():  # vLLM's worker reseeds the global generators seeded in _train
+        rollout_engine = make_engine(
+            cfg.rollout,
+            str(paths.model),
+            model=policy,
+            tokenizer=tokenizer,
+            colocated=True,
+            seed=derived_seed(cfg.seed, "grpo-engine", ctx.rank),
+            trainer_memory=trainer_memory(cfg, policy, ctx.world_size),
+        )
     loop = AgentLoop(
         rollout_engine,
         tokenizer,
@@ -206,6 +210,18 @@ def build_components(cfg: Config, paths: GrpoPaths, ctx: dse.DistributedContext,
     )
     log.info("old log-probs: %s (grpo.old_logprobs: %s)", parts.old_logprobs, cfg.grpo.old_logprobs)
     return parts, tokenizer
+
+
+def trainer_memory(cfg: Config, policy: torch.nn.Module, world_size: int) -> TrainerMemory:
+    """What this rank's trainer adds at its first step, and the rank's trajectories per rollout
+    (for ``rollout.vllm.colocated_memory: measured``)."""
+    parameters = sum(p.numel() for p in policy.parameters())
+    param_bytes = next(policy.parameters()).element_size()
+    return TrainerMemory(
+        parameters=parameters,
+        growth_bytes=trainer_growth_bytes(parameters, world_size, cfg.grpo.deepspeed.zero_stage, param_bytes),
+        trajectories_per_rank=cfg.grpo.batch_prompts * cfg.grpo.n // world_size,
+    )
 
 
 def export_policy(model, tokenizer, folder: Path) -> None:

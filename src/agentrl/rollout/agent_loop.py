@@ -9,6 +9,14 @@ and generation goes on; a trajectory ends on a turn without a tool call (``stop`
 ``rollout.max_response_tokens`` is spent, tool tokens included (``length``). A malformed call is
 answered with ``"Error when executing tool: ..."`` and the trajectory goes on.
 
+Context: no request is longer than :func:`agentrl.rollout.context.context_tokens` (the engine's
+``max_model_len``; the smaller of the two when the engine has its own). Each turn may generate
+what the budget has left and what the context has left, whichever is less; a trajectory whose
+next turn would not fit after a tool response ends ``length``, as at the budget, and is scored
+as any truncated response. With the context that function computes this never binds for a
+prompt ``fit-prompts`` kept; it keeps a prompt that renders longer than measured from failing
+the engine (vLLM refuses a request of ``max_model_len`` tokens).
+
 Scheduling (``rollout.scheduling``):
 - ``per_trajectory`` (default; upstream's asynchronous agent loop, one coroutine per
   trajectory): every trajectory is a chain of engine requests (:class:`engine.Request`, one per
@@ -69,6 +77,7 @@ from dataclasses import dataclass, field
 from agentrl.config import RolloutConfig
 from agentrl.data.prompt_fit import prompt_length, rendered_prompt_ids
 from agentrl.data.records import Problem, Trajectory
+from agentrl.rollout.context import context_tokens, request_room
 from agentrl.rollout.engine import Engine, GenerationOutput, Request, SamplingParams
 from agentrl.rollout.tool_parser import ToolCall, ToolTurnFormat, parse_tool_call
 from agentrl.tools.health import InfraFailureBound
@@ -149,6 +158,12 @@ class AgentLoop:
         self.infra_bound = infra_bound
         self.format = ToolTurnFormat(tokenizer)
         self.stats = RolloutStats()
+        # The longest request: the engine's own limit where it has one (vLLM's max_model_len;
+        # engines without one, and test doubles, have no attribute or None).
+        engine_limit = getattr(engine, "max_model_len", None)
+        self.context = context_tokens(tokenizer, cfg)
+        if engine_limit is not None:
+            self.context = min(self.context, engine_limit)
 
     def prompt_ids(self, problem: Problem) -> list[int]:
         """The problem's messages rendered with the tool schema and the generation prompt.
@@ -164,6 +179,12 @@ class AgentLoop:
                 f"problem {problem.id!r}: the rendered prompt is {length} tokens, over "
                 f"rollout.max_prompt_tokens={self.cfg.max_prompt_tokens}; drop it before the run "
                 "(python -m agentrl fit-prompts, the fit_prompts rule) or raise the limit"
+            )
+        if len(ids) >= self.context:
+            raise ValueError(
+                f"problem {problem.id!r}: the prompt as sent (tool schema included) is {len(ids)} tokens, "
+                f"not below the engine's context of {self.context} tokens; raise rollout.max_prompt_tokens's "
+                "headroom or drop the prompt"
             )
         return ids
 
@@ -321,7 +342,7 @@ class AgentLoop:
             request_id=f"{index}:{turn}{attempt}",
             prompt_ids=rollout.prompt_ids + rollout.response_ids,
             params=params.replace(
-                max_tokens=self.cfg.max_response_tokens - len(rollout.response_ids),
+                max_tokens=self._room(rollout),
                 seed=turn_seed(seed, rollout.problem.id, rollout.sample_index, turn),
             ),
             session=str(index),
@@ -336,7 +357,7 @@ class AgentLoop:
             outputs = self.engine.generate(
                 [r.prompt_ids + r.response_ids for r in live],
                 params.replace(max_tokens=budget),
-                max_tokens=[budget - len(r.response_ids) for r in live],
+                max_tokens=[self._room(r) for r in live],
                 # A rollout's own turn number: a retried one starts again at 0 (live ones are all
                 # at the same turn otherwise).
                 seeds=[turn_seed(seed, r.problem.id, r.sample_index, r.num_turns) for r in live],
@@ -372,6 +393,12 @@ class AgentLoop:
                 self._answer_result(rollout, call, result)
 
     # ------------------------------------------------------------------ one turn, either way
+    def _room(self, rollout: _Rollout) -> int:
+        """Tokens the rollout's next turn may generate (the budget left, within the context)."""
+        return request_room(
+            self.context, len(rollout.prompt_ids), len(rollout.response_ids), self.cfg.max_response_tokens
+        )
+
     def _end_turn(self, rollout: _Rollout, output: GenerationOutput) -> ToolCall | None:
         """Append a generated turn; returns the tool call to answer, or None when the rollout ended."""
         rollout.add_generated(output.token_ids, output.logprobs)
@@ -449,6 +476,8 @@ class AgentLoop:
             self._insert(rollout, [self.format.end_of_turn_id])
             return
         self._insert(rollout, response)
+        if rollout.finish_reason is None and self._room(rollout) < 1:
+            rollout.finish_reason = "length"  # the next turn would not fit the engine's context
 
     def _insert(self, rollout: _Rollout, ids: list[int]) -> None:
         """Append loop-inserted tokens (mask 0), cut to the budget; a full budget ends the trajectory."""

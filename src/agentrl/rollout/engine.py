@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     import torch
 
     from agentrl.config import RolloutConfig
+    from agentrl.rollout.memory_plan import TrainerMemory
 
 
 @dataclass(frozen=True)
@@ -171,7 +172,9 @@ class Engine(Protocol):
 
     def sleep(self) -> None:
         """Free the accelerator memory the engine holds, for the trainer's update, until the next
-        ``update_weights`` or ``generate`` (a no-op where nothing can be freed)."""
+        ``update_weights``, which brings the weights back (a no-op where nothing can be freed). An
+        engine may discard its weights here (vLLM does: the push overwrites them), so a generate
+        before that push may be refused."""
         ...
 
 
@@ -212,7 +215,14 @@ def load_policy(model_dir: str, *, dtype: str = "auto", device: str | None = Non
 
 
 def make_engine(
-    cfg: RolloutConfig, model_dir: str, *, model=None, tokenizer=None, colocated: bool = False, seed: int = 0
+    cfg: RolloutConfig,
+    model_dir: str,
+    *,
+    model=None,
+    tokenizer=None,
+    colocated: bool = False,
+    seed: int = 0,
+    trainer_memory: TrainerMemory | None = None,
 ) -> Engine:
     """The engine named by ``cfg.engine``.
 
@@ -220,7 +230,9 @@ def make_engine(
     updates are free) or loads ``model_dir``. ``vllm`` always loads ``model_dir`` into an
     in-process vLLM engine; the trainer pushes new weights with ``update_weights``. ``colocated``:
     the engine of one trainer rank (GRPO: vLLM's external launcher on the rank's own device, see
-    :mod:`agentrl.rollout.vllm_engine`), ``seed`` its default seed (requests carry their own).
+    :mod:`agentrl.rollout.vllm_engine`), ``seed`` its default seed (requests carry their own),
+    ``trainer_memory`` what the trainer beside it still needs (``rollout.vllm.colocated_memory:
+    measured``; engines that share the trainer's module need none).
     """
     if cfg.engine == "hf":
         from agentrl.rollout.hf_engine import HFEngine
@@ -235,7 +247,7 @@ def make_engine(
     if cfg.engine == "vllm":
         from agentrl.rollout.vllm_engine import VllmEngine
 
-        return VllmEngine(model_dir, cfg, seed=seed, colocated=colocated)
+        return VllmEngine(model_dir, cfg, seed=seed, colocated=colocated, trainer_memory=trainer_memory)
     raise ValueError(f"rollout.engine = {cfg.engine!r} is not known; choose one of: hf, vllm")
 
 

@@ -19,9 +19,13 @@ Two placements (:func:`engine_arguments`):
   update; it is refused (``rollout.vllm.tensor_parallel_size``) - Qwen3-4B and Qwen2.5-7B fit
   one GPU each. Memory: ``rollout.vllm.colocated_gpu_memory_utilization`` (the trainer holds the
   rest); with ``rollout.vllm.sleep_mode`` on a GPU the engine sleeps while the trainer recomputes
-  log-probs and updates (:meth:`VllmEngine.sleep`: weights offloaded to host memory, KV cache
-  dropped) and :meth:`VllmEngine.update_weights` wakes it in the order that never holds two
-  copies: weights, new weights pushed, then the KV cache.
+  log-probs and updates (:meth:`VllmEngine.sleep`: vLLM's sleep level 2, weights and KV cache
+  discarded, since the push that follows overwrites the weights anyway; level 1 would copy them
+  to pinned host memory and back every step: twice the weights over PCIe per rank and their size
+  pinned in host RAM per rank, as TRL and verl avoid) and :meth:`VllmEngine.update_weights` wakes
+  it in the order that never holds two copies: weight memory, new weights pushed, then the KV
+  cache. Generating from an engine whose weights were discarded is refused (no path can roll
+  out with freed weights); ``sleep(keep_weights=True)`` is level 1, for a wake-up without a push.
 - **standalone** (scoring, evaluation, rollout CLI): the engine has the accelerator to itself,
   ``rollout.vllm.gpu_memory_utilization`` (about 0.9 at paper scale) and
   ``rollout.vllm.tensor_parallel_size`` as configured.
@@ -57,6 +61,7 @@ this engine only under ``if __name__ == "__main__"`` in scripts.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -64,7 +69,9 @@ from typing import Any
 import torch
 
 from agentrl.config import ConfigError, RolloutConfig, colocated_engine_problems
+from agentrl.rollout.context import context_tokens
 from agentrl.rollout.engine import GenerationOutput, Request, SamplingParams, default_device, resolve_dtype
+from agentrl.rollout.memory_plan import TrainerMemory, measured_plan
 
 
 def check_colocated(cfg: RolloutConfig) -> None:
@@ -75,13 +82,24 @@ def check_colocated(cfg: RolloutConfig) -> None:
         raise ConfigError("; ".join(problems))
 
 
-def engine_arguments(model_dir: str, cfg: RolloutConfig, *, device: str, seed: int, colocated: bool) -> dict[str, Any]:
+def engine_arguments(
+    model_dir: str,
+    cfg: RolloutConfig,
+    *,
+    device: str,
+    seed: int,
+    colocated: bool,
+    max_model_len: int,
+    colocated_share: float | None = None,
+) -> dict[str, Any]:
     """The keyword arguments of ``vllm.LLM`` for this placement (a pure function of its inputs).
 
-    Colocated: external launcher, TP 1, the colocated memory fraction, sleep mode where the
-    platform has it (CUDA). Standalone: vLLM's default executor, the configured TP and fraction.
+    ``max_model_len``: the longest request the agent loop sends
+    (:func:`agentrl.rollout.context.context_tokens`: the prompt as rendered with the tool schema
+    plus the response budget). Colocated: external launcher, TP 1, the colocated memory
+    fraction (``colocated_share`` when a memory plan measured one), sleep mode where the platform
+    has it (CUDA). Standalone: vLLM's default executor, the configured TP and fraction.
     """
-    max_model_len = cfg.max_prompt_tokens + cfg.max_response_tokens
     args: dict[str, Any] = {
         "model": str(model_dir),
         "dtype": str(resolve_dtype(cfg.dtype, device)).removeprefix("torch."),
@@ -97,7 +115,7 @@ def engine_arguments(model_dir: str, cfg: RolloutConfig, *, device: str, seed: i
         args |= {
             "distributed_executor_backend": "external_launcher",
             "tensor_parallel_size": 1,
-            "gpu_memory_utilization": cfg.vllm.colocated_gpu_memory_utilization,
+            "gpu_memory_utilization": colocated_share or cfg.vllm.colocated_gpu_memory_utilization,
             "enable_sleep_mode": cfg.vllm.sleep_mode and device.startswith("cuda"),
         }
     else:
@@ -168,15 +186,39 @@ class VllmEngine:
     the process group must exist already (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` set).
     """
 
-    def __init__(self, model_dir: str, cfg: RolloutConfig, *, seed: int = 0, colocated: bool = False) -> None:
+    def __init__(
+        self,
+        model_dir: str,
+        cfg: RolloutConfig,
+        *,
+        seed: int = 0,
+        colocated: bool = False,
+        trainer_memory: TrainerMemory | None = None,
+    ) -> None:
         # In-process engine core: the only way update_weights can hand tensors over by reference.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vLLM-CPU's default is 4
+        from transformers import AutoTokenizer
         from vllm import LLM
 
-        self.args = engine_arguments(model_dir, cfg, device=default_device(), seed=seed, colocated=colocated)
+        self.max_model_len = context_tokens(AutoTokenizer.from_pretrained(str(model_dir)), cfg)
+        device = default_device()
+        self.memory_plan = None
+        if colocated and cfg.vllm.colocated_memory == "measured" and device == "cuda" and trainer_memory is not None:
+            self.memory_plan = measured_plan(model_dir, cfg, trainer_memory, self.max_model_len)
+            logging.getLogger("agentrl.rollout").info("%s", self.memory_plan.summary())
+        self.args = engine_arguments(
+            model_dir,
+            cfg,
+            device=device,
+            seed=seed,
+            colocated=colocated,
+            max_model_len=self.max_model_len,
+            colocated_share=None if self.memory_plan is None else self.memory_plan.gpu_memory_utilization,
+        )
         self.llm = LLM(**self.args)
         self.asleep = False
+        self.weights_discarded = False  # asleep at level 2: only a push brings weights back
         self._pending: set[str] = set()  # request-level ids not yet ended
 
     def generate(
@@ -248,24 +290,42 @@ class VllmEngine:
         weights = [(name, tensor.detach()) for name, tensor in named_tensors]
         assert weights, "update_weights got no tensors"
         if self.asleep:
-            self.llm.wake_up(tags=["weights"])  # the old weights' memory back, the KV cache still freed
+            if torch.cuda.is_available():
+                # what the update freed is still cached by torch's allocator; vLLM maps its own
+                # memory (cuMem), which that cache would otherwise hold (verl empties it as well)
+                torch.cuda.empty_cache()
+            self.llm.wake_up(tags=["weights"])  # the weights' memory back, the KV cache still freed
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         if default_device() == "cpu":
             self.llm.apply_model(refresh_cpu_lm_head)
         if self.asleep:
             self.llm.wake_up(tags=["kv_cache"])
             self.asleep = False
+            self.weights_discarded = False
         self.llm.reset_prefix_cache()
 
-    def sleep(self) -> None:
-        """Free the accelerator for the trainer until the next :meth:`update_weights` or generate:
-        weights to host memory, KV cache dropped (vLLM sleep level 1; a no-op worker on CPU)."""
+    def sleep(self, keep_weights: bool = False) -> None:
+        """Free the accelerator for the trainer until the next :meth:`update_weights`.
+
+        Default: vLLM's sleep level 2, weights and KV cache discarded (the push that follows
+        replaces the weights; vLLM keeps the model's buffers, e.g. rotary tables, on the host);
+        until that push, generating is refused. ``keep_weights``: level 1, weights copied to
+        host memory, for a :meth:`wake_up` without a push. A no-op worker on CPU (vLLM-CPU has
+        no sleep mode); the bookkeeping, and so the refusal, is the same there.
+        """
         if not self.asleep:
-            self.llm.sleep(level=1)
+            self.llm.sleep(level=1 if keep_weights else 2)
             self.asleep = True
+            self.weights_discarded = not keep_weights
 
     def wake_up(self) -> None:
-        """Weights and KV cache back as they were (for a generate without a weight update)."""
+        """Weights and KV cache back as they were (for a generate without a weight update);
+        refused after a level-2 sleep, whose weights are gone until :meth:`update_weights`."""
         if self.asleep:
+            if self.weights_discarded:
+                raise RuntimeError(
+                    "the vLLM engine slept at level 2 (its weights were discarded): push weights with "
+                    "update_weights() before generating, or sleep(keep_weights=True) to wake up without a push"
+                )
             self.llm.wake_up()
             self.asleep = False

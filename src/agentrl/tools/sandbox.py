@@ -521,10 +521,11 @@ def make_sandbox(cfg: SandboxConfig) -> Sandbox:
     """The backend ``sandbox.backend`` names: ``local`` or ``sandbox_fusion``.
 
     ``sandbox.workers: null`` sizes the pool to the CPUs this process of the job has
-    (:func:`agentrl.launch.cpus_per_process`): SLURM's allocation or Snakemake's threads.
+    (:func:`agentrl.cpus.cpus_per_process`): SLURM's allocation or Snakemake's threads, a
+    training rank's share of them under torchrun.
     """
     if cfg.workers is None:
-        from agentrl.launch import cpus_per_process
+        from agentrl.cpus import cpus_per_process
 
         cfg = dataclasses.replace(cfg, workers=cpus_per_process(os.environ))
         logger.info("sandbox: %d workers (sandbox.workers: null follows the job's CPUs)", cfg.workers)

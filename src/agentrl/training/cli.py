@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,24 +38,52 @@ def add_training_arguments(parser: argparse.ArgumentParser, section: str) -> Non
         default="auto",
         help="processes per node: a number (0 = one CPU process) or auto (GPUs granted, else 1)",
     )
-    parser.add_argument("--threads", type=int, help="CPU threads for torch per process (the rule's threads)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="the job's CPU threads (the rule's threads); each of the node's processes gets an equal share",
+    )
 
 
 def launch(parser: argparse.ArgumentParser, stage: str, argv: Sequence[str], args: argparse.Namespace) -> None:
     """Re-execute under torchrun/srun when ``--nproc`` asks for more processes than this one (does
-    not return then); else set the torch threads and quiet DeepSpeed's INFO lines."""
+    not return then); else set this process's share of the job's CPUs as its torch threads and
+    ``OMP_NUM_THREADS`` (:func:`agentrl.cpus.claim_process_cpus`), and quiet DeepSpeed's INFO lines.
+
+    CUDA's caching allocator gets expandable segments first (:func:`cuda_allocator_settings`),
+    so that torchrun's ranks inherit them.
+    """
+    import os
+
     from agentrl.launch import relaunch_if_needed
 
+    os.environ.update(cuda_allocator_settings(os.environ))
     try:
         relaunch_if_needed(stage, list(argv), args.nproc)
     except ValueError as exc:
         parser.error(str(exc))
     import deepspeed
 
+    from agentrl.cpus import claim_process_cpus
     from agentrl.training.threads import set_torch_threads
 
     deepspeed.utils.logger.setLevel(logging.WARNING)
-    set_torch_threads(args.threads)
+    set_torch_threads(claim_process_cpus(args.threads))
+
+
+def cuda_allocator_settings(env: Mapping[str, str]) -> dict[str, str]:
+    """``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` unless the environment sets its own.
+
+    A training step allocates tensors of every size (Adam's states appear at the first step, the
+    activations of a 20K-token micro-batch come and go), which fragments fixed-size cached
+    segments; with a colocated engine asleep the memory it wants back on waking must be free in
+    one piece. Expandable segments grow and shrink in place (verl sets the same for its trainers).
+    vLLM's sleep-mode pool turns them off for its own allocations and back on after
+    (``device_allocator/cumem.py``). Read at CUDA's first allocation: nothing changes on a CPU.
+    """
+    if "PYTORCH_CUDA_ALLOC_CONF" in env:
+        return {}
+    return {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 
 
 def deepspeed_config(args: argparse.Namespace, zero_stage: int) -> Path:

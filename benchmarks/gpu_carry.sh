@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The carry set of benchmarks/gpu_check.sh: wheels of what a lent GPU machine (torch with CUDA,
+# no DeepSpeed, no jsonschema) lacks, under the 64 MiB it takes per call.
+#
+#   benchmarks/gpu_carry.sh [OUT_DIR] [PYTHON_VERSIONS]   # default: gpu_carry/, "310 311 312 313"
+#
+# - DeepSpeed: the installed release, built here as a wheel (`pip wheel --no-deps`, no build
+#   isolation: its setup imports torch; no ops are compiled, they build just in time on the GPU
+#   if ever needed, and the check's AdamW is torch's).
+# - The other distributions of benchmarks/gpu_check_imports.py's CARRIED list at the versions
+#   installed here, as released wheels on manylinux x86_64; the compiled ones (rpds-py,
+#   pydantic-core, msgpack, pyyaml; psutil and ninja are abi-independent) for each of
+#   PYTHON_VERSIONS, since the device's Python version is not known here (about 15 MiB for four);
+#   gpu_check.sh's import check names whatever is still missing there.
+#
+# Then, on the lent machine (the repository travels; the carry folder is git-ignored, so named):
+#   run(command="GPU_CHECK_CARRY=gpu_carry benchmarks/gpu_check.sh", carry=["gpu_carry"], timeout_s=600)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out="${1:-gpu_carry}"
+python_versions="${2:-310 311 312 313}"
+limit=$((64 * 1024 * 1024))
+
+rm -rf "$out"
+mkdir -p "$out/wheels"
+version_of() { python -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$1"; }
+
+deepspeed_version="$(version_of deepspeed)"
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+quietly() {  # pip's output only when it fails
+    "$@" > "$log" 2>&1 || { grep -v "is ignored: it is neither a file nor a directory" "$log" >&2; exit 1; }
+}
+quietly python -m pip wheel --no-deps --no-build-isolation "deepspeed==$deepspeed_version" -w "$out/wheels"
+
+pins=()
+for dist in $(python benchmarks/gpu_check_imports.py carried); do
+    [[ "$dist" == deepspeed ]] && continue
+    pins+=("$dist==$(version_of "$dist")")
+done
+for python_version in $python_versions; do
+    quietly python -m pip download --no-deps --only-binary=:all: --python-version "$python_version" \
+        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 --platform linux_x86_64 -d "$out/wheels" "${pins[@]}"
+done
+
+size=$(du -sb "$out" | cut -f1)
+echo "gpu_carry: $(ls "$out/wheels" | wc -l) wheels for CPython $python_versions in $out: $((size / 1024)) KiB (limit $((limit / 1024)) KiB)"
+ls "$out/wheels"
+if (( size > limit )); then
+    echo "gpu_carry: $out is over the 64 MiB a device call carries" >&2
+    exit 1
+fi
+echo 'gpu_carry: on the lent machine: run(command="GPU_CHECK_CARRY='"$out"' benchmarks/gpu_check.sh", carry=["'"$out"'"], timeout_s=600)'

@@ -1,0 +1,99 @@
+"""bf16 training on the paper preset accumulates and reduces gradients in fp32.
+
+DeepSpeed 0.19's ZeRO-2 and ZeRO-3 accumulate micro-batch gradients in the model dtype unless
+``data_types.grad_accum_dtype`` says otherwise (``DeepSpeedEngine.get_data_types``), and reduce
+them in it unless ``communication_data_type`` does; with 10-16 micro-batches per mini-batch in
+bf16 that loses the small ones. configs/deepspeed/zero2.json and zero3.json set both to fp32.
+The engine here is built as the stages build it (``build_stage_engine``) from the preset's SFT
+(ZeRO-3) and GRPO (ZeRO-2) sections on a tiny bf16 Qwen3, on CPU (DeepSpeed's CPU accelerator
+runs bf16), and asked what it uses; two micro-batches then run to show the gradient buffer it
+accumulates into is fp32.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from agentrl.config import load_config
+from agentrl.training.deepspeed_engine import build_stage_engine, find_deepspeed_config, init_distributed
+
+ROOT = Path(__file__).resolve().parents[1]
+_LAUNCHER_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(scope="module")
+def process_group():
+    """One one-process group for both engines (DeepSpeed keeps its data-parallel group between
+    engines, so a second group would not be the one it knows); the launcher keys are restored after."""
+    import torch.distributed as dist
+
+    saved = {key: os.environ.pop(key) for key in _LAUNCHER_KEYS if key in os.environ}
+    yield init_distributed()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    for key in _LAUNCHER_KEYS:
+        os.environ.pop(key, None)
+    os.environ.update(saved)
+
+
+def _paper_section(name: str):
+    raw = yaml.safe_load((ROOT / "presets" / "paper-qwen3-4b.yaml").read_text(encoding="utf-8"))
+    return getattr(load_config(raw), name)
+
+
+def _tiny_qwen3() -> torch.nn.Module:
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=64,
+    )
+    return Qwen3ForCausalLM(config).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize(("section", "stage"), [("sft", 3), ("grpo", 2)])
+def test_the_paper_preset_accumulates_and_reduces_bf16_gradients_in_fp32(process_group, section, stage):
+    settings = _paper_section(section)
+    assert (settings.deepspeed.zero_stage, settings.deepspeed.dtype) == (stage, "bfloat16")
+    engine = build_stage_engine(
+        _tiny_qwen3(),
+        settings,
+        find_deepspeed_config(stage),
+        process_group,
+        torch.bfloat16,
+        hidden_size=32,
+        micro_batch_size=1,
+        accumulation=2,
+        warmup_steps=0,
+        total_steps=4,
+    )
+    assert engine.zero_optimization_stage() == stage
+    assert engine.get_data_types() == (torch.bfloat16, torch.float32), "model dtype, gradient accumulation dtype"
+    assert engine.communication_data_type == torch.float32
+    assert engine.optimizer.gradient_accumulation_dtype == torch.float32
+    assert engine.optimizer.communication_data_type == torch.float32
+
+    ids = torch.randint(0, 128, (1, 16), generator=torch.Generator().manual_seed(1))
+    for _ in range(2):  # two micro-batches of one optimizer step
+        loss = engine(input_ids=ids, labels=ids).loss
+        engine.backward(loss)
+    assert all(p.dtype == torch.bfloat16 for p in engine.module.parameters()), "the model trains in bf16"
+    if stage == 2:  # the reduced gradients are added into an fp32 partition
+        buffers = [group.flat_partition for group in engine.optimizer.averaged_gradients.values()]
+    else:
+        buffers = [engine.optimizer.grad_partitions_flat_buffer]
+    assert buffers and all(b.dtype == torch.float32 for b in buffers)
+    assert any(bool(b.abs().sum() > 0) for b in buffers), "the gradients went into that buffer"
+    engine.step()
