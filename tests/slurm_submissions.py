@@ -38,7 +38,8 @@ def describe(job) -> dict:
         "slurm_logfile": f".snakemake/slurm_logs/rule_{job.name}/%j.log",
         "comment_str": f"rule_{job.name}",
         "account": f" -A {job.resources.get('slurm_account')}",
-        "partition": slurm.Executor.get_partition_arg(executor, job),
+        # without a partition the plugin asks sinfo for the cluster's default: none here
+        "partition": slurm.Executor.get_partition_arg(executor, job) if job.resources.get("slurm_partition") else "",
         "workdir": None,
     }
     sbatch = get_submit_command(job, params) + set_gres_string(job)
@@ -55,6 +56,9 @@ def describe(job) -> dict:
         "mpi": "mpi" in job.resources.keys(),
         "sbatch": sbatch,
         "srun": srun,
+        # what the job runs and in which env (tests/test_envs.py checks the env has what it imports)
+        "conda_env": str(job.rule.conda_env) if job.rule.conda_env else None,
+        "shell": job.rule.shellcmd,
     }
 
 
