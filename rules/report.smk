@@ -101,4 +101,4 @@ rule report:
         "python -m agentrl report --metrics {input.metrics} {params.optional} "
         "--published {input.published} {params.published} {params.model_configs} "
         "--table-md {output.table_md} --table-csv {output.table_csv} "
-        "--accuracy-plot {output.accuracy} --modes-plot {output.modes} > {log} 2>&1"
+        "--accuracy-plot {output.accuracy} --modes-plot {output.modes} 2>&1 | keep_log {log}"
