@@ -48,7 +48,7 @@ rule ablation_stitched_data:
     threads: 2
     shell:
         "python -m agentrl prepare-data --config-json {params.cfg:q} "
-        "--sft {output.sft} --rl-pool {output.rl_pool} --eval-dir {params.eval_dir} > {log} 2>&1"
+        "--sft {output.sft} --rl-pool {output.rl_pool} --eval-dir {params.eval_dir} 2>&1 | keep_log {log}"
 
 
 rule ablation_stitched_sft:
@@ -78,7 +78,7 @@ rule ablation_stitched_sft:
             "--out {params.out_dir} --metrics {output.metrics} --checkpoint-dir {params.checkpoints} "
             "--nproc {resources.gpu} --threads {threads}"
         )
-        + " > {log} 2>&1"
+        + " 2>&1 | keep_log {log}"
 
 
 rule ablation_grpo:
@@ -112,7 +112,7 @@ rule ablation_grpo:
             "--train {input.train} --eval {input.eval} --out {params.out_dir} --metrics {output.metrics} "
             "--checkpoint-dir {params.checkpoints} --nproc {resources.gpu} --threads {threads}"
         )
-        + " > {log} 2>&1"
+        + " 2>&1 | keep_log {log}"
 
 
 rule ablation_evaluate:
@@ -143,7 +143,7 @@ rule ablation_evaluate:
             "--problems {input.problems} --benchmark {wildcards.benchmark} {params.max_problems} "
             "--samples {output.samples} --metrics {output.metrics}"
         )
-        + " > {log} 2>&1"
+        + " 2>&1 | keep_log {log}"
 
 
 rule ablation_report:
@@ -185,7 +185,7 @@ rule ablation_report:
     threads: 1
     shell:
         "python -m agentrl report ablations --config-json {params.cfg:q} --training {input.training} "
-        "--eval-metrics {input.eval_metrics} --samples {input.samples} --out-dir {params.out_dir} > {log} 2>&1"
+        "--eval-metrics {input.eval_metrics} --samples {input.samples} --out-dir {params.out_dir} 2>&1 | keep_log {log}"
 
 
 rule ablations:

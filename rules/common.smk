@@ -10,11 +10,25 @@ from snakemake.logging import logger
 
 RESULTS = config["results_dir"]
 LOGS = f"{RESULTS}/logs"  # under results_dir: runs of two presets keep their own logs
-SRC = str(Path(workflow.basedir).parent / "src")
+SRC = str(Path(workflow.current_basedir).parent / "src")  # this file's folder: also when used as a module
 
 # Stages run as `python -m agentrl ...`; with the package installed (pip install -e .) this is a
 # no-op, inside a per-rule conda env (--sdm conda) it makes the checkout's package importable.
-shell.prefix(f"export PYTHONPATH={SRC}:$PYTHONPATH; ")
+# Every rule's command ends in `2>&1 | keep_log {log}`: its output goes to the rule's log
+# and is appended, under a line naming the attempt, to <log name>.attempts.log beside it (the
+# log's first line names that file). Snakemake deletes a job's log before each attempt, so a retry
+# (retries, a resubmission after a timeout or preemption) would erase the failed attempt's log;
+# the attempts file is no output or log of any rule, and is written as the job runs (a job killed
+# by SLURM keeps what it wrote). The shell's pipefail keeps the command's exit status. The copy
+# ignores the stop signals: SLURM sends SIGTERM to every process of a job before preemption and at
+# the time limit, and the training stages then finish their step and log their checkpoint.
+KEEP_LOG = (
+    "keep_log() {{ trap '' TERM USR1 USR2 INT HUP; "
+    'local attempts; attempts="$(dirname "$1")/$(basename "$1" .log).attempts.log"; '
+    'echo "=== attempt started $(date -u "+%F %T UTC") on $(hostname) (SLURM job ${{SLURM_JOB_ID:-none}}); '
+    'this attempt: $1, every attempt: $attempts ===" | tee "$1" >> "$attempts"; tee -a "$1" >> "$attempts"; }}; '
+)
+shell.prefix(f"export PYTHONPATH={SRC}:$PYTHONPATH; {KEEP_LOG}")
 
 sys.path.insert(0, SRC)  # the checkout's package decides what is read from the hub
 from agentrl.config import load_config, process_count_problems  # noqa: E402
@@ -130,6 +144,70 @@ def check_one_node_per_job():
                     "so a per-node srun for torchrun cannot start. Use nodes: 1 with up to a node's GPUs, or "
                     "submit multi-node training with sbatch (docs/paper-scale.md, 'Several nodes')."
                 )
+
+
+def _constant(resource):
+    """A rule's resource value when it is a constant (a callable stays unknown until its jobs exist)."""
+    if hasattr(resource, "is_evaluable"):
+        return None if resource.is_evaluable() else resource.value
+    return None if callable(resource) else resource
+
+
+def _rule_resources(each):
+    """A rule's constant resources with the --default-resources it has no own value for."""
+    defaults = workflow.resource_settings._parsed_default_resources
+    merged = {name: _constant(value) for name, value in (defaults.items() if defaults is not None else [])}
+    merged.update({name: _constant(value) for name, value in each.resources.items()})
+    return {name: value for name, value in merged.items() if value is not None}
+
+
+GPU_SETTING = "AGENTRL_GPUS_PER_NODE"  # read by the workflow profile, workflow/profiles/default
+
+
+def check_gpu_requests():
+    """Refuse, when the workflow loads, GPU requests that would fail once jobs run.
+
+    - More ``gpu`` in one rule than ``--resources gpu`` allows. Snakemake's scheduler
+      would stop when that job is ready, after the jobs before it ran, while a dry run passes.
+    - A GPU pool (``--resources gpu=N``, profiles/local) that no rule asks a GPU of. The
+      workflow profile was given no GPU count, and the GPU stages would run on CPUs.
+    - GPUs asked by ``gres``: on_gpus reads the job's ``gpu`` resource (the processes and devices
+      it starts), which stays 0 then; the SLURM plugin builds ``--gpus`` from ``gpu`` and
+      ``gpu_model`` just as well.
+    """
+    pool = _constant(workflow.global_resources.get("gpu"))
+    asking = {}
+    defaults = workflow.resource_settings._parsed_default_resources
+    for each in workflow.rules:
+        resources = _rule_resources(each)
+        # a gres given as text (profile, command line) is an expression evaluated per job: read as written
+        given = each.resources.get("gres") or (defaults.get("gres") if defaults is not None else None)
+        gres = str(getattr(given, "raw", None) or resources.get("gres", ""))
+        if "gpu" in gres:
+            raise WorkflowError(
+                f"resources gres={gres} in the {each.name} rule: this workflow counts a job's GPUs by its gpu "
+                "resource (it starts that many processes on that many devices), which gres leaves at 0. Ask for "
+                "gpu: N instead, with gpu_model: TYPE for a GPU type (the SLURM plugin then submits --gpus=TYPE:N)."
+            )
+        gpus = resources.get("gpu")
+        if isinstance(gpus, int) and gpus > 0:
+            asking[each.name] = gpus
+    if not isinstance(pool, int):
+        return
+    too_many = {name: gpus for name, gpus in asking.items() if gpus > pool}
+    if too_many:
+        listed = ", ".join(f"{name} (gpu={gpus})" for name, gpus in sorted(too_many.items()))
+        raise WorkflowError(
+            f"--resources gpu={pool}, but these rules ask for more GPUs than that: {listed}; they would stop the "
+            f"workflow when they are ready to run. Run with {GPU_SETTING}={pool} instead: the workflow profile "
+            "(workflow/profiles/default) then sizes every GPU rule to it (--set-resources on the command line "
+            "would replace all of the profile's per-rule resources)."
+        )
+    if pool > 0 and not asking:
+        raise WorkflowError(
+            f"--resources gpu={pool} makes GPUs available, but none is asked for by any job. {GPU_SETTING} is not set, so "
+            f"the workflow profile (workflow/profiles/default) left every rule on CPUs. Run with {GPU_SETTING}={pool}."
+        )
 
 
 def check_grpo_process_counts(checked):

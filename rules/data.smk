@@ -18,7 +18,7 @@ rule hub_download:
         **config_params("data", "model"),
     threads: 1
     shell:
-        "python -m agentrl hub-download --config-json {params.cfg:q} --manifest {output} > {log} 2>&1"
+        "python -m agentrl hub-download --config-json {params.cfg:q} --manifest {output} 2>&1 | keep_log {log}"
 
 
 rule prepare_data:
@@ -47,7 +47,7 @@ rule prepare_data:
     threads: 2
     shell:
         "HF_HUB_OFFLINE={params.hub_offline} python -m agentrl prepare-data --config-json {params.cfg:q} "
-        "--sft {output.sft} --rl-pool {output.rl_pool} --eval-dir {params.eval_dir} > {log} 2>&1"
+        "--sft {output.sft} --rl-pool {output.rl_pool} --eval-dir {params.eval_dir} 2>&1 | keep_log {log}"
 
 
 # Prompts over the limits are dropped here, before any rollout, and counted per data source in
@@ -85,7 +85,7 @@ rule fit_rl_prompts:
     threads: 1
     shell:
         "python -m agentrl fit-prompts --config-json {params.cfg:q} --model {params.model_dir} --limit rollout "
-        "--problems {input.problems} --out-dir {params.out_dir} --stats {output.stats} > {log} 2>&1"
+        "--problems {input.problems} --out-dir {params.out_dir} --stats {output.stats} 2>&1 | keep_log {log}"
 
 
 rule fit_eval_prompts:
@@ -113,4 +113,4 @@ rule fit_eval_prompts:
     threads: 1
     shell:
         "python -m agentrl fit-prompts --config-json {params.cfg:q} --model {params.model_dir} --limit eval "
-        "--problems {input.problems} --out-dir {params.out_dir} --stats {output.stats} > {log} 2>&1"
+        "--problems {input.problems} --out-dir {params.out_dir} --stats {output.stats} 2>&1 | keep_log {log}"

@@ -58,7 +58,7 @@ rule evaluate:
             "--problems {input.problems} --benchmark {wildcards.benchmark} "
             "--shard {wildcards.shard} --shards {wildcards.shards} --out {output.shard}"
         )
-        + " > {log} 2>&1"
+        + " 2>&1 | keep_log {log}"
 
 
 rule gather_evaluation:
@@ -90,7 +90,7 @@ rule gather_evaluation:
     shell:
         "python -m agentrl evaluate gather --config-json {params.cfg:q} --model {params.model_dir} "
         "--problems {input.problems} --benchmark {wildcards.benchmark} --shard-files {input.shards} "
-        "--samples {output.samples} --metrics {output.metrics} > {log} 2>&1"
+        "--samples {output.samples} --metrics {output.metrics} 2>&1 | keep_log {log}"
 
 
 rule export_livecodebench:
@@ -111,4 +111,4 @@ rule export_livecodebench:
     threads: 1
     shell:
         "python -m agentrl evaluate export-livecodebench --problems {input.problems} "
-        "--samples {input.samples} --out {output} > {log} 2>&1"
+        "--samples {input.samples} --out {output} 2>&1 | keep_log {log}"

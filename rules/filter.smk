@@ -53,7 +53,7 @@ rule score_rl_pool:
             "--threads {threads} --pool {input.pool} --shard {wildcards.shard} --shards {wildcards.shards} "
             "--out {output.shard}"
         )
-        + " > {log} 2>&1"
+        + " 2>&1 | keep_log {log}"
 
 
 rule gather_pass_rates:
@@ -75,7 +75,7 @@ rule gather_pass_rates:
     threads: 1
     shell:
         "python -m agentrl filter gather --config-json {params.cfg:q} --pool {input.pool} "
-        "--shard-files {input.shards} --out {output.pass_rates} --samples {output.samples} > {log} 2>&1"
+        "--shard-files {input.shards} --out {output.pass_rates} --samples {output.samples} 2>&1 | keep_log {log}"
 
 
 # What the pass rates are computed from, as a file of its own that select_rl_data depends on: the
@@ -97,7 +97,7 @@ rule scoring_config:
     threads: 1
     shell:
         "python -m agentrl filter scoring-config --config-json {params.cfg:q} --model-config {input.model} "
-        "--pool {input.pool} --out {output} > {log} 2>&1"
+        "--pool {input.pool} --out {output} 2>&1 | keep_log {log}"
 
 
 # The pass rates are ancient() here: a new filter.shards re-runs the scoring shards (which take the
@@ -136,4 +136,4 @@ rule select_rl_data:
     shell:
         "python -m agentrl filter select --config-json {params.cfg:q} --pass-rates {input.pass_rates} "
         "--pool {input.pool} --out {output.rl_train} --stats {output.stats} "
-        "--histogram {output.histogram} > {log} 2>&1"
+        "--histogram {output.histogram} 2>&1 | keep_log {log}"

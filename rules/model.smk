@@ -21,7 +21,7 @@ rule base_model:
     threads: 1
     shell:
         "HF_HUB_OFFLINE={params.hub_offline} python -m agentrl base-model --config-json {params.cfg:q} "
-        "--sft {input.sft} --rl-pool {input.rl_pool} --out {params.out_dir} > {log} 2>&1"
+        "--sft {input.sft} --rl-pool {input.rl_pool} --out {params.out_dir} 2>&1 | keep_log {log}"
 
 
 # A released SFT model (sft.from) in place of the sft job: results/models/sft/ links (or downloads)
@@ -48,7 +48,7 @@ if SFT_FROM is not None:
         threads: 1
         shell:
             "python -m agentrl fetch-model --key sft.from --id {params.id:q} --revision={params.revision:q} "
-            "--out {params.out_dir} > {log} 2>&1"
+            "--out {params.out_dir} 2>&1 | keep_log {log}"
 
 
 # eval.checkpoints given as {id, revision}: one local job per model, under results/models/checkpoints/.
@@ -71,4 +71,4 @@ rule fetch_checkpoint:
     threads: 1
     shell:
         "python -m agentrl fetch-model --key eval.checkpoints.{wildcards.name} --id {params.id:q} "
-        "--revision={params.revision:q} --out {params.out_dir} > {log} 2>&1"
+        "--revision={params.revision:q} --out {params.out_dir} 2>&1 | keep_log {log}"

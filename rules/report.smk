@@ -126,11 +126,10 @@ rule report:
         resources=cost_resources,
     threads: 1
     shell:
-        "python -m agentrl report --metrics {input.metrics} {params.optional} "
+        "( python -m agentrl report --metrics {input.metrics} {params.optional} "
         "--published {input.published} {params.published} {params.model_configs} "
         "--table-md {output.table_md} --table-csv {output.table_csv} "
         "--accuracy-plot {output.accuracy} --modes-plot {output.modes} "
-        "--health-md {output.health_md} --health-csv {output.health_csv} > {log} 2>&1 && "
+        "--health-md {output.health_md} --health-csv {output.health_csv} && "
         "python -m agentrl report cost --timings {params.timings} {params.cost} {params.resources} "
-        "--eval-samples {input.eval_samples} --md {output.cost_md} --csv {output.cost_csv} >> {log} 2>&1"
-
+        "--eval-samples {input.eval_samples} --md {output.cost_md} --csv {output.cost_csv} ) 2>&1 | keep_log {log}"

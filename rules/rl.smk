@@ -34,4 +34,4 @@ rule grpo:
             "--train {input.train} --eval {input.eval} --out {params.out_dir} --metrics {output.metrics} "
             "--checkpoint-dir {params.checkpoints} --nproc {resources.gpu} --threads {threads}"
         )
-        + " > {log} 2>&1"
+        + " 2>&1 | keep_log {log}"

@@ -33,4 +33,4 @@ rule sft:
             "--out {params.out_dir} --metrics {output.metrics} --checkpoint-dir {params.checkpoints} "
             "--nproc {resources.gpu} --threads {threads}"
         )
-        + " > {log} 2>&1"
+        + " 2>&1 | keep_log {log}"

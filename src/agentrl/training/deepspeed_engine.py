@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from agentrl.config import ConfigError
 from agentrl.model.folder import stamp_model_digest
 
 log = logging.getLogger("agentrl.training")
@@ -395,12 +396,12 @@ def load_checkpoint(engine, checkpoint_dir: str | Path, ctx: DistributedContext)
     return state
 
 
-def discard_checkpoints(checkpoint_dir: str | Path) -> None:
-    """Remove every checkpoint in ``checkpoint_dir`` (rank 0 only; made by another run setup)."""
-    checkpoint_dir = Path(checkpoint_dir)
-    (checkpoint_dir / LATEST).unlink(missing_ok=True)
-    for tag_dir in checkpoint_dir.glob("step_*"):
-        shutil.rmtree(tag_dir, ignore_errors=True)
+class CheckpointOfAnotherRun(ConfigError):
+    """The checkpoint folder holds a checkpoint of another run setup; it is kept, not resumed.
+
+    A ConfigError: the stage exits 2 with this message (agentrl.training.cli.run_trainer), as for
+    another config check that needs the running processes.
+    """
 
 
 MAX_NAMED_DIFFERENCES = 8
@@ -437,6 +438,14 @@ def _discard_reason(state: Mapping[str, Any], fingerprint: Mapping[str, Any]) ->
     return f"its run setup differs in {named}" + (f" and {more} more" if more > 0 else "")
 
 
+def _start_over_hint(checkpoint_dir: Path, step: Any) -> str:
+    aside = checkpoint_dir.with_name(f"{checkpoint_dir.name}.step_{step}")
+    return (
+        f"To train this setup from step 0, move the folder aside (mv {checkpoint_dir} {aside}) or remove it "
+        f"(rm -r {checkpoint_dir}), then run again; to continue the old run, restore the settings it was written with"
+    )
+
+
 def resume_if_same_run(
     engine,
     checkpoint_dir: str | Path,
@@ -445,35 +454,33 @@ def resume_if_same_run(
     logger: logging.Logger = log,
 ) -> dict[str, Any] | None:
     """Restore the newest checkpoint into ``engine`` (and this rank's RNG) when its trainer state
-    carries ``fingerprint``; its trainer state, or None when the run starts from step 0.
+    carries ``fingerprint``; its trainer state, or None when the folder holds no checkpoint.
 
     The checkpoint folder is not a Snakemake output, so it survives the re-run that a changed
     config or input triggers: resuming the old run's checkpoint there would continue (or finish)
-    the wrong run. A checkpoint of another run setup is deleted, every checkpoint in the folder
-    with it: they all come from the run that wrote ``latest``, and a later save would otherwise
-    prune among them. Rank 0 decides and tells the others, so the ranks cannot disagree (a model
-    folder copied to each node has other mtimes there) and no rank reads a checkpoint that rank 0
-    is deleting.
+    the wrong run. A checkpoint of another run setup raises :class:`CheckpointOfAnotherRun`
+    naming the keys that differ and the command that starts over; nothing in the folder is
+    touched. It is never deleted here: a retry submitted with another GPU count (the world size
+    is in the fingerprint) would otherwise throw away days of GRPO. Rank 0 decides and tells the
+    others, so the ranks cannot disagree (a model folder copied to each node has other mtimes there).
     """
     decision = [("fresh", "")]
     if ctx.is_main:
         state = read_latest_trainer_state(checkpoint_dir)
         if state is not None:
             reason = _discard_reason(state, fingerprint)
-            decision = [("resume", "") if reason is None else ("discard", f"step {state['step']}: {reason}")]
+            decision = [("resume", "") if reason is None else ("refuse", f"step {state['step']}: {reason}")]
     torch.distributed.broadcast_object_list(decision, src=0)
     action, reason = decision[0]
     if action == "resume":
         return load_checkpoint(engine, checkpoint_dir, ctx)
-    if action == "discard" and ctx.is_main:
-        logger.warning(
-            "the checkpoint in %s is not resumed (%s); deleting its checkpoints and the metrics "
-            "they recorded, starting from step 0",
-            checkpoint_dir,
-            reason,
+    if action == "refuse":
+        checkpoint_dir = Path(checkpoint_dir)
+        step = reason.split(":", 1)[0].removeprefix("step ")
+        raise CheckpointOfAnotherRun(
+            f"{checkpoint_dir} holds the checkpoint of another run setup, which is kept and not resumed "
+            f"({reason}). {_start_over_hint(checkpoint_dir, step)}"
         )
-        discard_checkpoints(checkpoint_dir)
-    torch.distributed.barrier()
     return None
 
 

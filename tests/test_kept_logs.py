@@ -1,0 +1,39 @@
+"""A retried job keeps the log of every attempt (rules/common.smk KEPT_LOG).
+
+Snakemake deletes a job's ``log:`` file before each attempt; each rule therefore also appends its
+output to ``<log name>.attempts.log``, under a line naming the attempt. The job here is the local
+link of a released SFT model (``sft.from``) whose folder has no weights: it fails in seconds and
+needs no other job, and ``--retries 1`` runs it twice, as a retry on a cluster would.
+"""
+
+from __future__ import annotations
+
+import pytest
+from workflow_runs import ROOT, run_snakemake
+
+
+@pytest.mark.slow
+def test_a_retried_failing_job_keeps_the_first_attempts_log(tmp_path):
+    broken = tmp_path / "released"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")  # a model folder without weights
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text(f"sft: {{from: {broken}}}\n")
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    done = run_snakemake(
+        workdir, "--retries", "1", "--configfile", str(ROOT / "config.yaml"), str(overlay), "--until", "released_sft"
+    )
+    assert done.returncode != 0, done.stdout[-2000:]
+    assert "Trying to restart job" in done.stdout + done.stderr
+
+    logs = workdir / "results" / "logs"
+    attempts = (logs / "released_sft.attempts.log").read_text()
+    headers = [line for line in attempts.splitlines() if line.startswith("=== attempt started")]
+    assert len(headers) == 2, attempts[-3000:]
+    error = "FileNotFoundError: results/models/sft.tmp: no weight files"
+    assert attempts.count(error) == 2, "each attempt's error is kept"
+    # the rule's own log holds the last attempt and names the file with all of them
+    last = (logs / "released_sft.log").read_text()
+    assert last.splitlines()[0] == headers[1] and last.count(error) == 1
+    assert "every attempt: results/logs/released_sft.attempts.log" in last.splitlines()[0]
