@@ -16,7 +16,7 @@ import threading
 import pytest
 import torch
 from rollout_fixtures import ForceTurns, arith_problems, call_turn, final_turn, random_policy
-from test_sandbox_fusion import FakeSandboxFusion
+from sandbox_fusion_fixtures import FakeSandboxFusion
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.config import load_config
