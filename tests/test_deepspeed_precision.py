@@ -20,7 +20,12 @@ import torch
 import yaml
 
 from agentrl.config import load_config
-from agentrl.training.deepspeed_engine import build_stage_engine, find_deepspeed_config, init_distributed
+from agentrl.training.deepspeed_engine import (
+    build_stage_engine,
+    close_distributed,
+    find_deepspeed_config,
+    init_distributed,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 _LAUNCHER_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -30,12 +35,10 @@ _LAUNCHER_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_POR
 def process_group():
     """One one-process group for both engines (DeepSpeed keeps its data-parallel group between
     engines, so a second group would not be the one it knows); the launcher keys are restored after."""
-    import torch.distributed as dist
 
     saved = {key: os.environ.pop(key) for key in _LAUNCHER_KEYS if key in os.environ}
     yield init_distributed()
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    close_distributed()
     for key in _LAUNCHER_KEYS:
         os.environ.pop(key, None)
     os.environ.update(saved)

@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+from agentrl.training.deepspeed_engine import close_distributed
 from agentrl.training.fingerprint import file_sha256, fingerprint_of, model_files, without_keys
 from agentrl.training.seeds import derived_seed
 
@@ -91,8 +92,7 @@ def own_process_group(monkeypatch):
         monkeypatch.setenv(key, "unset")
         monkeypatch.delenv(key)  # recorded as absent, so the keys init_distributed sets go again
     yield dist
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    close_distributed()
 
 
 def test_a_finished_or_stopped_trainer_destroys_its_process_group_and_a_failed_one_leaves_it(own_process_group):

@@ -114,10 +114,18 @@ def close_distributed() -> None:
 
     Gloo's worker threads, when the interpreter tears the group down instead, can abort the
     process at exit (pytorch/pytorch#190489); torch asks trainers to call
-    ``destroy_process_group`` near the end of main.
+    ``destroy_process_group`` near the end of main. DeepSpeed's own ``destroy_process_group``
+    is the one called: it also forgets the clone of the world group that ``deepspeed.utils.groups``
+    caches, which would otherwise outlive the group and break the next engine built in the same
+    interpreter ("Group ... is not registered").
     """
     if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+        from deepspeed.comm import comm as deepspeed_comm
+
+        if deepspeed_comm.cdb is None:  # a group DeepSpeed was never told of
+            torch.distributed.destroy_process_group()
+        else:
+            deepspeed_comm.destroy_process_group()
 
 
 def _skip_shared_memory_kernel() -> None:
