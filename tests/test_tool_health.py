@@ -362,3 +362,35 @@ def test_grpo_validation_leaves_out_a_problem_with_a_lost_trajectory(policy):
     assert metrics["val/arith/problems_left_out"] == 1.0
     assert metrics["val/arith/avg@2"] == whole["val/arith/avg@2"], "the average is the other problem's alone"
     assert "val/arith/problems_left_out" not in whole
+
+
+# --------------------------------------------------------------------------- the reward's own code tests
+ADD_TESTS = {"inputs": ["1 2\n", "10 -3\n"], "outputs": ["3\n", "7\n"]}
+ADD_RESPONSE = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
+
+
+def test_a_code_test_case_the_sandbox_loses_is_run_again_and_a_reward_lost_twice_leaves_its_trajectory_out(
+    fusion, service
+):
+    from agentrl.data.records import Problem
+    from agentrl.rewards import RewardFunction, leave_out_lost_rewards
+
+    reward_fn = RewardFunction(load_config({}).reward, fusion)
+    problem = Problem("add", "embedded-code", [], "code", ADD_TESTS)
+    item = (problem, ADD_RESPONSE, 10, 0)
+    clean = reward_fn.score_many([item])[0]
+    assert clean.details["cases_passed"] == 2 and not clean.infra_failure
+
+    service.http_failures.append(400)  # one case refused outright: its rerun passes, the score is the response's
+    retried = reward_fn.score_many([item])[0]
+    assert (retried.score, retried.details["cases_passed"], retried.infra_failure) == (clean.score, 2, False)
+
+    service.sandbox_error = True  # every case lost, on the rerun too
+    try:
+        lost, other = reward_fn.score_many([item, (problem, "no code here", 3, 0)])
+    finally:
+        service.sandbox_error = False
+    assert lost.infra_failure and not other.infra_failure, "a response without code runs nothing to lose"
+    trajectories = [Trajectory("add", i, [], [], [], [], "", 1, [], [], "stop") for i in range(2)]
+    leave_out_lost_rewards(trajectories, [lost, other])
+    assert [t.infra_failed for t in trajectories] == [True, False]

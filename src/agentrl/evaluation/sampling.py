@@ -27,7 +27,7 @@ from agentrl.config import Config
 from agentrl.data.records import Problem
 from agentrl.evaluation.samples import sample_row
 from agentrl.progress import progress
-from agentrl.rewards import RewardFunction
+from agentrl.rewards import RewardFunction, leave_out_lost_rewards
 from agentrl.training.seeds import derived_seed
 
 log = logging.getLogger("agentrl.sampling")
@@ -89,6 +89,7 @@ def grade_problems(
             rewards = reward_fn.score_many(
                 [(problem, t.text, len(t.response_ids), len(t.tool_calls)) for t in trajectories]
             )
+            leave_out_lost_rewards(trajectories, rewards)
             on_problem(
                 problem, [sample_row(problem, t, r, tokenizer) for t, r in zip(trajectories, rewards, strict=True)]
             )

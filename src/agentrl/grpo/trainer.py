@@ -66,6 +66,7 @@ from agentrl.grpo.batching import (
 from agentrl.grpo.distributed import all_gather, all_reduce, step_with_grad_norm
 from agentrl.grpo.metrics import TokenWeightedStats, TrajectorySummary, rollout_metrics
 from agentrl.grpo.variants import AlgorithmSettings
+from agentrl.rewards.reward_function import leave_out_lost_rewards
 from agentrl.tools.health import ToolUse, tool_health
 from agentrl.training.deepspeed_engine import DistributedContext
 from agentrl.training.seeds import derived_seed
@@ -183,6 +184,7 @@ class GrpoStep:
                 for p, t in zip([p for p in problems for _ in range(n)], trajectories)
             ]
         )
+        leave_out_lost_rewards(trajectories, results)
         timing["timing/reward_s"] += time.perf_counter() - started
         groups = []
         for index, problem in enumerate(problems):

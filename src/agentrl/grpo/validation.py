@@ -23,7 +23,7 @@ from agentrl.data.prompt_fit import fit_problems
 from agentrl.data.records import Problem
 from agentrl.evaluation.metrics import avg_at_k
 from agentrl.grpo.distributed import all_gather
-from agentrl.rewards import RewardFunction
+from agentrl.rewards import RewardFunction, leave_out_lost_rewards
 from agentrl.rollout import AgentLoop, SamplingParams
 from agentrl.training.deepspeed_engine import DistributedContext
 from agentrl.training.seeds import derived_seed
@@ -59,6 +59,7 @@ def validate(
             results = reward_fn.score_many(
                 [(by_id[t.problem_id], t.text, len(t.response_ids), len(t.tool_calls)) for t in trajectories]
             )
+            leave_out_lost_rewards(trajectories, results)
             for start in range(0, len(trajectories), n):
                 group = trajectories[start : start + n]
                 rows.append(

@@ -16,12 +16,13 @@ from agentrl.rewards.registry import (
     source_rules,
     unregister_source,
 )
-from agentrl.rewards.reward_function import RewardFunction
+from agentrl.rewards.reward_function import RewardFunction, leave_out_lost_rewards
 
 __all__ = [
     "InvalidGroundTruthError",
     "PendingVerdict",
     "RewardFunction",
+    "leave_out_lost_rewards",
     "RewardResult",
     "SourceRule",
     "UnknownDataSourceError",

@@ -46,6 +46,9 @@ class RewardResult:
     acc: bool
     pred: str | None
     details: dict[str, Any]
+    # The sandbox lost one of its code test cases twice (run, then rerun): the score is not the
+    # response's, and the stages leave its trajectory out as they do one whose tool call was lost.
+    infra_failure: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-serializable dict (``json.dumps`` of it never fails)."""

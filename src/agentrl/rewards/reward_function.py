@@ -4,10 +4,17 @@
 response share one ``Sandbox.run_many`` call (concurrent up to ``sandbox.workers``): each
 verifier first lists the programs it needs, then gets their results back. Math and multiple
 choice need none and are graded in the calling thread.
+
+A test case the sandbox lost (``ExecutionResult.infra_failure``: a dead worker, a refused or
+silent sandbox_fusion service, a queue wait past the limit) is run once more, since a case is a
+pure function of its program and input; a case lost again marks the reward ``infra_failure``,
+and :func:`leave_out_lost_rewards` marks its trajectory ``infra_failed``, so a lost execution
+never becomes the response's score (the agent loop's rule for tool calls, ``agentrl.tools.health``).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +25,10 @@ from agentrl.rewards.registry import VERIFIER_FACTORIES, family_of
 from agentrl.rewards.shaping import check_overlong_config, shape
 
 if TYPE_CHECKING:
+    from agentrl.data.records import Trajectory
     from agentrl.tools.sandbox import Sandbox
+
+log = logging.getLogger(__name__)
 
 ScoreItem = tuple[Problem, str, int, int]  # (problem, response text, response length in tokens, tool calls)
 
@@ -52,8 +62,7 @@ class RewardFunction:
                     f"{len(jobs)} code test case(s) to run but RewardFunction was built without a sandbox; "
                     "pass agentrl.tools.sandbox.make_sandbox(cfg.sandbox)"
                 )
-            results = list(self.sandbox.run_many(jobs, timeout_s=self.cfg.code_case_timeout_s))
-            assert len(results) == len(jobs), f"sandbox returned {len(results)} results for {len(jobs)} programs"
+            results = self._run_cases(jobs)
         rewards = []
         offset = 0
         for family, entry, (_problem, _text, response_length, num_tool_calls) in zip(families, pending, items):
@@ -73,8 +82,25 @@ class RewardFunction:
                 "overlong_penalty": shaped.overlong_penalty,
                 **verdict.details,
             }
-            rewards.append(RewardResult(score=shaped.score, acc=verdict.acc, pred=verdict.pred, details=details))
+            lost = any(result.infra_failure for result in results[offset - len(entry.jobs) : offset])
+            rewards.append(
+                RewardResult(
+                    score=shaped.score, acc=verdict.acc, pred=verdict.pred, details=details, infra_failure=lost
+                )
+            )
         return rewards
+
+    def _run_cases(self, jobs: list[tuple[str, str | None]]) -> list[Any]:
+        """Every case's result; the ones the sandbox lost are run once more (the retry's result stands)."""
+        timeout_s = self.cfg.code_case_timeout_s
+        results = list(self.sandbox.run_many(jobs, timeout_s=timeout_s))
+        assert len(results) == len(jobs), f"sandbox returned {len(results)} results for {len(jobs)} programs"
+        lost = [index for index, result in enumerate(results) if result.infra_failure]
+        if lost:
+            log.warning("the sandbox lost %d of %d code test case(s); running them once more", len(lost), len(jobs))
+            for index, result in zip(lost, self.sandbox.run_many([jobs[i] for i in lost], timeout_s=timeout_s)):
+                results[index] = result
+        return results
 
     def _prepare(self, family: str, problem: Problem, text: str) -> PendingVerdict:
         try:
@@ -83,3 +109,11 @@ class RewardFunction:
             raise InvalidGroundTruthError(
                 f"problem {problem.id!r} (data_source {problem.data_source!r}): {exc}"
             ) from None
+
+
+def leave_out_lost_rewards(trajectories: Sequence[Trajectory], rewards: Sequence[RewardResult]) -> None:
+    """Mark ``infra_failed`` each trajectory whose reward the sandbox lost (``RewardResult.infra_failure``),
+    so the stages leave it out of advantages, pass rates and metrics as one whose tool call it lost."""
+    for trajectory, reward in zip(trajectories, rewards, strict=True):
+        if reward.infra_failure:
+            trajectory.infra_failed = True

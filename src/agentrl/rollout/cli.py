@@ -108,11 +108,13 @@ def main(argv: list[str]) -> int:
 
 
 def _score(trajectories, problems_by_id, cfg, sandbox) -> None:
-    from agentrl.rewards import RewardFunction
+    from agentrl.rewards import RewardFunction, leave_out_lost_rewards
 
     reward_fn = RewardFunction(cfg.reward, sandbox)
     items = [(problems_by_id[t.problem_id], t.text, len(t.response_ids), len(t.tool_calls)) for t in trajectories]
-    for trajectory, result in zip(trajectories, reward_fn.score_many(items)):
+    results = reward_fn.score_many(items)
+    leave_out_lost_rewards(trajectories, results)
+    for trajectory, result in zip(trajectories, results):
         trajectory.reward = result.score
         trajectory.extra.update({"acc": result.acc, "pred": result.pred, "reward_details": result.details})
 
