@@ -57,17 +57,18 @@ INSTALLS = {
 CASES = [(install, python) for install, (_, pythons) in sorted(INSTALLS.items()) for python in pythons]
 
 
-def resolve(requirements: list[str], python: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess, list[str]]:
+def resolve(
+    requirements: list[str], python: str, tmp_path: Path, wheels: Path
+) -> tuple[subprocess.CompletedProcess, list[str]]:
     """``pip install --dry-run`` of ``requirements`` for Python ``python``; the pip run and the
     wheels built from source distributions on the way.
 
     Wheels only (``--python-version`` needs it): a requirement the index has only a source
-    distribution of (DeepSpeed, Snakemake's connection_pool) is built into a wheel here and offered
-    with ``--find-links``, then the resolution runs again. Such a wheel must be pure Python
-    (``py3-none-any``), which installs on any Python, as the source distribution would.
+    distribution of (DeepSpeed, Snakemake's connection_pool) is built into a wheel in ``wheels``
+    (shared by the cases: a build takes a minute) and offered with ``--find-links``, then the
+    resolution runs again. Such a wheel must be pure Python (``py3-none-any``), which installs on
+    any Python, as the source distribution would.
     """
-    wheels = tmp_path / "wheels"
-    wheels.mkdir(exist_ok=True)
     built: list[str] = []
     while True:
         done = subprocess.run(
@@ -90,6 +91,11 @@ def resolve(requirements: list[str], python: str, tmp_path: Path) -> tuple[subpr
 
 
 @pytest.fixture(scope="module")
+def wheels(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("wheels")
+
+
+@pytest.fixture(scope="module")
 def index_answers() -> None:
     probe = subprocess.run(
         [sys.executable, "-m", "pip", "index", "versions", "pyyaml"], capture_output=True, text=True, timeout=120
@@ -101,8 +107,8 @@ def index_answers() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(3600)  # each resolution reads the index for minutes on a loaded machine
 @pytest.mark.parametrize(("install", "python"), CASES)
-def test_the_documented_install_resolves(index_answers, install, python, tmp_path):
-    done, built = resolve(INSTALLS[install][0], python, tmp_path)
+def test_the_documented_install_resolves(index_answers, wheels, install, python, tmp_path):
+    done, built = resolve(INSTALLS[install][0], python, tmp_path, wheels)
     errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR")]
     assert done.returncode == 0, f"{install} on Python {python} does not resolve:\n" + "\n".join(errors)
     assert {Requirement(spec).name.lower() for spec in built} <= SOURCE_ONLY, f"{install}: built {built}"
