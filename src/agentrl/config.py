@@ -193,7 +193,9 @@ class RolloutConfig:
 
 
 @dataclass(frozen=True)
-class SftDeepSpeedConfig:
+class DeepSpeedConfig:
+    """``sft.deepspeed`` and ``grpo.deepspeed`` (the schema says which ZeRO stages each takes)."""
+
     zero_stage: int
     dtype: Literal["auto", "float32", "bfloat16"]
     gradient_checkpointing: bool
@@ -218,7 +220,7 @@ class SftConfig:
     save_every_minutes: float | None
     collective_timeout_minutes: float
     keep_checkpoints: int | None
-    deepspeed: SftDeepSpeedConfig
+    deepspeed: DeepSpeedConfig
     # the config key is ``sft.from`` (a Python keyword): see _config_key
     from_: ModelSourceConfig | None = dataclasses.field(metadata={"config_key": "from"})
 
@@ -282,13 +284,6 @@ class GrpoValidationConfig:
 
 
 @dataclass(frozen=True)
-class GrpoDeepSpeedConfig:
-    zero_stage: int
-    dtype: Literal["auto", "float32", "bfloat16"]
-    gradient_checkpointing: bool
-
-
-@dataclass(frozen=True)
 class GrpoConfig:
     variant: str
     algorithm: GrpoAlgorithmConfig
@@ -316,7 +311,7 @@ class GrpoConfig:
     save_every_minutes: float | None
     collective_timeout_minutes: float
     keep_checkpoints: int | None
-    deepspeed: GrpoDeepSpeedConfig
+    deepspeed: DeepSpeedConfig
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from agentrl.grpo.trainer import Components, GrpoStep
 from agentrl.grpo.validation import EvalSet, fit_eval_sets, limit_problems, validate
 from agentrl.grpo.variants import AlgorithmSettings, resolve_algorithm
 from agentrl.model.folder import stamp_model_digest
+from agentrl.precision import resolve_dtype
 from agentrl.progress import progress
 from agentrl.rollout.memory_plan import TrainerMemory, trainer_growth_bytes
 from agentrl.tracking import Tracker
@@ -165,7 +166,7 @@ def build_components(cfg: Config, paths: GrpoPaths, ctx: dse.DistributedContext,
     if not tokenizer.chat_template:
         raise ValueError(f"{paths.model}: the tokenizer has no chat template; the agent loop needs one")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    dtype = dse.resolve_dtype(cfg.grpo.deepspeed.dtype, ctx.device)
+    dtype = resolve_dtype(cfg.grpo.deepspeed.dtype, ctx.device)
     model = load_causal_lm(
         paths.model, device=ctx.device, gradient_checkpointing=cfg.grpo.deepspeed.gradient_checkpointing
     )

@@ -22,6 +22,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
+from agentrl.precision import resolve_dtype
+
 if TYPE_CHECKING:
     import torch
 
@@ -176,15 +178,6 @@ class Engine(Protocol):
         engine may discard its weights here (vLLM does: the push overwrites them), so a generate
         before that push may be refused."""
         ...
-
-
-def resolve_dtype(name: str, device: str) -> torch.dtype:
-    """``rollout.dtype``: ``auto`` is bfloat16 on a GPU and float32 on a CPU (bf16 matmuls are slow there)."""
-    import torch
-
-    if name == "auto":
-        return torch.bfloat16 if device.startswith("cuda") else torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
 def default_device() -> str:

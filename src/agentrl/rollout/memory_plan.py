@@ -133,7 +133,7 @@ def measured_plan(model_dir: str | Path, cfg, trainer: TrainerMemory, context: i
     """:func:`colocated_memory_plan` on this process's CUDA device, now (``cfg``: the rollout section)."""
     import torch
 
-    from agentrl.rollout.engine import resolve_dtype
+    from agentrl.precision import resolve_dtype
 
     free, total = torch.cuda.mem_get_info()
     dtype_bytes = resolve_dtype(cfg.dtype, "cuda").itemsize

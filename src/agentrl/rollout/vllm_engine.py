@@ -69,8 +69,9 @@ from typing import Any
 import torch
 
 from agentrl.config import ConfigError, RolloutConfig, colocated_engine_problems
+from agentrl.precision import resolve_dtype
 from agentrl.rollout.context import context_tokens
-from agentrl.rollout.engine import GenerationOutput, Request, SamplingParams, default_device, resolve_dtype
+from agentrl.rollout.engine import GenerationOutput, Request, SamplingParams, default_device
 from agentrl.rollout.memory_plan import TrainerMemory, measured_plan
 
 

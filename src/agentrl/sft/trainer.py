@@ -39,6 +39,7 @@ from torch.utils.checkpoint import checkpoint
 
 from agentrl.config import ConfigError, SftConfig, TrackingConfig
 from agentrl.data.records import read_sft_examples
+from agentrl.precision import resolve_dtype
 from agentrl.progress import progress as make_progress
 from agentrl.sft.batching import (
     TokenizedExample,
@@ -217,7 +218,7 @@ def _train_sft(cfg: SftConfig, seed: int, paths: SftPaths, stop, tracking: Track
         read_sft_examples(paths.data), tokenizer, cfg.max_length, cfg.truncation, source=str(paths.data)
     )
     plan = plan_steps(cfg, len(examples), ctx.world_size)
-    dtype = dse.resolve_dtype(cfg.deepspeed.dtype, ctx.device)
+    dtype = resolve_dtype(cfg.deepspeed.dtype, ctx.device)
     lm = load_causal_lm(paths.model_dir, dtype=dtype, gradient_checkpointing=cfg.deepspeed.gradient_checkpointing)
     engine = dse.build_stage_engine(
         AssistantTokenNll(lm),

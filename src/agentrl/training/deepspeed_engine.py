@@ -168,13 +168,6 @@ def collective_timeout_named(key: str, minutes: float) -> Iterator[None]:
         ) from exc
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """``auto``: bf16 on GPU, fp32 on CPU (bf16 matmuls on CPU are slow and lossy)."""
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
-
-
 # --------------------------------------------------------------------------- config files
 def find_deepspeed_config(zero_stage: int) -> Path:
     """``configs/deepspeed/zero<stage>.json`` of the working directory, else of the source checkout."""
