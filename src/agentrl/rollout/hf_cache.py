@@ -3,8 +3,8 @@ grouped-query attention without copies on CPU.
 
 Both remove a copy of the whole KV cache per layer and generated token that transformers makes
 (measured on the embedded model, batch 64 at about 800 cached tokens, one thread; the agent loop
-before and after, with ``benchmarks/loop_ab.py``: docs/results.md, "2026-12-01: the agent loop
-before and after this session"):
+at ``c68a46b`` and at ``6486aba``, with ``benchmarks/loop_ab.py``: docs/results.md, "the agent
+loop at c68a46b and at 6486aba"):
 
 - ``DynamicLayer.update`` appends with ``torch.cat``, which copies the layer's keys and values
   every step. :class:`GrowingLayer` writes into a buffer with spare room (doubled when full) and
