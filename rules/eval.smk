@@ -15,8 +15,9 @@ EVAL_HALF_DIRS = {"agentic": "", "self_contained": "self_contained/"}
 EVAL_HALVES = [EVAL_HALF_DIRS[mode] for mode in config["eval"]["reasoning"]]
 
 
-def eval_reasoning(wildcards):
-    """The --reasoning of a job, from its {half} folder."""
+def eval_reasoning(wildcards, input):
+    """The --reasoning of a job, from its {half} folder (a param of ``input``: Snakemake compares
+    the path, not the param)."""
     return {folder: mode for mode, folder in EVAL_HALF_DIRS.items()}[wildcards.half]
 
 
