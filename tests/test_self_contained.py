@@ -143,3 +143,27 @@ def test_evaluate_self_contained_runs_no_tool_and_records_its_half(tmp_path):
     metrics = json.loads((out["self_contained"] / "metrics.json").read_text())
     assert metrics["run"]["reasoning"] == "self_contained" and metrics["tool_health"]["calls"] == 0
     assert json.loads((out["agentic"] / "metrics.json").read_text())["run"]["reasoning"] == "agentic"
+
+
+@pytest.mark.parametrize(
+    ("name", "fixture"),
+    [
+        ("aime2024", "eval/aime2024/aime_2024_problems.parquet"),
+        ("aime2025", "eval/aime2025/aime_2025_problems.parquet"),
+        ("gpqa_diamond", "eval/gpqa-diamond/gpqa_diamond.parquet"),
+        ("livecodebench_v6", "eval/livecodebench-v6/lcb_v6_2502_2505.parquet"),
+    ],
+)
+def test_the_paper_eval_sets_lose_every_tool_sentence(name, fixture):
+    from pathlib import Path
+
+    from agentrl.config import SourceConfig
+    from agentrl.data import upstream
+
+    path = Path(__file__).parent / "fixtures" / fixture
+    rows = upstream.read_rows(SourceConfig(id=str(path), file=None, revision=None))
+    problems = upstream.normalize_eval(name, rows, str(path))
+    for problem in problems:
+        [message] = problem.prompt
+        assert "tool" in message["content"]  # the agentic prompt, as upstream's eval scripts send it
+        assert "tool" not in prompts.self_contained_text(message["content"]).lower(), problem.id
