@@ -1,5 +1,7 @@
-# Benchmark evaluation (docs/recipe.md section 7): every (model, benchmark) is its own shard jobs and
-# gather, so that `snakemake --forcerun evaluate` or one target path re-runs exactly what is asked.
+# Benchmark evaluation (docs/recipe.md section 7): every (model, half, benchmark) is its own shard
+# jobs and gather, so that `snakemake --forcerun evaluate` or one target path re-runs exactly what is
+# asked. The half (eval.reasoning) is the model card's: agentic in eval/{model}/{benchmark}/, and
+# self-contained (no tool) in eval/{model}/self_contained/{benchmark}/.
 import re
 
 
@@ -8,6 +10,24 @@ EVAL_CHECKPOINTS = config["eval"]["checkpoints"]
 EVAL_MODELS = list(config["eval"]["models"]) + list(EVAL_CHECKPOINTS)
 # Benchmarks graded as code, whose samples also go out in LiveCodeBench's evaluator format.
 CODE_BENCHMARKS = [b for b in benchmarks() if b in ("program", "livecodebench_v6")]
+# The {half} wildcard of each eval.reasoning mode: a folder under the model's (none for agentic).
+EVAL_HALF_DIRS = {"agentic": "", "self_contained": "self_contained/"}
+EVAL_HALVES = [EVAL_HALF_DIRS[mode] for mode in config["eval"]["reasoning"]]
+
+
+def eval_reasoning(wildcards, input):
+    """The --reasoning of a job, from its {half} folder (a param of ``input``: Snakemake compares
+    the path, not the param)."""
+    return {folder: mode for mode, folder in EVAL_HALF_DIRS.items()}[wildcards.half]
+
+
+def eval_results(path, benchmarks_=None):
+    """``path`` (with {model}, {half} and {benchmark}) for every evaluated model, half and benchmark."""
+    return expand(
+        result(path), model=EVAL_MODELS, half=EVAL_HALVES, benchmark=benchmarks() if benchmarks_ is None else benchmarks_
+    )
+
+
 # Only the sampling keys of eval: adding a model or a checkpoint re-runs no finished job.
 EVAL_CONFIG = config_params(
     build=lambda wildcards: {
@@ -15,9 +35,7 @@ EVAL_CONFIG = config_params(
         "eval": {key: config["eval"][key] for key in ("n", "temperature", "top_p", "max_prompt_tokens")},
     }
 )
-LIVECODEBENCH_EXPORTS = expand(
-    result("eval/{model}/{benchmark}/livecodebench_custom_outputs.json"), model=EVAL_MODELS, benchmark=CODE_BENCHMARKS
-)
+LIVECODEBENCH_EXPORTS = eval_results("eval/{model}/{half}{benchmark}/livecodebench_custom_outputs.json", CODE_BENCHMARKS)
 
 
 # Each (model, benchmark) is sampled by eval.shards jobs (one GPU each in the profiles), each a
@@ -26,6 +44,7 @@ LIVECODEBENCH_EXPORTS = expand(
 EVAL_SHARDS = config["eval"]["shards"]
 EVAL_WILDCARDS = dict(
     model="|".join(map(re.escape, EVAL_MODELS)) or "(?!)",
+    half="|".join(map(re.escape, EVAL_HALF_DIRS.values())),
     benchmark="|".join(map(re.escape, benchmarks())),
 )
 
@@ -35,11 +54,11 @@ rule evaluate:
         model=eval_model_config,
         problems=result("data/eval/{benchmark}.parquet"),
     output:
-        shard=result("eval/{model}/{benchmark}/shards/{shard}-of-{shards}.jsonl"),
+        shard=result("eval/{model}/{half}{benchmark}/shards/{shard}-of-{shards}.jsonl"),
     log:
-        f"{LOGS}/evaluate/{{model}}/{{benchmark}}/{{shard}}-of-{{shards}}.log",
+        f"{LOGS}/evaluate/{{model}}/{{half}}{{benchmark}}/{{shard}}-of-{{shards}}.log",
     benchmark:
-        result("timings/evaluate/{model}/{benchmark}/{shard}-of-{shards}.tsv")
+        result("timings/evaluate/{model}/{half}{benchmark}/{shard}-of-{shards}.tsv")
     conda:
         ROLLOUT_ENV
     wildcard_constraints:
@@ -49,6 +68,7 @@ rule evaluate:
     params:
         **EVAL_CONFIG,
         model_dir=input_dir("model"),
+        reasoning=eval_reasoning,
     threads: 1
     resources:
         gpu=0,  # the profiles give each evaluation shard its GPU (rules/common.smk on_gpus)
@@ -56,7 +76,7 @@ rule evaluate:
         on_gpus(
             "python -m agentrl evaluate shard --config-json {params.cfg:q} --model {params.model_dir} --threads {threads} "
             "--problems {input.problems} --benchmark {wildcards.benchmark} "
-            "--shard {wildcards.shard} --shards {wildcards.shards} --out {output.shard}"
+            "--shard {wildcards.shard} --shards {wildcards.shards} --reasoning {params.reasoning} --out {output.shard}"
         )
         + " 2>&1 | keep_log {log}"
 
@@ -66,19 +86,20 @@ rule gather_evaluation:
         model=eval_model_config,
         problems=result("data/eval/{benchmark}.parquet"),
         shards=lambda w: expand(
-            result("eval/{model}/{benchmark}/shards/{shard}-of-{shards}.jsonl"),
+            result("eval/{model}/{half}{benchmark}/shards/{shard}-of-{shards}.jsonl"),
             model=w.model,
+            half=w.half,
             benchmark=w.benchmark,
             shard=range(EVAL_SHARDS),
             shards=EVAL_SHARDS,
         ),
     output:
-        samples=result("eval/{model}/{benchmark}/samples.jsonl"),
-        metrics=result("eval/{model}/{benchmark}/metrics.json"),
+        samples=result("eval/{model}/{half}{benchmark}/samples.jsonl"),
+        metrics=result("eval/{model}/{half}{benchmark}/metrics.json"),
     log:
-        f"{LOGS}/gather_evaluation/{{model}}/{{benchmark}}.log",
+        f"{LOGS}/gather_evaluation/{{model}}/{{half}}{{benchmark}}.log",
     benchmark:
-        result("timings/gather_evaluation/{model}/{benchmark}.tsv")
+        result("timings/gather_evaluation/{model}/{half}{benchmark}.tsv")
     conda:
         "../envs/report.yaml"
     wildcard_constraints:
@@ -86,28 +107,28 @@ rule gather_evaluation:
     params:
         **EVAL_CONFIG,
         model_dir=input_dir("model"),
+        reasoning=eval_reasoning,
     threads: 1
     shell:
         "python -m agentrl evaluate gather --config-json {params.cfg:q} --model {params.model_dir} "
-        "--problems {input.problems} --benchmark {wildcards.benchmark} --shard-files {input.shards} "
+        "--problems {input.problems} --benchmark {wildcards.benchmark} --reasoning {params.reasoning} --shard-files {input.shards} "
         "--samples {output.samples} --metrics {output.metrics} 2>&1 | keep_log {log}"
 
 
 rule export_livecodebench:
     input:
         problems=result("data/eval/{benchmark}.parquet"),
-        samples=result("eval/{model}/{benchmark}/samples.jsonl"),
+        samples=result("eval/{model}/{half}{benchmark}/samples.jsonl"),
     output:
-        result("eval/{model}/{benchmark}/livecodebench_custom_outputs.json"),
+        result("eval/{model}/{half}{benchmark}/livecodebench_custom_outputs.json"),
     log:
-        f"{LOGS}/export_livecodebench/{{model}}/{{benchmark}}.log",
+        f"{LOGS}/export_livecodebench/{{model}}/{{half}}{{benchmark}}.log",
     benchmark:
-        result("timings/export_livecodebench/{model}/{benchmark}.tsv")
+        result("timings/export_livecodebench/{model}/{half}{benchmark}.tsv")
     conda:
         "../envs/report.yaml"
     wildcard_constraints:
-        model="|".join(map(re.escape, EVAL_MODELS)) or "(?!)",
-        benchmark="|".join(map(re.escape, CODE_BENCHMARKS)) or "(?!)",
+        **{**EVAL_WILDCARDS, "benchmark": "|".join(map(re.escape, CODE_BENCHMARKS)) or "(?!)"},
     threads: 1
     shell:
         "python -m agentrl evaluate export-livecodebench --problems {input.problems} "

@@ -12,7 +12,7 @@ REPORT_TRAINING_STAGES = [
     stage for stage in ("sft", "rl") if stage in config["eval"]["models"] and not (stage == "sft" and SFT_FROM)
 ]
 REPORT_INPUTS = {
-    "metrics": expand(result("eval/{model}/{benchmark}/metrics.json"), model=EVAL_MODELS, benchmark=benchmarks()),
+    "metrics": eval_results("eval/{model}/{half}{benchmark}/metrics.json"),
     **{f"{stage}_log": result(f"{stage}/metrics.jsonl") for stage in REPORT_TRAINING_STAGES},
     **(
         {"filter_stats": result("filter/stats.json"), "histogram": result("filter/pass_rate_hist.png")}
@@ -62,7 +62,7 @@ REPORT_TARGETS = [result("report/summary.md")]
 COST_INPUTS = {
     **{f"{stage}_model": result(f"models/{stage}/config.json") for stage in REPORT_TRAINING_STAGES},
     **({"scoring_samples": result("filter/samples.jsonl")} if "rl" in config["eval"]["models"] else {}),
-    "eval_samples": expand(result("eval/{model}/{benchmark}/samples.jsonl"), model=EVAL_MODELS, benchmark=benchmarks()),
+    "eval_samples": eval_results("eval/{model}/{half}{benchmark}/samples.jsonl"),
     "exports": LIVECODEBENCH_EXPORTS,
 }
 COST_ARGS = " ".join(

@@ -84,3 +84,18 @@ def test_models_and_checkpoints_come_from_the_config(workdir):
     assert "ckpt/step_30/config.json" in out and "results/eval/rl_step30/choice/metrics.json" in out
     # Without the trained stages evaluated, their logs and the filter stats are not inputs.
     assert "--sft-metrics" not in out and "--rl-metrics" not in out and "--filter-stats" not in out
+
+
+def test_each_reasoning_half_has_its_jobs_folder_and_flag(workdir):
+    both = workdir / "both_halves.yaml"
+    both.write_text(yaml.safe_dump({"eval": {"reasoning": ["agentic", "self_contained"]}}))
+    counts, out = _dry_run(workdir, "--configfile", str(both))
+    assert counts == {"evaluate": 12, "gather_evaluation": 12, "export_livecodebench": 4, "report": 1, "all": 1}
+    commands = [line for line in out.splitlines() if "python -m agentrl evaluate shard" in line]
+    no_tool = [c for c in commands if "--reasoning self_contained" in c]
+    assert len(no_tool) == 6 and all("/self_contained/" in c for c in no_tool)
+    assert all("--reasoning agentic" in c and "/self_contained/" not in c for c in commands if c not in no_tool)
+    assert "results/eval/rl/self_contained/program/livecodebench_custom_outputs.json" in out
+    assert "results/eval/rl/self_contained/arith/metrics.json" in out and "results/eval/rl/arith/metrics.json" in out
+    counts, out = _dry_run(workdir, "results/eval/sft/self_contained/arith/metrics.json")
+    assert counts == {"evaluate": 1, "gather_evaluation": 1} and "--reasoning self_contained" in out

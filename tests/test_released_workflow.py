@@ -83,15 +83,18 @@ def test_eval_released_preset_plans_evaluation_and_the_report_only(stand_ins, tm
         "base_model": 1,  # Qwen3-4B-Instruct-2507 linked: its tokenizer measures the prompts
         "fit_eval_prompts": 1,  # overlong eval prompts dropped
         "fetch_checkpoint": 2,  # the two released models, linked by local jobs
-        "evaluate": 8,  # one shard job per (model, benchmark) at eval.shards 1
-        "gather_evaluation": 8,
-        "export_livecodebench": 2,
+        "evaluate": 16,  # one shard job per (model, half, benchmark) at eval.shards 1
+        "gather_evaluation": 16,
+        "export_livecodebench": 4,
         "report": 1,
     }
     assert models_of(jobs, "evaluate") == set(RELEASED)
-    assert {(w["model"], w["benchmark"]) for r, w in jobs if r == "evaluate"} == {
-        (m, b) for m in RELEASED for b in BENCHMARKS
-    }
+    # Both halves of the model card's table: agentic in eval/<model>/<benchmark>/, self-contained
+    # in eval/<model>/self_contained/<benchmark>/.
+    for rule in ("evaluate", "gather_evaluation"):
+        assert {(w["model"], w["half"], w["benchmark"]) for r, w in jobs if r == rule} == {
+            (m, half, b) for m in RELEASED for half in ("", "self_contained/") for b in BENCHMARKS
+        }
 
 
 def test_rl_from_released_sft_preset_plans_no_sft_job(stand_ins, tmp_path):
@@ -140,8 +143,19 @@ def test_rehearsal_of_the_eval_preset_reports_the_published_figures(stand_ins, t
     assert source["id"] == str(stand_ins["DemyAgent-4B"])
 
     frame = pd.read_csv(results / "report" / "summary.csv")
+    assert len(frame) == 16, "both released models in both halves on every benchmark"
     compared = frame.dropna(subset=["published"])
-    assert len(compared) == 8, "every released model on every benchmark"
+    assert len(compared) == 12, "the model card has no self-contained DemyAgent-4B row"
+    assert set(frame.loc[frame["reasoning"] == "self_contained", "tool_calls_per_response"]) == {0.0}
+    no_tool = compared[compared["reasoning"] == "self_contained"].set_index("benchmark")
+    assert set(no_tool["model"]) == {"Qwen3-4B-Instruct-2507"}
+    assert no_tool["published"].to_dict() == {
+        "aime2024": 63.3,
+        "aime2025": 47.4,
+        "gpqa_diamond": 52.0,
+        "livecodebench_v6": 35.1,
+    }
+    compared = compared[compared["reasoning"] == "agentic"]
     demy = compared[compared["model"] == "DemyAgent-4B"].set_index("benchmark")
     assert demy["published"].to_dict() == {
         "aime2024": 72.6,

@@ -232,22 +232,25 @@ def test_report_refuses_half_given_and_misplaced_inputs(run_dir, tmp_path):
 
 def test_published_figures_are_checked_and_cited(run_dir, tmp_path):
     entries = read_published()
-    assert entries["Gen-Verse/DemyAgent-4B"].figures == {
-        "aime2024": 72.6,
-        "aime2025": 70.0,
-        "gpqa_diamond": 58.5,
-        "livecodebench_v6": 26.8,
+    benchmarks = ("aime2024", "aime2025", "gpqa_diamond", "livecodebench_v6")
+    card = {  # the model card's table, row by row (upstream README "DemyAgent Results")
+        ("Gen-Verse/DemyAgent-4B", "agentic"): (72.6, 70.0, 58.5, 26.8),
+        ("Qwen/Qwen3-4B-Instruct-2507", "self_contained"): (63.3, 47.4, 52.0, 35.1),
+        ("Qwen/Qwen3-4B-Instruct-2507", "agentic"): (17.9, 16.3, 44.3, 23.0),
+        ("Qwen/Qwen2.5-7B-Instruct", "self_contained"): (16.7, 10.0, 31.3, 15.2),
+        ("Qwen/Qwen2.5-7B-Instruct", "agentic"): (4.8, 5.6, 25.5, 12.2),
     }
-    assert entries["Qwen/Qwen3-4B-Instruct-2507"].figures == {
-        "aime2024": 17.9,
-        "aime2025": 16.3,
-        "gpqa_diamond": 44.3,
-        "livecodebench_v6": 23.0,
-    }
+    found = {(name, half): figures for name, e in entries.items() for half, figures in e.figures.items()}
+    assert found == {key: dict(zip(benchmarks, row)) for key, row in card.items()}
     assert all("huggingface.co/Gen-Verse/DemyAgent-4B" in e.source and e.metric == "avg@32" for e in entries.values())
     broken = tmp_path / "published.yaml"
-    broken.write_text("Org/Model: {source: card, metric: avg@32, n: 32, sampling: s, figures: {aime2024: 726}}\n")
-    with pytest.raises(ValueError, match=r"Org/Model.figures.aime2024 = 726 is not a percentage"):
+    broken.write_text(
+        "Org/Model: {source: card, metric: avg@32, n: 32, sampling: s, figures: {agentic: {aime2024: 726}}}\n"
+    )
+    with pytest.raises(ValueError, match=r"Org/Model.figures.agentic.aime2024 = 726 is not a percentage"):
+        read_published(broken)
+    broken.write_text("Org/Model: {source: card, metric: avg@32, n: 32, sampling: s, figures: {aime2024: 72.6}}\n")
+    with pytest.raises(ValueError, match=r"Org/Model.figures must map halves of the table"):
         read_published(broken)
     out = _outputs(run_dir["root"])
     base = ["--metrics", str(run_dir["metrics"][0]), "--table-md", str(out["md"]), "--table-csv", str(out["csv"])]
@@ -448,3 +451,61 @@ def test_cost_table_has_a_row_per_rule_with_tokens_and_mfu(tmp_path):
     assert report_cli.main(["cost", *[a for a in args if a not in ("--accelerator", "H100")]]) == 0
     frame = pd.read_csv(csv).set_index("rule")
     assert pd.isna(frame.loc["grpo", "mfu_pct"]) and "--accelerator" in frame.loc["grpo", "note"]
+
+
+def _write_half(root: Path, model: str, reasoning: str, benchmark: str, accuracy: float, seed: int) -> Path:
+    half = "" if reasoning == "agentic" else f"{reasoning}/"
+    path = root / "eval" / model / f"{half}{benchmark}" / "metrics.json"
+    path.parent.mkdir(parents=True)
+    run = {"n": 4, "reasoning": reasoning}
+    path.write_text(json.dumps({**summarize_benchmark(_samples(accuracy, seed=seed)), "run": run}))
+    return path
+
+
+def test_the_report_places_each_half_under_its_model_card_rows(tmp_path):
+    rows = [
+        ("Qwen3-4B-Instruct-2507", "agentic", 0.2),
+        ("Qwen3-4B-Instruct-2507", "self_contained", 0.6),
+        ("DemyAgent-4B", "agentic", 0.7),
+        ("DemyAgent-4B", "self_contained", 0.5),
+    ]
+    metrics = [_write_half(tmp_path, m, r, "aime2025", acc, seed) for seed, (m, r, acc) in enumerate(rows)]
+    results = read_eval_results(metrics)
+    assert [(r.model, r.reasoning) for r in results] == [(m, r) for m, r, _ in rows]
+    out = _outputs(tmp_path)
+    args = ["--metrics", *map(str, metrics), "--table-md", str(out["md"]), "--table-csv", str(out["csv"])]
+    args += ["--accuracy-plot", str(out["acc"]), "--modes-plot", str(out["modes"])]
+    args += ["--published-model", "Qwen3-4B-Instruct-2507=Qwen/Qwen3-4B-Instruct-2507"]
+    args += ["--published-model", "DemyAgent-4B=Gen-Verse/DemyAgent-4B"]
+    assert report_cli.main(args) == 0
+
+    frame = pd.read_csv(out["csv"])
+    published = {(r["model"], r["reasoning"]): r["published"] for r in frame.to_dict("records")}
+    assert published[("Qwen3-4B-Instruct-2507", "self_contained")] == 47.4
+    assert published[("Qwen3-4B-Instruct-2507", "agentic")] == 16.3
+    assert published[("DemyAgent-4B", "agentic")] == 70.0
+    assert pd.isna(published[("DemyAgent-4B", "self_contained")]), "the card has no self-contained DemyAgent row"
+
+    md = out["md"].read_text()
+    assert "| model | reasoning | aime2025 |" in md
+    compared = md.split("## Measured and published")[1].split("## Metrics per benchmark")[0]
+    self_contained, agentic = compared.split("### Self-contained reasoning (no tool)")[1].split(
+        "### Agentic reasoning (code tool)"
+    )
+    assert "| Qwen3-4B-Instruct-2507 | Qwen/Qwen3-4B-Instruct-2507 | aime2025 |" in self_contained
+    assert "| 47.4 |" in self_contained and "| 16.3 |" not in self_contained
+    assert "| DemyAgent-4B | Gen-Verse/DemyAgent-4B | aime2025 |" in self_contained
+    assert "| - | - | - |" in self_contained, "no published self-contained figure: no difference, no CI verdict"
+    assert "| 16.3 |" in agentic and "| 70.0 |" in agentic and "| 47.4 |" not in agentic
+
+
+def test_a_half_in_the_wrong_folder_is_refused(tmp_path):
+    misplaced = _write_half(tmp_path, "rl", "agentic", "aime2024", 0.5, 0)
+    data = json.loads(misplaced.read_text())
+    misplaced.write_text(json.dumps({**data, "run": {"n": 4, "reasoning": "self_contained"}}))
+    with pytest.raises(ValueError, match="expected a path ending in <model>/self_contained/<benchmark>"):
+        read_eval_results([misplaced])
+    data["run"]["reasoning"] = "tool_free"
+    misplaced.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="run.reasoning is 'tool_free'"):
+        read_eval_results([misplaced])

@@ -250,6 +250,7 @@ class EvalConfig:
     checkpoints: dict[str, ModelSourceConfig]
     published: dict[str, str | None]
     shards: int
+    reasoning: tuple[Literal["agentic", "self_contained"], ...]
 
 
 @dataclass(frozen=True)

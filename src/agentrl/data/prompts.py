@@ -120,6 +120,51 @@ def rl_file_wrapper(first_data_source: str):
     return wrap
 
 
+# --------------------------------------------------------------------------- self-contained
+# The model card's self-contained half (no tool) has no prompt of its own upstream: its eval
+# scripts render every benchmark through the tool agent loop with the prompts above, and ship
+# no script without the tool. The no-tool prompt is these prompts with each sentence about the
+# tool replaced by its counterpart without the tool (or removed), everything else verbatim.
+ANSWER_FORMAT_NO_TOOL = (
+    "\nRemember once you make sure the current answer is your final answer, directly output the "
+    "final answer in the following text format, the answer format must be: \\boxed{'The final "
+    "answer goes here.'}."
+)
+CODE_SUBMIT_NO_TOOL = (
+    "\nOnce you make sure the current code is correct, submit your code within ```python\n# YOUR CODE HERE\n```."
+)
+COMPACT_MATH_TAIL = " Use the code tool, then give the answer in \\boxed{}."
+COMPACT_CHOICE_TAIL = "\nUse the code tool, then give the letter in \\boxed{}."
+COMPACT_CODE_TAIL = "\nTest it with the code tool, then submit it in a ```python``` block."
+# (agentic text, self-contained text), applied in this order.
+NO_TOOL_REPLACEMENTS: tuple[tuple[str, str], ...] = (
+    (MATH_PROMPT_2, ""),
+    (AGENT_PROMPT, ""),
+    (ANSWER_FORMAT, ANSWER_FORMAT_NO_TOOL),
+    (CODE_SUBMIT, CODE_SUBMIT_NO_TOOL),
+    (COMPACT_MATH_TAIL, " Give the answer in \\boxed{}."),
+    (COMPACT_CHOICE_TAIL, "\nGive the letter in \\boxed{}."),
+    (COMPACT_CODE_TAIL, "\nSubmit it in a ```python``` block."),
+)
+
+
+def self_contained_text(text: str) -> str:
+    """A user message of the recipe without its tool sentences (:data:`NO_TOOL_REPLACEMENTS`).
+
+    A message holding none of them (a data set of other prompts) is returned unchanged.
+    """
+    for agentic, no_tool in NO_TOOL_REPLACEMENTS:
+        text = text.replace(agentic, no_tool)
+    return text
+
+
+def self_contained_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The problem's chat messages with every user message through :func:`self_contained_text`."""
+    return [
+        {**m, "content": self_contained_text(m["content"])} if m.get("role") == "user" else dict(m) for m in messages
+    ]
+
+
 # --------------------------------------------------------------------------- embedded task
 COMPACT_MATH = "Compute {expression}. Use the code tool, then give the answer in \\boxed{{}}."
 COMPACT_CHOICE = "Which option equals {expression}?\n{options}\nUse the code tool, then give the letter in \\boxed{{}}."

@@ -1,10 +1,14 @@
 """``python -m agentrl evaluate run|shard|gather|export-livecodebench``: benchmark evaluation of one model.
 
-- ``run``: ``eval.n`` agentic samples per problem of one benchmark, with ``eval.temperature`` /
+- ``run``: ``eval.n`` samples per problem of one benchmark, with ``eval.temperature`` /
   ``eval.top_p`` (paper: 32 / 1.0 / 0.6), the RL rollout engine and agent loop, graded by the
   reward registry -> ``samples.jsonl`` (one row per sample, :mod:`agentrl.evaluation.samples`)
   and ``metrics.json`` (:func:`agentrl.evaluation.metrics.summarize_benchmark` of those rows,
   plus a ``run`` block saying what was evaluated and how).
+- ``--reasoning`` (every command but the export): ``agentic`` (default: the code tool, as the
+  recipe trains) or ``self_contained`` (the model card's no-tool half: no tool schema, the
+  prompts' tool sentences replaced, one turn, no tool ever run; ``eval.reasoning`` lists the
+  halves the workflow evaluates). The ``run`` block records it, and the report reads it from there.
 - ``shard`` and ``gather``: the same split into ``eval.shards`` jobs (the workflow's way): each
   shard samples a range of the problems into a resumable shard file
   (:mod:`agentrl.evaluation.shards`); the gather writes ``samples.jsonl`` in problem order and
@@ -72,9 +76,14 @@ def metrics_of_samples(samples_path: Path, run: dict[str, Any]) -> dict[str, Any
     }
 
 
-def eval_setup(cfg: Config, benchmark: str, problems_per_chunk: int = 256) -> SamplingSetup:
+REASONING = ("agentic", "self_contained")
+
+
+def eval_setup(cfg: Config, benchmark: str, problems_per_chunk: int = 256, reasoning: str = "agentic") -> SamplingSetup:
+    """Both halves draw from the benchmark's seed: common random numbers, as between models."""
     e = cfg.eval
-    return SamplingSetup(e.n, e.temperature, e.top_p, cfg.seed, f"evaluate.{benchmark}", problems_per_chunk)
+    tag = f"evaluate.{benchmark}"
+    return SamplingSetup(e.n, e.temperature, e.top_p, cfg.seed, tag, problems_per_chunk, reasoning)
 
 
 def eval_rollout_config(cfg: Config) -> Config:
@@ -84,19 +93,31 @@ def eval_rollout_config(cfg: Config) -> Config:
     return dataclasses.replace(cfg, rollout=rollout)
 
 
-def eval_config(cfg: Config) -> dict:
-    """What the evaluation rollouts read, for the shard files' fingerprint."""
+def eval_config(cfg: Config, reasoning: str = "agentic") -> dict:
+    """What the evaluation rollouts read, for the shard files' fingerprint. The agentic half's
+    has no reasoning key, so that its shard files resume whatever wrote them."""
     sections = {key: dataclasses.asdict(getattr(cfg, key)) for key in ("rollout", "reward", "sandbox", "tool")}
     e = cfg.eval
-    return {"seed": cfg.seed, **sections, "eval": {"n": e.n, "temperature": e.temperature, "top_p": e.top_p}}
+    sampling = {"n": e.n, "temperature": e.temperature, "top_p": e.top_p}
+    if reasoning != "agentic":
+        sampling["reasoning"] = reasoning
+    return {"seed": cfg.seed, **sections, "eval": sampling}
 
 
-def run_info(cfg: Config, model_dir: Path, problems_path: Path, benchmark: str, max_problems: int | None) -> dict:
+def run_info(
+    cfg: Config,
+    model_dir: Path,
+    problems_path: Path,
+    benchmark: str,
+    max_problems: int | None,
+    reasoning: str = "agentic",
+) -> dict:
     """metrics.json's ``run`` block: what was evaluated and how."""
     e = cfg.eval
     return {
         "model": str(model_dir),
         "benchmark": benchmark,
+        "reasoning": reasoning,
         "problems": str(problems_path),
         "n": e.n,
         "temperature": e.temperature,
@@ -121,6 +142,7 @@ def run_shard_of(
     shards: int,
     out: Path,
     problems_per_chunk: int = 256,
+    reasoning: str = "agentic",
 ) -> None:
     """Shard ``shard`` of ``shards`` of a benchmark's problems -> its resumable shard file."""
     # The gather job tracks the metrics; a missing package stops the shards before any sampling,
@@ -128,9 +150,17 @@ def run_shard_of(
     check_tracking(cfg.tracking)
     e = cfg.eval
     cfg = eval_rollout_config(cfg)
-    log.info("evaluating %s on %s: n=%d, temperature=%g, top_p=%g", model_dir, benchmark, e.n, e.temperature, e.top_p)
-    setup = eval_setup(cfg, benchmark, problems_per_chunk)
-    run_shard(cfg, model_dir, problems_path, setup, eval_config(cfg), shard, shards, out)
+    log.info(
+        "evaluating %s on %s (%s): n=%d, temperature=%g, top_p=%g",
+        model_dir,
+        benchmark,
+        reasoning,
+        e.n,
+        e.temperature,
+        e.top_p,
+    )
+    setup = eval_setup(cfg, benchmark, problems_per_chunk, reasoning)
+    run_shard(cfg, model_dir, problems_path, setup, eval_config(cfg, reasoning), shard, shards, out)
 
 
 def gather(
@@ -142,13 +172,14 @@ def gather(
     samples_out: Path,
     metrics_out: Path,
     max_problems: int | None = None,
+    reasoning: str = "agentic",
 ) -> dict:
     """Shard files -> ``samples.jsonl`` in problem order, then ``metrics.json`` of all of it."""
     check_tracking(cfg.tracking)  # a missing package stops the job before any work
     problems = read_problems(problems_path)[:max_problems]
     count = write_jsonl(gathered_rows(problems, shard_paths, cfg.eval.n), samples_out)
     assert count == len(problems) * cfg.eval.n, f"wrote {count} samples for {len(problems)} problems x n={cfg.eval.n}"
-    info = run_info(cfg, model_dir, problems_path, benchmark, max_problems)
+    info = run_info(cfg, model_dir, problems_path, benchmark, max_problems, reasoning)
     try:
         metrics = metrics_of_samples(samples_out, info)
         metrics_out.parent.mkdir(parents=True, exist_ok=True)
@@ -156,7 +187,8 @@ def gather(
     except BaseException:
         samples_out.unlink(missing_ok=True)  # no samples file without its metrics: the stage failed
         raise
-    tracker = Tracker(cfg.tracking, metrics_out.parent, f"eval/{model_dir.name}/{benchmark}", True, info)
+    half = "" if reasoning == "agentic" else f"{reasoning}/"
+    tracker = Tracker(cfg.tracking, metrics_out.parent, f"eval/{model_dir.name}/{half}{benchmark}", True, info)
     tracker.log({f"eval/{benchmark}/{key}": value for key, value in metrics.items()}, step=0)
     tracker.close()
     return metrics
@@ -170,6 +202,7 @@ def run(
     metrics_out: Path,
     benchmark: str,
     max_problems: int | None = None,
+    reasoning: str = "agentic",
 ) -> dict:
     """One job for the whole benchmark: one shard (beside the samples), then the gather."""
     check_tracking(cfg.tracking)  # a missing package stops the job before any sampling
@@ -178,8 +211,10 @@ def run(
         problems_in = samples_out.with_name(samples_out.stem + ".problems.parquet")
         write_records(read_problems(problems_path)[:max_problems], problems_in)
     shard_file = samples_out.with_name(samples_out.stem + ".shard.jsonl")
-    run_shard_of(cfg, model_dir, problems_in, benchmark, 0, 1, shard_file)
-    metrics = gather(cfg, model_dir, problems_path, benchmark, [shard_file], samples_out, metrics_out, max_problems)
+    run_shard_of(cfg, model_dir, problems_in, benchmark, 0, 1, shard_file, reasoning=reasoning)
+    metrics = gather(
+        cfg, model_dir, problems_path, benchmark, [shard_file], samples_out, metrics_out, max_problems, reasoning
+    )
     shard_file.unlink()
     if problems_in != problems_path:
         problems_in.unlink()
@@ -213,6 +248,13 @@ def main(argv: list[str]) -> int:
     p_gather.add_argument("--shard-files", type=Path, nargs="+", required=True, help="every shard file")
     p_gather.add_argument("--samples", type=Path, required=True, help="output: samples.jsonl")
     p_gather.add_argument("--metrics", type=Path, required=True, help="output: metrics.json")
+    for command in (p_run, p_shard, p_gather):
+        command.add_argument(
+            "--reasoning",
+            choices=REASONING,
+            default="agentic",
+            help="agentic (the code tool) or self_contained (no tool schema, no tool turns); default: %(default)s",
+        )
     p_lcb = add_command(
         commands, "export-livecodebench", "code samples -> LiveCodeBench custom-evaluator JSON", config=False
     )
@@ -229,20 +271,39 @@ def main(argv: list[str]) -> int:
         set_torch_threads(args.threads)
         cfg = config_from_args(args)
         run_shard_of(
-            cfg, args.model, args.problems, args.benchmark, args.shard, args.shards, args.out, args.problems_per_chunk
+            cfg,
+            args.model,
+            args.problems,
+            args.benchmark,
+            args.shard,
+            args.shards,
+            args.out,
+            args.problems_per_chunk,
+            args.reasoning,
         )
     elif args.command in ("run", "gather"):
         check_writable((args.samples, "--samples"), (args.metrics, "--metrics"))
         cfg = config_from_args(args)
         benchmark = args.benchmark or args.problems.stem
         if args.command == "gather":
-            metrics = gather(cfg, args.model, args.problems, benchmark, args.shard_files, args.samples, args.metrics)
+            metrics = gather(
+                cfg,
+                args.model,
+                args.problems,
+                benchmark,
+                args.shard_files,
+                args.samples,
+                args.metrics,
+                reasoning=args.reasoning,
+            )
         else:
             check_model_folder(args.model, "--model")
             from agentrl.training.threads import set_torch_threads
 
             set_torch_threads(args.threads)
-            metrics = run(cfg, args.model, args.problems, args.samples, args.metrics, benchmark, args.max_problems)
+            metrics = run(
+                cfg, args.model, args.problems, args.samples, args.metrics, benchmark, args.max_problems, args.reasoning
+            )
         n = metrics["samples_per_problem"]
         log.info(
             "%s: avg@%d %.3f, pass@%d %.3f, tool calls/response %.2f",

@@ -18,6 +18,7 @@ to write.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ class SamplingSetup:
     seed: int
     seed_tag: str
     problems_per_chunk: int = 256  # problems in flight at once
+    reasoning: str = "agentic"  # or "self_contained": no tool schema, no tool turns (eval.reasoning)
 
 
 def load_tokenizer(model_dir: str) -> Any:
@@ -60,13 +62,23 @@ def grade_problems(
 ) -> None:
     """Roll out and grade ``setup.n`` samples of every problem; ``on_problem(problem, rows)`` gets
     each problem's ``samples.jsonl`` rows (:func:`agentrl.evaluation.samples.sample_row`, by sample
-    index) as soon as its rollouts are done, in the order problems finish."""
+    index) as soon as its rollouts are done, in the order problems finish.
+
+    ``setup.reasoning`` ``self_contained``: each problem's user messages lose their tool sentences
+    (:func:`agentrl.data.prompts.self_contained_messages`) and the agent loop has no tool; the
+    sandbox still grades code answers.
+    """
+    from agentrl.data.prompts import self_contained_messages
     from agentrl.rollout import AgentLoop, SamplingParams, make_engine
     from agentrl.tools.code_interpreter import CodeInterpreter
     from agentrl.tools.health import InfraFailureBound, ToolUse, tool_health
     from agentrl.tools.sandbox import make_sandbox
 
     assert problems, "no problems to roll out"
+    assert setup.reasoning in ("agentic", "self_contained"), f"unknown reasoning {setup.reasoning!r}"
+    agentic = setup.reasoning == "agentic"
+    if not agentic:
+        problems = [dataclasses.replace(p, prompt=self_contained_messages(p.prompt)) for p in problems]
     tokenizer = load_tokenizer(model_dir)
     engine = make_engine(cfg.rollout, model_dir)  # standalone: rollout.vllm.gpu_memory_utilization
     seed = derived_seed(setup.seed, setup.seed_tag)
@@ -75,9 +87,10 @@ def grade_problems(
         loop = AgentLoop(
             engine,
             tokenizer,
-            CodeInterpreter(sandbox, cfg.tool),
+            CodeInterpreter(sandbox, cfg.tool) if agentic else None,
             cfg.rollout,
             InfraFailureBound.from_config(cfg.sandbox),
+            tools=agentic,
         )
         reward_fn = RewardFunction(cfg.reward, sandbox)
         total, done, correct = len(problems), 0, 0

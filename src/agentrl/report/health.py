@@ -49,7 +49,7 @@ def eval_health_row(result: EvalResult) -> dict[str, Any]:
     """One evaluated (model, benchmark); ``None`` cells for a metrics.json written before tool health."""
     health: Mapping[str, Any] = result.metrics.get("tool_health") or {}
     return {
-        "stage": f"evaluate {result.model}",
+        "stage": f"evaluate {result.label}",
         "benchmark": result.benchmark,
         "calls": _count(health.get("calls")),
         "calls_per_trajectory": health.get("calls_per_trajectory"),

@@ -69,7 +69,7 @@ def plot_accuracy_by_stage(
     fig, axes = _grid(len(benchmarks))
     for ax, benchmark in zip(axes, benchmarks):
         rows = [r for r in results if r.benchmark == benchmark]
-        models = [r.model for r in rows]
+        models = [r.label for r in rows]
         x = np.arange(len(rows))
         n = [int(r.metrics["samples_per_problem"]) for r in rows]
         avg = np.array([100 * r.metrics[f"avg@{k}"] for r, k in zip(rows, n)])
@@ -80,13 +80,15 @@ def plot_accuracy_by_stage(
             x,
             avg,
             0.6,
-            color=[MODEL_COLORS.get(m, "#807dba") for m in models],
+            color=[MODEL_COLORS.get(r.model, "#807dba") for r in rows],
             yerr=[below.tolist(), above.tolist()],
             capsize=4,
             label="avg@n (95 % CI)",
         )
         ax.scatter(x, passes, marker="^", color="#d94801", zorder=3, label="pass@n (unbiased)")
-        marks = [(xi, published[m].figures.get(benchmark)) for xi, m in zip(x, models) if m in published]
+        marks = [
+            (xi, published[r.model].figure(r.reasoning, benchmark)) for xi, r in zip(x, rows) if r.model in published
+        ]
         marks = [(xi, v) for xi, v in marks if v is not None]
         if marks:
             ax.scatter(*zip(*marks), marker="D", color="black", zorder=4, label="published avg@32")
@@ -118,7 +120,7 @@ def plot_reasoning_modes(results: Sequence[EvalResult], out: Path) -> None:
             calls = f"{tool['tool_calls_per_response']:.1f} calls/response"
             text = calls + ("\nno calls" if success is None else f"\n{100 * success:.0f}% calls ok")
             ax.text(xi, 101, text, ha="center", va="bottom", fontsize=7)
-        ax.set_xticks(x, [r.model for r in rows])
+        ax.set_xticks(x, [r.label for r in rows])
         ax.set_ylim(0, 125)
         ax.set_ylabel("responses (%)")
         ax.set_title(f"{benchmark}: reasoning modes")

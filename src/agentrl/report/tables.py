@@ -1,11 +1,13 @@
 """The summary table: models x benchmarks x metrics, and the published figures beside ours.
 
-Rows come from ``results/eval/<model>/<benchmark>/metrics.json`` (the evaluate stage); the model
-and benchmark are the two folder names above the file, as the workflow lays them out. Values
-are percentages. Published figures (the released models' avg@32, ``resources/published.yaml``,
-each citing its model card) are compared with the evaluated models that config
-``eval.published`` maps to them: the released DemyAgent-4B evaluated here, or our ``rl`` stage
-that reproduces it; the difference is measured minus published, in points.
+Rows come from ``results/eval/<model>/<benchmark>/metrics.json`` (the evaluate stage; the
+self-contained half in ``results/eval/<model>/self_contained/<benchmark>/``); the half is the
+``run.reasoning`` the file records (``agentic`` when it records none), the model and benchmark
+are the folder names above the file, as the workflow lays them out. Values are percentages.
+Published figures (the released models' avg@32, ``resources/published.yaml``, each citing its
+model card, per half of the card's table) are compared with the evaluated models that config
+``eval.published`` maps to them, half by half: the released DemyAgent-4B evaluated here, or our
+``rl`` stage that reproduces it; the difference is measured minus published, in points.
 """
 
 from __future__ import annotations
@@ -21,22 +23,29 @@ import yaml
 from agentrl.errors import DataFormatError, read_json_file
 
 PUBLISHED_PATH = Path(__file__).resolve().parents[1] / "resources" / "published.yaml"
+# The halves of the model card's table, in its order, and their titles there.
+REASONING_TITLES = {"self_contained": "Self-contained reasoning (no tool)", "agentic": "Agentic reasoning (code tool)"}
 
 
 @dataclass(frozen=True)
 class PublishedModel:
-    """The published figures of one released model (an entry of ``published.yaml``)."""
+    """The published figures of one released model (an entry of ``published.yaml``):
+    ``figures`` maps a half of the table (``agentic``, ``self_contained``) to benchmark -> percent."""
 
     name: str
     source: str
     metric: str
     n: int
     sampling: str
-    figures: dict[str, float]
+    figures: dict[str, dict[str, float]]
+
+    def figure(self, reasoning: str, benchmark: str) -> float | None:
+        return self.figures.get(reasoning, {}).get(benchmark)
 
 
 def read_published(path: str | Path = PUBLISHED_PATH) -> dict[str, PublishedModel]:
-    """The entries of a published-figures file, checked: every key present, every figure a percentage."""
+    """The entries of a published-figures file, checked: every key present, the halves known,
+    every figure a percentage."""
     path = Path(path)
     with open(path, encoding="utf-8") as fh:
         raw = yaml.safe_load(fh) or {}
@@ -47,16 +56,23 @@ def read_published(path: str | Path = PUBLISHED_PATH) -> dict[str, PublishedMode
         missing = [key for key in ("source", "metric", "n", "sampling", "figures") if key not in (entry or {})]
         if missing:
             raise ValueError(f"{path}: entry {name!r} lacks key(s) {missing}")
-        for benchmark, value in entry["figures"].items():
-            if not isinstance(value, (int, float)) or not 0 <= value <= 100:
-                raise ValueError(f"{path}: {name}.figures.{benchmark} = {value!r} is not a percentage")
+        halves = entry["figures"]
+        if not isinstance(halves, dict) or not halves or set(halves) - set(REASONING_TITLES):
+            raise ValueError(
+                f"{path}: {name}.figures must map halves of the table ({', '.join(REASONING_TITLES)}) "
+                f"to benchmark -> percent, got {halves!r}"
+            )
+        for reasoning, figures in halves.items():
+            for benchmark, value in (figures or {}).items():
+                if not isinstance(value, (int, float)) or not 0 <= value <= 100:
+                    raise ValueError(f"{path}: {name}.figures.{reasoning}.{benchmark} = {value!r} is not a percentage")
         models[name] = PublishedModel(
             name=name,
             source=" ".join(str(entry["source"]).split()),
             metric=str(entry["metric"]),
             n=int(entry["n"]),
             sampling=str(entry["sampling"]),
-            figures={str(b): float(v) for b, v in entry["figures"].items()},
+            figures={str(h): {str(b): float(v) for b, v in (f or {}).items()} for h, f in halves.items()},
         )
     return models
 
@@ -66,10 +82,17 @@ class EvalResult:
     model: str
     benchmark: str
     metrics: dict[str, Any]
+    reasoning: str = "agentic"
+
+    @property
+    def label(self) -> str:
+        """The model as plots and tables name one row: the half added when it is not agentic."""
+        return self.model if self.reasoning == "agentic" else f"{self.model} (self-contained)"
 
 
 def read_eval_results(paths: Sequence[str | Path]) -> list[EvalResult]:
-    """Load metrics.json files laid out as ``.../eval/<model>/<benchmark>/metrics.json``."""
+    """Load metrics.json files laid out as ``.../eval/<model>/<benchmark>/metrics.json``, or
+    ``.../eval/<model>/self_contained/<benchmark>/metrics.json`` for the self-contained half."""
     results = []
     for path in map(Path, paths):
         if path.name != "metrics.json" or len(path.parts) < 3:
@@ -80,10 +103,20 @@ def read_eval_results(paths: Sequence[str | Path]) -> list[EvalResult]:
         for key in ("samples_per_problem", "pass@k", "upstream_bootstrap", "ci", "tool_use"):
             if key not in metrics:
                 raise DataFormatError(f"{path}: missing key {key!r}; was it written by `agentrl evaluate run`?")
-        results.append(EvalResult(model=path.parent.parent.name, benchmark=path.parent.name, metrics=metrics))
-    seen = [(r.model, r.benchmark) for r in results]
+        reasoning = (metrics.get("run") or {}).get("reasoning", "agentic")
+        if reasoning not in REASONING_TITLES:
+            raise DataFormatError(f"{path}: run.reasoning is {reasoning!r}; known: {', '.join(REASONING_TITLES)}")
+        model_dir = path.parent.parent
+        if reasoning != "agentic":
+            if model_dir.name != reasoning or len(path.parts) < 4:
+                raise DataFormatError(
+                    f"{path}: a {reasoning} evaluation, expected a path ending in <model>/{reasoning}/<benchmark>/metrics.json"
+                )
+            model_dir = model_dir.parent
+        results.append(EvalResult(model_dir.name, path.parent.name, metrics, reasoning))
+    seen = [(r.model, r.reasoning, r.benchmark) for r in results]
     if len(set(seen)) != len(seen):
-        raise DataFormatError(f"the same (model, benchmark) is given twice: {seen}")
+        raise DataFormatError(f"the same (model, reasoning, benchmark) is given twice: {seen}")
     return results
 
 
@@ -100,6 +133,7 @@ def metric_row(result: EvalResult) -> dict[str, Any]:
     return {
         "source": "ours",
         "model": result.model,
+        "reasoning": result.reasoning,
         "benchmark": result.benchmark,
         "problems": m["num_problems"],
         "n": n,
@@ -127,16 +161,16 @@ def grading_label(grading: Mapping[str, str] | None) -> str:
 
 
 def summary_frame(results: Sequence[EvalResult], published: Mapping[str, PublishedModel] | None = None) -> pd.DataFrame:
-    """One row per (model, benchmark); where ``published`` maps the model to a released model that
-    reports the benchmark, its figure (``published``), the entry (``published_as``) and
-    ``difference`` = avg@n - published, in points."""
+    """One row per (model, reasoning, benchmark); where ``published`` maps the model to a released
+    model, the entry (``published_as``), its figure for the row's half and benchmark
+    (``published``, None where the card has none) and ``difference`` = avg@n - published, in points."""
     published = published or {}
     rows = []
     for result in results:
         row = metric_row(result)
         entry = published.get(result.model)
-        figure = entry.figures.get(result.benchmark) if entry else None
-        row["published_as"] = entry.name if figure is not None else None
+        figure = entry.figure(result.reasoning, result.benchmark) if entry else None
+        row["published_as"] = entry.name if entry else None
         row["published"] = figure
         row["difference"] = None if figure is None else round(row["avg@n"] - figure, 2)
         rows.append(row)
@@ -162,8 +196,9 @@ def headline_markdown(frame: pd.DataFrame) -> str:
     their unweighted mean (``-`` for a model missing one)."""
     benchmarks = list(dict.fromkeys(frame["benchmark"]))
     with_mean = len(benchmarks) > 1
+    halves = _with_halves(frame)
     rows = []
-    for model, group in frame.groupby("model", sort=False):
+    for (model, reasoning), group in frame.groupby(["model", "reasoning"], sort=False):
         by_bench = {r["benchmark"]: r for r in group.to_dict("records")}
         cells = []
         for benchmark in benchmarks:
@@ -175,8 +210,14 @@ def headline_markdown(frame: pd.DataFrame) -> str:
         if with_mean:
             complete = all(b in by_bench for b in benchmarks)
             cells.append(f"{sum(by_bench[b]['avg@n'] for b in benchmarks) / len(benchmarks):.1f}" if complete else "-")
-        rows.append([model, *cells])
-    return markdown_table(["model", *benchmarks, *(["mean"] if with_mean else [])], rows)
+        rows.append([model, *([reasoning] if halves else []), *cells])
+    header = ["model", *(["reasoning"] if halves else []), *benchmarks, *(["mean"] if with_mean else [])]
+    return markdown_table(header, rows)
+
+
+def _with_halves(frame: pd.DataFrame) -> bool:
+    """Whether the tables name the half: only when a row is not agentic."""
+    return bool((frame["reasoning"] != "agentic").any())
 
 
 DETAIL_COLUMNS = (
@@ -197,37 +238,46 @@ DETAIL_COLUMNS = (
 def detail_markdown(frame: pd.DataFrame) -> str:
     """Per benchmark: every metric of every model of ours."""
     ours = frame[frame["source"] == "ours"]
+    columns = list(DETAIL_COLUMNS)
+    if _with_halves(frame):
+        columns.insert(1, ("reasoning", "reasoning"))
     parts = []
     for benchmark, group in ours.groupby("benchmark", sort=False):
-        rows = [[r[key] for key, _ in DETAIL_COLUMNS] for r in group.to_dict("records")]
-        parts.append(f"### {benchmark}\n\n" + markdown_table([label for _, label in DETAIL_COLUMNS], rows))
+        rows = [[r[key] for key, _ in columns] for r in group.to_dict("records")]
+        parts.append(f"### {benchmark}\n\n" + markdown_table([label for _, label in columns], rows))
     return "\n\n".join(parts)
 
 
-def published_markdown(frame: pd.DataFrame, published: Mapping[str, PublishedModel]) -> str:
-    """Measured beside published, per (model, benchmark) with a published figure, and the sources."""
-    compared = frame[frame["published"].notna()] if "published" in frame else frame.iloc[0:0]
-    rows = [
-        [
-            r["model"],
-            r["published_as"],
-            r["benchmark"],
-            f"{r['avg@n']:.1f} [{r['avg@n_ci_low']:.1f}, {r['avg@n_ci_high']:.1f}] (n = {int(r['n'])})",
-            r["published"],
-            f"{r['difference']:+.1f}",
-            "yes" if r["avg@n_ci_low"] <= r["published"] <= r["avg@n_ci_high"] else "no",
-        ]
-        for r in compared.to_dict("records")
+def _compared_row(r: Mapping[str, Any]) -> list[Any]:
+    figure = None if pd.isna(r["published"]) else r["published"]
+    return [
+        r["model"],
+        r["published_as"],
+        r["benchmark"],
+        f"{r['avg@n']:.1f} [{r['avg@n_ci_low']:.1f}, {r['avg@n_ci_high']:.1f}] (n = {int(r['n'])})",
+        figure,
+        None if figure is None else f"{r['difference']:+.1f}",
+        None if figure is None else ("yes" if r["avg@n_ci_low"] <= figure <= r["avg@n_ci_high"] else "no"),
     ]
+
+
+def published_markdown(frame: pd.DataFrame, published: Mapping[str, PublishedModel]) -> str:
+    """Measured beside published, one table per half of the model card's table (its order, its
+    titles), with the rows of every model mapped to a published entry (``-`` where the card has
+    no figure for that half and benchmark), and the sources."""
+    mapped = frame[frame["published_as"].notna()] if "published_as" in frame else frame.iloc[0:0]
     header = ["model", "published as", "benchmark", "measured avg@n [95 % CI]", "published", "difference", "in CI"]
+    parts = []
+    for reasoning, title in REASONING_TITLES.items():
+        half = mapped[mapped["reasoning"] == reasoning]
+        if len(half):
+            parts.append(
+                f"### {title}\n\n" + markdown_table(header, [_compared_row(r) for r in half.to_dict("records")])
+            )
     by_name = {entry.name: entry for entry in published.values()}
-    used = [by_name[name] for name in dict.fromkeys(compared["published_as"])]
+    used = [by_name[name] for name in dict.fromkeys(mapped["published_as"])]
     sources = [f"- {e.name}: {e.metric} ({e.sampling}); {e.source}" for e in used]
-    return (
-        markdown_table(header, rows)
-        + "\n\nDifference = measured - published, in points. Sources:\n"
-        + "\n".join(sources)
-    )
+    return "\n\n".join(parts) + "\n\nDifference = measured - published, in points. Sources:\n" + "\n".join(sources)
 
 
 def filter_markdown(stats: Mapping[str, Any]) -> str:
@@ -271,7 +321,7 @@ def summary_markdown(
         f"Grading: {'; '.join(gradings)} (reward.math_mode, reward.choice_mode; "
         "'math strict, choice exact' is upstream's strict box check, docs/fidelity.md)."
     )
-    if published and frame["published"].notna().any():
+    if published and frame["published_as"].notna().any():
         parts += ["## Measured and published", published_markdown(frame, published)]
     if sources:
         parts += ["## Models not trained here", sources_markdown(sources)]

@@ -9,6 +9,11 @@ and generation goes on; a trajectory ends on a turn without a tool call (``stop`
 ``rollout.max_response_tokens`` is spent, tool tokens included (``length``). A malformed call is
 answered with ``"Error when executing tool: ..."`` and the trajectory goes on.
 
+Self-contained reasoning (``tools=False``, the no-tool half of the model card's table): the
+prompt is rendered without the tool schema, generation stops only at the end of the turn, and
+every trajectory is one assistant turn: a ``<tool_call>`` the model writes is text of its answer,
+never parsed or run (the loop holds no interpreter and no tool-turn framing).
+
 Context: no request is longer than :func:`agentrl.rollout.context.context_tokens` (the engine's
 ``max_model_len``; the smaller of the two when the engine has its own). Each turn may generate
 what the budget has left and what the context has left, whichever is less; a trajectory whose
@@ -145,18 +150,44 @@ def turn_seed(seed: int, problem_id: str, sample_index: int, turn: int) -> int:
     return random.Random(f"agentrl-rollout:{seed}:{problem_id}:{sample_index}:{turn}").getrandbits(31)
 
 
+def plain_end_of_turn_id(tokenizer) -> int:
+    """The special token the chat template closes an assistant turn with (``<|im_end|>``), read
+    off a rendered conversation without tools."""
+    sentinel = "\x00agentrl-answer\x00"
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": sentinel}]
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False)
+    after = tokenizer.encode(rendered.split(sentinel, 1)[1], add_special_tokens=False)
+    if not after or after[0] not in tokenizer.all_special_ids:
+        raise ValueError(
+            "the chat template closes an assistant turn with no special token; the agent loop "
+            f"needs one as its stop token (got {rendered.split(sentinel, 1)[1][:40]!r})"
+        )
+    return after[0]
+
+
 class AgentLoop:
-    """Multi-turn rollouts of ``engine`` with the code-interpreter tool."""
+    """Multi-turn rollouts of ``engine`` with the code-interpreter tool, or single-turn ones
+    without it (``tools=False``: ``interpreter`` must be None)."""
 
     def __init__(
-        self, engine: Engine, tokenizer, interpreter, cfg: RolloutConfig, infra_bound: InfraFailureBound | None = None
+        self,
+        engine: Engine,
+        tokenizer,
+        interpreter,
+        cfg: RolloutConfig,
+        infra_bound: InfraFailureBound | None = None,
+        tools: bool = True,
     ) -> None:
+        if not tools and interpreter is not None:
+            raise ValueError("a self-contained agent loop (tools=False) takes no interpreter")
         self.engine = engine
         self.tokenizer = tokenizer
         self.interpreter = interpreter
         self.cfg = cfg
         self.infra_bound = infra_bound
-        self.format = ToolTurnFormat(tokenizer)
+        self.tools = tools
+        self.format = ToolTurnFormat(tokenizer) if tools else None
+        self.stop_token_ids = self.format.stop_token_ids if tools else (plain_end_of_turn_id(tokenizer),)
         self.stats = RolloutStats()
         # The longest request: the engine's own limit where it has one (vLLM's max_model_len;
         # engines without one, and test doubles, have no attribute or None).
@@ -166,13 +197,14 @@ class AgentLoop:
             self.context = min(self.context, engine_limit)
 
     def prompt_ids(self, problem: Problem) -> list[int]:
-        """The problem's messages rendered with the tool schema and the generation prompt.
+        """The problem's messages rendered with the tool schema (none when self-contained) and the
+        generation prompt.
 
         A prompt over ``rollout.max_prompt_tokens`` (measured as ``prompt_length_with_tools``
         says) is refused; the ``fit_prompts`` rule drops those before any job rolls out.
         """
-        ids = rendered_prompt_ids(self.tokenizer, problem.prompt)
-        with_tools = self.cfg.prompt_length_with_tools
+        ids = rendered_prompt_ids(self.tokenizer, problem.prompt, with_tools=self.tools)
+        with_tools = self.cfg.prompt_length_with_tools or not self.tools
         length = len(ids) if with_tools else prompt_length(self.tokenizer, problem.prompt, with_tools=False)
         if length > self.cfg.max_prompt_tokens:
             raise ValueError(
@@ -234,7 +266,7 @@ class AgentLoop:
         assert n >= 1, f"n must be >= 1, got {n}"
         assert window is None or window >= 1, f"max_problems_in_flight must be >= 1, got {window}"
         self.stats = RolloutStats()
-        turn_params = params.replace(stop_token_ids=self.format.stop_token_ids)
+        turn_params = params.replace(stop_token_ids=self.stop_token_ids)
         if self.infra_bound is not None:
             on_group = self._bounded(on_group, self.infra_bound)
         if self.cfg.scheduling == "per_trajectory":
@@ -408,7 +440,7 @@ class AgentLoop:
         if output.finish_reason == "length":  # the turn ran into the budget
             rollout.finish_reason = "length"
             return None
-        if output.token_ids[-1] != self.format.call_end_id:
+        if not self.tools or output.token_ids[-1] != self.format.call_end_id:
             rollout.finish_reason = "stop"  # the turn ended without asking for a tool
             return None
         turn_text = self.tokenizer.decode(output.token_ids, skip_special_tokens=False)
