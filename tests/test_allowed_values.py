@@ -31,6 +31,8 @@ def _resolved(node: dict) -> dict:
 def _schema_enum(node: dict) -> set | None:
     """The values a schema node allows, ``null`` left out; None when it lists none."""
     node = _resolved(node)
+    if node.get("type") == "array":
+        return _schema_enum(node.get("items", {}))
     if "enum" in node:
         return {value for value in node["enum"] if value is not None}
     options = [_schema_enum(option) for option in node.get("oneOf", []) + node.get("anyOf", [])]
@@ -41,6 +43,8 @@ def _schema_enum(node: dict) -> set | None:
 def _literal_values(hint) -> set | None:
     if typing.get_origin(hint) is typing.Literal:
         return set(typing.get_args(hint))
+    if typing.get_origin(hint) is tuple:  # a list of allowed values: the schema's items say them
+        return _literal_values(typing.get_args(hint)[0])
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         found = [_literal_values(arg) for arg in typing.get_args(hint)]
         found = [values for values in found if values]
@@ -88,7 +92,7 @@ KEYS = list(literal_keys())
 
 def test_the_walk_finds_the_literal_keys():
     keys = {key for key, *_ in KEYS}
-    assert len(keys) >= 25 and {"sandbox.backend", "grpo.algorithm.loss_agg_mode", "ablations.arms.rl_data"} <= keys, (
+    assert len(keys) >= 25 and {"sandbox.backend", "grpo.algorithm.loss_agg_mode", "ablations.arms.rl_data", "eval.reasoning"} <= keys, (
         keys
     )
 
