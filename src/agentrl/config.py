@@ -134,6 +134,7 @@ class SandboxConfig:
 class ToolConfig:
     max_output_chars: int
     print_last_line: Literal["expression", "always"]
+    code_block: Literal["project", "upstream"]
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,10 @@ class RewardConfig:
     unknown_source: Literal["error", "math"]
     strict_tail_chars: int
     code_case_timeout_s: float
+    code_case_memory_mb: int | None  # None: sandbox.memory_mb
+    code_block: Literal["project", "upstream"]
+    functional_tests: Literal["project", "upstream"]
+    invalid_ground_truth: Literal["error", "score"]
     overlong: OverlongConfig
     tool_call_shaping: ToolCallShapingConfig
 
@@ -183,6 +188,8 @@ class RolloutConfig:
     prompt_length_with_tools: bool
     max_response_tokens: int
     tool_response_over_budget: Literal["cut", "drop"]
+    tool_call_parsing: Literal["lenient", "upstream"]
+    tool_turn_framing: Literal["template", "upstream"]
     temperature: float
     top_p: float
     top_k: int
@@ -208,6 +215,8 @@ class SftConfig:
     micro_batch_overhead_tokens: int | None
     max_length: int
     truncation: Literal["right", "error"]
+    loss_mask_alignment: Literal["target", "input"]
+    loss_weighting: Literal["step_tokens", "micro_batch_mean"]
     lr: float
     lr_schedule: Literal["cosine", "constant"]
     warmup_ratio: float
@@ -236,6 +245,7 @@ class FilterConfig:
     target_pass_rates: str | None
     target_size: int | None
     shards: int
+    selection: Literal["band", "pool"]
 
 
 @dataclass(frozen=True)
@@ -302,6 +312,7 @@ class GrpoConfig:
     old_logprobs: Literal["auto", "recompute", "engine"]
     micro_batch_tokens: int
     logit_chunk_tokens: int
+    loss_weighting: Literal["mini_batch_tokens", "micro_batch_share"]
     share_prompts: bool
     lr: float
     lr_schedule: Literal["constant", "cosine"]
