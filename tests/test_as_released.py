@@ -11,13 +11,11 @@ from __future__ import annotations
 import re
 
 import pytest
-import yaml
+from preset_configs import AS_RELEASED, PAPER, resolved
 from workflow_runs import ROOT, jobs_in_listing, rules_of, run_snakemake
 
 from agentrl.config import load_config
 
-PAPER = ROOT / "presets" / "paper-qwen3-4b.yaml"
-AS_RELEASED = ROOT / "presets" / "paper-as-released.yaml"
 FILTER_RULES = {"score_rl_pool", "gather_pass_rates", "scoring_config", "select_rl_data"}
 # (section, key, as released): the options of docs/fidelity.md's "As released" table.
 AS_RELEASED_OPTIONS = [
@@ -34,20 +32,6 @@ AS_RELEASED_OPTIONS = [
     ("sft", "loss_weighting", "micro_batch_mean"),
     ("grpo", "loss_weighting", "micro_batch_share"),
 ]
-
-
-def _resolved(*presets):
-    raw = yaml.safe_load((ROOT / "config.yaml").read_text())
-    for preset in presets:
-        raw = _merge(raw, yaml.safe_load(preset.read_text()))
-    return load_config(raw, origin=" + ".join(str(p) for p in presets))
-
-
-def _merge(base: dict, overlay: dict) -> dict:
-    out = dict(base)
-    for key, value in overlay.items():
-        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
 
 
 def _dry_run(tmp_path, *presets) -> str:
@@ -93,8 +77,8 @@ def test_the_as_released_pass_rates_are_still_computed_when_asked_for(tmp_path):
 
 def test_the_overlay_sets_every_as_released_option_and_the_paper_preset_none():
     default = load_config()
-    paper = _resolved(PAPER)
-    released = _resolved(PAPER, AS_RELEASED)
+    paper = resolved(PAPER)
+    released = resolved(PAPER, AS_RELEASED)
     for section, key, value in AS_RELEASED_OPTIONS:
         assert getattr(getattr(released, section), key) == value, (section, key)
         if (section, key) != ("tool", "print_last_line"):  # the paper preset's own row of docs/fidelity.md

@@ -560,6 +560,12 @@ def cross_key_problems(cfg: Config) -> list[str]:
             "penalty's full length (at or below max_response_length - buffer_length it never applies); make them "
             "equal (upstream) or turn the overlong shaping off"
         )
+    case_memory = cfg.reward.code_case_memory_mb
+    if cfg.sandbox.backend == "local" and case_memory is not None and case_memory > cfg.sandbox.memory_mb:
+        problems.append(
+            f"reward.code_case_memory_mb ({case_memory}) exceeds sandbox.memory_mb ({cfg.sandbox.memory_mb}): the "
+            "local sandbox forks its children under sandbox.memory_mb and a run can only lower it"
+        )
     problems += _filter_problems(cfg.filter)
     return problems
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentrl.config import RewardConfig
 from agentrl.data.records import Problem
-from agentrl.rewards.base import InvalidGroundTruthError, PendingVerdict, RewardResult, Verifier
+from agentrl.rewards.base import InvalidGroundTruthError, PendingVerdict, RewardResult, Verdict, Verifier
 from agentrl.rewards.registry import VERIFIER_FACTORIES, family_of
 from agentrl.rewards.shaping import check_overlong_config, shape
 
@@ -52,7 +52,11 @@ class RewardFunction:
                     f"{len(jobs)} code test case(s) to run but RewardFunction was built without a sandbox; "
                     "pass agentrl.tools.sandbox.make_sandbox(cfg.sandbox)"
                 )
-            results = list(self.sandbox.run_many(jobs, timeout_s=self.cfg.code_case_timeout_s))
+            results = list(
+                self.sandbox.run_many(
+                    jobs, timeout_s=self.cfg.code_case_timeout_s, memory_mb=self.cfg.code_case_memory_mb
+                )
+            )
             assert len(results) == len(jobs), f"sandbox returned {len(results)} results for {len(jobs)} programs"
         rewards = []
         offset = 0
@@ -80,6 +84,10 @@ class RewardFunction:
         try:
             return self.verifier(family).prepare(text, problem.ground_truth)
         except InvalidGroundTruthError as exc:
+            if self.cfg.invalid_ground_truth == "score":
+                # upstream's compute_score turns the grader's exception into -1 and trains on
+                details = {"error": f"invalid_ground_truth: {exc}"}
+                return PendingVerdict.ready(Verdict(score=-1.0, acc=False, pred=None, details=details))
             raise InvalidGroundTruthError(
                 f"problem {problem.id!r} (data_source {problem.data_source!r}): {exc}"
             ) from None

@@ -7,7 +7,12 @@ first call is run and its output comes back as a ``<tool_response>`` user turn (
 and generation goes on; a trajectory ends on a turn without a tool call (``stop``), after
 ``rollout.max_turns`` assistant turns (``max_turns``), or when its response budget
 ``rollout.max_response_tokens`` is spent, tool tokens included (``length``). A malformed call is
-answered with ``"Error when executing tool: ..."`` and the trajectory goes on.
+answered with ``"Error when executing tool: ..."`` and the trajectory goes on
+(``rollout.tool_call_parsing: lenient``); with ``upstream`` a call verl's parser would drop
+ends the trajectory (``stop``, the turn closed by the end-of-turn token, mask 0), as upstream's
+loop does when it finds no call (:mod:`agentrl.rollout.tool_parser`). ``rollout.tool_turn_framing``
+says whether the newline after that end-of-turn token is there (``template``) or not
+(``upstream``, verl appends the tool turn right after ``<|im_end|>``).
 
 Context: no request is longer than :func:`agentrl.rollout.context.context_tokens` (the engine's
 ``max_model_len``; the smaller of the two when the engine has its own). Each turn may generate
@@ -37,7 +42,10 @@ Deliberate departures from upstream, and why:
   ``<|im_end|>`` and parses the calls out of the whole turn; since only the first call is run,
   whatever the model writes after it (further calls, a hallucinated tool response) would be
   trained on although it never took effect. Stopping there saves those tokens; the price is
-  that the ``<|im_end|>`` closing a tool-call turn is not trained in RL (SFT trains it).
+  that the ``<|im_end|>`` closing a tool-call turn is not trained in RL (SFT trains it), and
+  that the text after the first call, which upstream keeps in the context of the later turns,
+  is not there; a turn whose first call is malformed and a later one well formed runs the later
+  one upstream and none here. No option reproduces this (docs/fidelity.md).
 - At ``max_turns`` a turn's pending call is not run (as upstream), but the turn is closed with
   the end-of-turn token (mask 0) so the sequence stays well formed.
 - A tool response that does not fit the remaining budget (``rollout.tool_response_over_budget``):
@@ -156,7 +164,7 @@ class AgentLoop:
         self.interpreter = interpreter
         self.cfg = cfg
         self.infra_bound = infra_bound
-        self.format = ToolTurnFormat(tokenizer)
+        self.format = ToolTurnFormat(tokenizer, cfg.tool_turn_framing)
         self.stats = RolloutStats()
         # The longest request: the engine's own limit where it has one (vLLM's max_model_len;
         # engines without one, and test doubles, have no attribute or None).
@@ -412,7 +420,7 @@ class AgentLoop:
             rollout.finish_reason = "stop"  # the turn ended without asking for a tool
             return None
         turn_text = self.tokenizer.decode(output.token_ids, skip_special_tokens=False)
-        call = parse_tool_call(turn_text)
+        call = parse_tool_call(turn_text, self.cfg.tool_call_parsing)
         assert call is not None, f"a turn ending in </tool_call> must parse as a call: {turn_text!r}"
         if rollout.num_turns >= self.cfg.max_turns:
             rollout.finish_reason = "max_turns"
@@ -420,6 +428,11 @@ class AgentLoop:
             return None
         if len(rollout.response_ids) >= self.cfg.max_response_tokens:
             rollout.finish_reason = "length"  # no room left for the tool's answer
+            return None
+        if call.dropped:  # upstream's parser finds no call: the trajectory ends with this turn (after
+            # upstream's budget and max_turns checks, which come first)
+            rollout.finish_reason = "stop"
+            self._insert(rollout, [self.format.end_of_turn_id])
             return None
         return call
 
