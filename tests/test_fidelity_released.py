@@ -5,6 +5,8 @@ project's value for the same case. ``presets/paper-as-released.yaml`` sets every
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from preset_configs import AS_RELEASED, PAPER, resolved
 
@@ -244,3 +246,151 @@ def test_tool_turns_follow_the_end_of_turn_token_without_a_newline_as_released(p
     project = _run_loop(policy, interpreter, scripts)
     assert len(project.response_ids) == len(released.response_ids) + 1
     assert "<|im_end|><|im_start|>user" in tokenizer.decode(released.response_ids)
+
+
+# --------------------------------------------------------------------------- SFT loss
+def test_sft_weighs_each_prediction_by_its_input_tokens_mask_as_released(policy):
+    import torch
+    import torch.nn.functional as F
+    from rollout_fixtures import sft_conversations
+
+    from agentrl.data.prompts import CODE_INTERPRETER_TOOL
+    from agentrl.data.records import SftExample
+    from agentrl.sft.batching import tokenize_examples
+    from agentrl.sft.trainer import AssistantTokenNll
+
+    model, tokenizer = policy
+    [conversation] = sft_conversations(1)
+    example = SftExample("s0", conversation, [CODE_INTERPRETER_TOOL])
+    [target] = tokenize_examples([example], tokenizer, 4096, "right")
+    [upstream] = tokenize_examples([example], tokenizer, 4096, "right", loss_mask_alignment="input")
+    assert upstream.input_ids == target.input_ids
+    ids, mask = torch.tensor([target.input_ids]), torch.tensor([target.loss_mask])
+    # fsdp_sft_trainer: CE(logits[:, :-1], input_ids[:, 1:]) * loss_mask[:, :-1], summed
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits.float()
+        per_position = F.cross_entropy(logits[0, :-1], ids[0, 1:], reduction="none")
+        expected = float((per_position * mask[0, :-1]).sum())
+        nll = AssistantTokenNll(model)
+        got, count = nll(ids, torch.ones_like(ids), torch.tensor([upstream.loss_mask]))
+        project, _ = nll(ids, torch.ones_like(ids), mask)
+    assert float(got) == pytest.approx(expected, rel=1e-5)
+    assert int(count) == int(mask[0, :-1].sum()) == upstream.trained_targets
+    assert abs(float(project) - expected) > 1e-2  # other targets: a different sum
+    # the first token of each assistant turn is no target, the newline after its <|im_end|> is
+    trained = {t + 1 for t in range(len(ids[0]) - 1) if upstream.loss_mask[t + 1]}
+    starts = [t for t in range(1, len(target.loss_mask)) if target.loss_mask[t] and not target.loss_mask[t - 1]]
+    assert starts and not trained & set(starts)
+    end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    after_turns = [t + 1 for t in range(len(ids[0]) - 1) if target.loss_mask[t] and ids[0, t] == end_of_turn]
+    assert after_turns and set(after_turns) <= trained
+    assert {tokenizer.decode([int(ids[0, t])]) for t in after_turns} == {"\n"}
+
+
+@pytest.mark.parametrize(
+    "targets, step_tokens, micro_batch_mean",
+    [
+        # one rank, micro-batches of 1 and 3 trained tokens: (NLL_a + NLL_b) / 4 vs (NLL_a / 1 + NLL_b / 3) / 2
+        ([[1, 3]], [[1 / 4, 1 / 4]], [[1 / 2, 1 / 6]]),
+        # two ranks, one micro-batch each: upstream's rank losses NLL / n, averaged by the all-reduce (x W here)
+        ([[1], [3]], [[2 / 4], [2 / 4]], [[2 / 2], [2 / 6]]),
+    ],
+)
+def test_sft_micro_batch_weighting_as_released(targets, step_tokens, micro_batch_mean):
+    from agentrl.sft.trainer import micro_batch_loss_scales
+
+    for weighting, expected in (("step_tokens", step_tokens), ("micro_batch_mean", micro_batch_mean)):
+        got = micro_batch_loss_scales(targets, weighting)
+        assert [len(rank) for rank in got] == [len(rank) for rank in expected]
+        assert sum(got, []) == pytest.approx(sum(expected, [])), weighting
+
+
+# --------------------------------------------------------------------------- GRPO loss weighting
+def test_grpo_micro_batch_share_on_two_micro_batches():
+    import torch
+
+    from agentrl.grpo import algorithm as alg
+
+    # micro-batch a: one response, 1 loss token of loss 2.0; b: one response, 3 tokens of 0.5
+    a = (torch.tensor([[2.0, 0.0, 0.0]]), torch.tensor([[1, 0, 0]]))
+    b = (torch.tensor([[0.5, 0.5, 0.5]]), torch.tensor([[1, 1, 1]]))
+    project = sum(float(alg.aggregate_loss(*m, mode="token-mean", global_token_count=4)) for m in (a, b))
+    upstream = sum(float(alg.aggregate_loss(*m, mode="token-mean")) * alg.micro_batch_share(1, 2) for m in (a, b))
+    assert project == pytest.approx((2.0 + 1.5) / 4)  # one token mean over the mini-batch
+    assert upstream == pytest.approx(0.5 * 2.0 + 0.5 * 0.5)  # dp_actor: sum_b (1/2) masked_mean_b
+
+
+def _samples(vocab: int):
+    import torch
+
+    from agentrl.grpo.batching import PolicySample
+
+    generator = torch.Generator().manual_seed(0)
+    samples = []
+    for i, (prompt_len, response_len) in enumerate([(6, 9), (4, 3), (7, 14), (5, 6)]):
+        ids = torch.randint(5, vocab, (prompt_len + response_len,), generator=generator).tolist()
+        mask = (torch.rand(response_len, generator=generator) > 0.3).long().tolist()
+        mask[0] = 1
+        samples.append(PolicySample(ids, prompt_len, mask, [0.0] * response_len, [1.0, -1.0, 0.7, -0.7][i]))
+    return samples
+
+
+def test_grpo_update_weighs_micro_batches_as_upstreams_dp_actor(monkeypatch):
+    """One micro-batch per response (a token budget of 20): the update's gradient is that of
+    sum_i (1/4) token-mean_i, each response's policy loss averaged over its own tokens."""
+    import torch
+    from rollout_fixtures import random_policy
+
+    from agentrl.grpo import algorithm as alg
+    from agentrl.grpo import trainer
+    from agentrl.grpo.batching import collate
+    from agentrl.grpo.policy import ResponseLogProbs
+    from agentrl.grpo.runner import GrpoPaths, build_engine
+    from agentrl.grpo.trainer import Components, GrpoStep
+    from agentrl.grpo.variants import resolve_algorithm
+    from agentrl.training import deepspeed_engine as dse
+    from agentrl.training.model import load_causal_lm
+
+    model_dir, samples = random_policy(), _samples(vocab=300)
+    grads = {}
+    real_step = trainer.step_with_grad_norm
+
+    def recording_step(engine):
+        grads.update({k: v.grad.clone() for k, v in engine.module.model.named_parameters() if v.grad is not None})
+        return real_step(engine)
+
+    monkeypatch.setattr(trainer, "step_with_grad_norm", recording_step)
+    grpo = {"n": 2, "batch_prompts": 2, "mini_batch_prompts": 2, "micro_batch_tokens": 20, "lr": 1e-3}
+    cfg = load_config({"grpo": {**grpo, "loss_weighting": "micro_batch_share", "deepspeed": {"zero_stage": 0}}})
+    ctx = dse.init_distributed()
+    unused = Path("-")
+    paths = GrpoPaths(model_dir, unused, (), unused, unused, unused, dse.find_deepspeed_config(0))
+    actor = ResponseLogProbs(load_causal_lm(model_dir, device=ctx.device), logit_chunk_tokens=7, temperature=1.0)
+    engine = build_engine(actor, cfg, paths, ctx, torch.float32, steps=1)
+    settings = resolve_algorithm(cfg.grpo)
+    step = GrpoStep(Components(cfg, settings, ctx, engine, None, None, None, None, pad_token_id=0))
+    plan = step.plan(2, samples)
+    assert len(plan) == 1 and len(plan[0]) == 4  # one mini-batch, one micro-batch per response
+    step.recompute_logprobs(samples, plan)
+    step.update(samples, plan)
+
+    reference = load_causal_lm(model_dir, device=torch.device("cpu"))
+    reference_actor = ResponseLogProbs(reference, logit_chunk_tokens=10_000, temperature=1.0)
+    for sample in samples:
+        batch = collate([sample], pad_token_id=0)
+        logp, _ = reference_actor(batch)
+        loss, _ = alg.policy_loss(
+            logp,
+            logp.detach(),
+            batch.advantages,
+            batch.loss_mask,
+            clip_low=settings.clip_low,
+            clip_high=settings.clip_high,
+            clip_c=settings.clip_c,
+            ratio_level=settings.ratio_level,
+            agg_mode="token-mean",
+        )
+        (loss * (1 / 4)).backward()  # loss_scale_factor = response_mask.shape[0] / ppo_mini_batch_size
+    assert grads
+    for name, param in reference.named_parameters():
+        torch.testing.assert_close(grads[name], param.grad, atol=1e-7, rtol=1e-4, msg=name)

@@ -49,8 +49,27 @@ class TokenizedExample:
         return sum(self.loss_mask[1:])
 
 
+def aligned_loss_mask(loss_mask: list[int], alignment: str) -> list[int]:
+    """The mask of the prediction *targets* (the trainer weighs the prediction of token t by mask[t]).
+
+    ``target``: the assistant tokens themselves. ``input`` (``sft.loss_mask_alignment``, upstream's
+    ``loss_mask[:, :-1]``): the prediction of token t+1 weighs by the mask of token t, i.e.
+    ``[0] + mask[:-1]``: the first token of every assistant turn is not trained, and the token
+    after each turn's ``<|im_end|>`` is.
+    """
+    if alignment == "target":
+        return loss_mask
+    assert alignment == "input", f"sft.loss_mask_alignment must be 'target' or 'input', got {alignment!r}"
+    return [0, *loss_mask[:-1]]
+
+
 def tokenize_examples(
-    examples: Sequence[SftExample], tokenizer, max_length: int, truncation: str, source: str = "sft data"
+    examples: Sequence[SftExample],
+    tokenizer,
+    max_length: int,
+    truncation: str,
+    source: str = "sft data",
+    loss_mask_alignment: str = "target",
 ) -> list[TokenizedExample]:
     """Render and mask every conversation; errors name the example (and ``source``)."""
     out: list[TokenizedExample] = []
@@ -68,7 +87,7 @@ def tokenize_examples(
                 )
             input_ids, loss_mask = input_ids[:max_length], loss_mask[:max_length]
             truncated += 1
-        out.append(TokenizedExample(example.id, input_ids, loss_mask))
+        out.append(TokenizedExample(example.id, input_ids, aligned_loss_mask(loss_mask, loss_mask_alignment)))
     if truncated:
         log.warning("%d of %d conversations right-truncated to %d tokens", truncated, len(out), max_length)
     empty = sum(1 for e in out if e.trained_targets == 0)
