@@ -266,25 +266,33 @@ def test_sft_weighs_each_prediction_by_its_input_tokens_mask_as_released(policy)
     [upstream] = tokenize_examples([example], tokenizer, 4096, "right", loss_mask_alignment="input")
     assert upstream.input_ids == target.input_ids
     ids, mask = torch.tensor([target.input_ids]), torch.tensor([target.loss_mask])
+    end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    newline = tokenizer.encode("\n", add_special_tokens=False)
+    # multiturn_sft_dataset's mask: each assistant message's text as rendered, "...<|im_end|>\n"
+    dataset_mask = list(target.loss_mask)
+    after_turns = [t + 1 for t in range(len(ids[0]) - 1) if target.loss_mask[t] and ids[0, t] == end_of_turn]
+    assert len(after_turns) == 2 and all(ids[0, t].item() in newline for t in after_turns)
+    for t in after_turns:
+        dataset_mask[t] = 1
+    dataset_mask = torch.tensor(dataset_mask)
     # fsdp_sft_trainer: CE(logits[:, :-1], input_ids[:, 1:]) * loss_mask[:, :-1], summed
     with torch.no_grad():
         logits = model(input_ids=ids).logits.float()
         per_position = F.cross_entropy(logits[0, :-1], ids[0, 1:], reduction="none")
-        expected = float((per_position * mask[0, :-1]).sum())
+        expected = float((per_position * dataset_mask[:-1]).sum())
         nll = AssistantTokenNll(model)
         got, count = nll(ids, torch.ones_like(ids), torch.tensor([upstream.loss_mask]))
         project, _ = nll(ids, torch.ones_like(ids), mask)
     assert float(got) == pytest.approx(expected, rel=1e-5)
-    assert int(count) == int(mask[0, :-1].sum()) == upstream.trained_targets
+    assert int(count) == int(dataset_mask[:-1].sum()) == upstream.trained_targets
     assert abs(float(project) - expected) > 1e-2  # other targets: a different sum
-    # the first token of each assistant turn is no target, the newline after its <|im_end|> is
-    trained = {t + 1 for t in range(len(ids[0]) - 1) if upstream.loss_mask[t + 1]}
+    # the first token of each assistant turn is no target; the newline after its <|im_end|> is, and
+    # after the first turn the next turn's <|im_start|> too
+    trained = {t for t in range(len(ids[0])) if upstream.loss_mask[t]}
     starts = [t for t in range(1, len(target.loss_mask)) if target.loss_mask[t] and not target.loss_mask[t - 1]]
-    assert starts and not trained & set(starts)
-    end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    after_turns = [t + 1 for t in range(len(ids[0]) - 1) if target.loss_mask[t] and ids[0, t] == end_of_turn]
-    assert after_turns and set(after_turns) <= trained
-    assert {tokenizer.decode([int(ids[0, t])]) for t in after_turns} == {"\n"}
+    assert len(starts) == 2 and not trained & set(starts)
+    assert set(after_turns) <= trained
+    assert after_turns[0] + 1 in trained and tokenizer.decode([int(ids[0, after_turns[0] + 1])]) == "<|im_start|>"
 
 
 @pytest.mark.parametrize(
