@@ -402,3 +402,16 @@ def test_grpo_update_weighs_micro_batches_as_upstreams_dp_actor(monkeypatch):
     assert grads
     for name, param in reference.named_parameters():
         torch.testing.assert_close(grads[name], param.grad, atol=1e-7, rtol=1e-4, msg=name)
+
+
+# --------------------------------------------------------------------------- the blind print wrap
+def test_the_blind_print_wrap_breaks_programs_that_end_in_an_indented_line(paper, released, sandbox):
+    from agentrl.tools.code_interpreter import CodeInterpreter
+
+    # reward.py wraps the last non-empty line: "    total += i" becomes "print(    total += i)",
+    # outside the loop: the loop has no body
+    program = "total = 0\nfor i in range(4):\n    total += i"
+    as_released = CodeInterpreter(sandbox, released.tool).execute(program)
+    assert not as_released.ok and "IndentationError" in as_released.text
+    project = CodeInterpreter(sandbox, paper.tool).execute(program)
+    assert project.ok and project.text == ""
