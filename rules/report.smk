@@ -11,12 +11,15 @@ import yaml
 REPORT_TRAINING_STAGES = [
     stage for stage in ("sft", "rl") if stage in config["eval"]["models"] and not (stage == "sft" and SFT_FROM)
 ]
+# The filter stage's outputs are the RL model's data only when GRPO trains on its selection
+# (filter.selection: band); with the whole pool they are made only when asked for.
+REPORT_FILTER = "rl" in config["eval"]["models"] and config["filter"]["selection"] == "band"
 REPORT_INPUTS = {
     "metrics": eval_results("eval/{model}/{half}{benchmark}/metrics.json"),
     **{f"{stage}_log": result(f"{stage}/metrics.jsonl") for stage in REPORT_TRAINING_STAGES},
     **(
         {"filter_stats": result("filter/stats.json"), "histogram": result("filter/pass_rate_hist.png")}
-        if "rl" in config["eval"]["models"]
+        if REPORT_FILTER
         else {}
     ),
 }
@@ -28,7 +31,7 @@ REPORT_OPTIONAL_ARGS = " ".join(
     + ([f"--health-plot {result('report/tool_health_rl.png')}"] if "rl" in REPORT_TRAINING_STAGES else [])
     + (
         [f"--filter-stats {result('filter/stats.json')} --pass-rate-histogram {result('filter/pass_rate_hist.png')}"]
-        if "rl" in config["eval"]["models"]
+        if REPORT_FILTER
         else []
     )
 )
@@ -61,14 +64,14 @@ REPORT_TARGETS = [result("report/summary.md")]
 # default target but itself has written its file) and the stages' token counts.
 COST_INPUTS = {
     **{f"{stage}_model": result(f"models/{stage}/config.json") for stage in REPORT_TRAINING_STAGES},
-    **({"scoring_samples": result("filter/samples.jsonl")} if "rl" in config["eval"]["models"] else {}),
+    **({"scoring_samples": result("filter/samples.jsonl")} if REPORT_FILTER else {}),
     "eval_samples": eval_results("eval/{model}/{half}{benchmark}/samples.jsonl"),
     "exports": LIVECODEBENCH_EXPORTS,
 }
 COST_ARGS = " ".join(
     [f"--{stage}-metrics {result(f'{stage}/metrics.jsonl')}" for stage in REPORT_TRAINING_STAGES]
     + [f"--{stage}-model {result(f'models/{stage}')}" for stage in REPORT_TRAINING_STAGES]
-    + ([f"--scoring-samples {result('filter/samples.jsonl')}"] if "rl" in config["eval"]["models"] else [])
+    + ([f"--scoring-samples {result('filter/samples.jsonl')}"] if REPORT_FILTER else [])
 )
 
 

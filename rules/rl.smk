@@ -2,13 +2,18 @@
 # set, validated on the eval sets. The checkpoint folder is a param, not an output: Snakemake
 # removes a job's outputs before it (re)runs, and a requeued job must find its checkpoints to
 # resume (the metrics file is restored from the newest checkpoint).
+# The RL set: the model-aware selection (the paper's section 3.3), or with filter.selection: pool
+# the whole fitted pool, as the released scripts train (only the prompt-length filter applied).
+RL_TRAINING_SET = (
+    result("data/rl_pool.parquet") if config["filter"]["selection"] == "pool" else result("filter/rl_train.parquet")
+)
 GRPO_CONFIG = config_params("seed", "rollout", "reward", "sandbox", "tool", "grpo", "tracking")
 
 
 rule grpo:
     input:
         model=result("models/sft/config.json"),
-        train=result("filter/rl_train.parquet"),
+        train=RL_TRAINING_SET,
         eval=expand(result("data/eval/{benchmark}.parquet"), benchmark=grpo_validation_benchmarks()),
     output:
         model=result("models/rl/config.json"),

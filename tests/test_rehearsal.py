@@ -20,21 +20,32 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = ["presets/paper-qwen3-4b.yaml", "presets/rehearsal.yaml"]
+# The released scripts' rules on the same fixtures: the as-released overlay before the rehearsal's swaps.
+AS_RELEASED_PRESETS = ["presets/paper-qwen3-4b.yaml", "presets/paper-as-released.yaml", "presets/rehearsal.yaml"]
 # The whole DAG: about 3 CPU-minutes of work (25 jobs, most of it process start-up); on a loaded
 # 2-core machine 10-12 minutes of wall time, beyond pytest-timeout's default of 600 s.
 WHOLE_DAG_TIMEOUT_S = 2400
 
 
-@pytest.fixture(scope="module")
-def rehearsal(tmp_path_factory) -> Path:
+def _run_rehearsal(tmp_path_factory, presets: list[str]) -> Path:
     results = tmp_path_factory.mktemp("rehearsal") / "results"
     override = results.parent / "results_dir.yaml"
     override.write_text(yaml.safe_dump({"results_dir": str(results)}))
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    cmd = [sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", *PRESETS, str(override)]
+    cmd = [sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", *presets, str(override)]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=WHOLE_DAG_TIMEOUT_S)
     assert done.returncode == 0, f"rehearsal failed:\n{done.stdout[-4000:]}\n{done.stderr[-6000:]}"
     return results
+
+
+@pytest.fixture(scope="module")
+def rehearsal(tmp_path_factory) -> Path:
+    return _run_rehearsal(tmp_path_factory, PRESETS)
+
+
+@pytest.fixture(scope="module")
+def as_released_rehearsal(tmp_path_factory) -> Path:
+    return _run_rehearsal(tmp_path_factory, AS_RELEASED_PRESETS)
 
 
 @pytest.mark.slow
@@ -81,6 +92,19 @@ def test_paper_rules_held(rehearsal):
     summary = (rehearsal / "report/summary.md").read_text()
     assert "| rl | Gen-Verse/DemyAgent-4B | aime2024 |" in summary  # the published figures beside ours
     assert "Grading: math strict, choice exact" in summary
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(WHOLE_DAG_TIMEOUT_S)
+def test_the_as_released_overlay_runs_end_to_end_on_the_fitted_pool(as_released_rehearsal):
+    results = as_released_rehearsal
+    for output in ("models/sft/config.json", "rl/metrics.jsonl", "models/rl/config.json", "report/summary.md"):
+        assert (results / output).is_file(), output
+    assert not (results / "filter").exists(), "the released run computes no pass rates"
+    steps = [json.loads(line) for line in (results / "rl/metrics.jsonl").read_text().splitlines()]
+    assert any("actor/pg_loss" in step for step in steps), "GRPO updated on the pool"
+    for benchmark in ("aime2024", "aime2025", "gpqa_diamond", "livecodebench_v6"):
+        assert (results / f"eval/rl/{benchmark}/metrics.json").is_file(), benchmark
 
 
 def test_the_overlay_validates_and_its_fixtures_exist_relative_to_the_repository():

@@ -134,6 +134,7 @@ class SandboxConfig:
 class ToolConfig:
     max_output_chars: int
     print_last_line: Literal["expression", "always"]
+    code_block: Literal["project", "upstream"]
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,10 @@ class RewardConfig:
     unknown_source: Literal["error", "math"]
     strict_tail_chars: int
     code_case_timeout_s: float
+    code_case_memory_mb: int | None  # None: sandbox.memory_mb
+    code_block: Literal["project", "upstream"]
+    functional_tests: Literal["project", "upstream"]
+    invalid_ground_truth: Literal["error", "score"]
     overlong: OverlongConfig
     tool_call_shaping: ToolCallShapingConfig
 
@@ -183,6 +188,8 @@ class RolloutConfig:
     prompt_length_with_tools: bool
     max_response_tokens: int
     tool_response_over_budget: Literal["cut", "drop"]
+    tool_call_parsing: Literal["lenient", "upstream"]
+    tool_turn_framing: Literal["template", "upstream"]
     temperature: float
     top_p: float
     top_k: int
@@ -210,6 +217,8 @@ class SftConfig:
     micro_batch_overhead_tokens: int | None
     max_length: int
     truncation: Literal["right", "error"]
+    loss_mask_alignment: Literal["target", "input"]
+    loss_weighting: Literal["step_tokens", "micro_batch_mean"]
     lr: float
     lr_schedule: Literal["cosine", "constant"]
     warmup_ratio: float
@@ -238,6 +247,7 @@ class FilterConfig:
     target_pass_rates: str | None
     target_size: int | None
     shards: int
+    selection: Literal["band", "pool"]
 
 
 @dataclass(frozen=True)
@@ -298,6 +308,7 @@ class GrpoConfig:
     old_logprobs: Literal["auto", "recompute", "engine"]
     micro_batch_tokens: int
     logit_chunk_tokens: int
+    loss_weighting: Literal["mini_batch_tokens", "micro_batch_share"]
     share_prompts: bool
     lr: float
     lr_schedule: Literal["constant", "cosine"]
@@ -544,6 +555,12 @@ def cross_key_problems(cfg: Config) -> list[str]:
             f"reward.overlong.max_response_length ({overlong.max_response_length}): no response can reach the "
             "penalty's full length (at or below max_response_length - buffer_length it never applies); make them "
             "equal (upstream) or turn the overlong shaping off"
+        )
+    case_memory = cfg.reward.code_case_memory_mb
+    if cfg.sandbox.backend == "local" and case_memory is not None and case_memory > cfg.sandbox.memory_mb:
+        problems.append(
+            f"reward.code_case_memory_mb ({case_memory}) exceeds sandbox.memory_mb ({cfg.sandbox.memory_mb}): the "
+            "local sandbox forks its children under sandbox.memory_mb and a run can only lower it"
         )
     problems += _filter_problems(cfg.filter)
     return problems

@@ -200,6 +200,19 @@ def seq_mean_token_sum(
     return per_sequence.sum() / _sequence_denominator(loss_mask, global_seq_count)
 
 
+def micro_batch_share(micro_batch_sequences: int, mini_batch_sequences: float) -> float:
+    """``B_micro / B_mini``: what a micro-batch's own aggregate is weighed by (``grpo.loss_weighting:
+    micro_batch_share``, upstream verl's ``dp_actor`` with ``use_dynamic_bsz``: ``loss_scale_factor
+    = response_mask.shape[0] / ppo_mini_batch_size``). The mini-batch loss is then
+    ``sum_b (B_b / B) agg_b``: with token-mean, a token of micro-batch b weighs ``B_b / (B N_b)``,
+    so the tokens of a micro-batch of few long responses weigh less than under one token mean over
+    the mini-batch (``mini_batch_tokens``, where every token weighs ``1 / N``).
+    ``mini_batch_sequences`` is per rank (the all-rank count / W, as upstream's per-GPU size).
+    """
+    assert mini_batch_sequences > 0, f"mini_batch_sequences must be positive, got {mini_batch_sequences}"
+    return micro_batch_sequences / mini_batch_sequences
+
+
 def aggregate_loss(
     per_token_loss: Tensor,
     loss_mask: Tensor,

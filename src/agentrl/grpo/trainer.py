@@ -335,12 +335,18 @@ class GrpoStep:
                 # DeepSpeed averages gradients over ranks, so each rank divides by the all-rank count / W.
                 token_count = max(all_reduce(ctx, local_tokens), 1.0) / ctx.world_size
                 seq_count = max(all_reduce(ctx, local_seqs), 1.0) / ctx.world_size
+                # grpo.loss_weighting: micro_batch_share weighs each micro-batch's own aggregate by
+                # its share of a rank's sequences of the mini-batch (upstream: ppo_mini_batch_size per GPU)
+                mini_seqs = max(all_reduce(ctx, len(chosen)), 1.0) / ctx.world_size
                 mini_loss = 0.0  # the sum of the micro-batch losses is the mini-batch loss
                 for position, micro in enumerate(mini):
                     # The last micro-batch is the boundary: DeepSpeed reduces the gradients there.
                     engine.set_gradient_accumulation_boundary(position == len(mini) - 1)
                     batch = self.micro_batch(samples, micro)
-                    loss, micro_stats, logp = self._micro_loss(batch, token_count, seq_count)
+                    counts = (token_count, seq_count, 1.0)
+                    if self.grpo.loss_weighting == "micro_batch_share":
+                        counts = (None, None, alg.micro_batch_share(len(micro), mini_seqs))
+                    loss, micro_stats, logp = self._micro_loss(batch, *counts)
                     engine.backward(loss, scale_wrt_gas=False)
                     if measure_mismatch and epoch == 0 and mini_index == 0 and micro:
                         self._add_mismatch(stats, logp, batch)
@@ -356,8 +362,10 @@ class GrpoStep:
                 grad_norms.append(step_with_grad_norm(engine))
         return stats.state(), grad_norms, lrs
 
-    def _micro_loss(self, batch: MicroBatch, token_count: float, seq_count: float):
-        """(loss to back-propagate, statistics, detached log-probs) of one micro-batch."""
+    def _micro_loss(self, batch: MicroBatch, token_count: float | None, seq_count: float | None, share: float):
+        """(loss to back-propagate, statistics, detached log-probs) of one micro-batch.
+
+        The counts are the mini-batch's (None: this micro-batch's own); the loss is scaled by ``share``."""
         settings = self.settings
         counts = {"global_token_count": token_count, "global_seq_count": seq_count}
         logp, entropy = self.parts.engine(batch, with_entropy=True, entropy_grad=settings.entropy_coef > 0)
@@ -386,8 +394,8 @@ class GrpoStep:
             entropy_loss = alg.aggregate_loss(entropy, mask, mode=settings.loss_agg_mode, **counts)
             loss = loss - settings.entropy_coef * entropy_loss
         stats["actor/entropy"] = float(alg.masked_mean(entropy.detach(), mask))
-        stats["actor/pg_loss"] = float(pg_loss.detach())  # this micro-batch's part of the mini-batch loss
-        return loss, stats, logp.detach()
+        stats["actor/pg_loss"] = float(pg_loss.detach()) * share  # this micro-batch's part of the mini-batch loss
+        return loss * share, stats, logp.detach()
 
     # ------------------------------------------------------------------ the step
     def samples(self, groups: Sequence[Group], advantages: Sequence[Sequence[float]]) -> list[PolicySample]:

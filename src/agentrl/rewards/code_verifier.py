@@ -23,7 +23,8 @@ string):
   names (``typing``, ``collections``, ``heapq``, ...) are pre-imported as LiveCodeBench does.
   The return value travels back as JSON (tuples become lists) and is compared on the host:
   equal to the expected value, or to the single element of a one-element expected list (the
-  APPS/TACO convention of wrapping outputs).
+  APPS/TACO convention of wrapping outputs). ``reward.functional_tests: upstream`` grades as
+  SandboxFusion's ``fn_name`` wrapper instead (:class:`UpstreamFunctionalTests`).
 - LeetCode ``{"entry_point", "import_prefix", "test_code"}``: credit per assert, as upstream:
   ``test_code`` is split into its non-empty lines; the first (``def check(candidate):``) joined
   with each later line is one case (``check`` with one assert, called on ``entry_point``), and
@@ -64,6 +65,8 @@ if TYPE_CHECKING:
     from agentrl.tools.sandbox import ExecutionResult
 
 _FENCED_PYTHON = re.compile(r"```(?:python3?|py)[ \t]*\r?\n(.*?)```", re.DOTALL | re.IGNORECASE)
+# code_math's pattern (reward.code_block: upstream): case-sensitive, the newline right after the tag.
+_UPSTREAM_FENCED_PYTHON = re.compile(r"```python\n(.*?)```", re.DOTALL)
 RESULT_MARKER = "@@agentrl-functional-result@@"
 FUNCTIONAL_PRELUDE = (
     "from typing import *\n"
@@ -94,9 +97,42 @@ print({marker!r} + _json.dumps(_result, default=repr))
 """
 
 
-def extract_code(response: str) -> str | None:
-    """The last fenced python block of ``response`` (```python / ```py / ```python3), or None."""
-    blocks = _FENCED_PYTHON.findall(response)
+# reward.functional_tests: upstream. SandboxFusion's fn_name wrapper reads the arguments from
+# stdin, one json.loads per line (blank lines too), and prints the result: json.dumps for
+# dict/list/tuple/None/bool, str() for the rest. The solution still runs as in the project's
+# harness (not "__main__", its own prints captured), so only the marked line is the result.
+_UPSTREAM_FUNCTIONAL_HARNESS = """\
+import io as _io, json as _json, sys as _sys
+_raw = _sys.stdin.read()
+_args = [_json.loads(_line) for _line in _raw.split("\\n")] if _raw.strip() else []
+_namespace = {{"__name__": "solution"}}
+_real_stdout, _sys.stdout = _sys.stdout, _io.StringIO()
+try:
+    exec({prelude!r}, _namespace)
+    exec(compile({source!r}, "<solution>", "exec"), _namespace)
+    _cls = _namespace.get("Solution")
+    if isinstance(_cls, type) and hasattr(_cls, {fn_name!r}):
+        _target = getattr(_cls(), {fn_name!r})
+    elif callable(_namespace.get({fn_name!r})):
+        _target = _namespace[{fn_name!r}]
+    else:
+        raise NameError("the solution defines neither Solution.{fn_name} nor a function {fn_name}")
+    _result = _target(*_args)
+finally:
+    _sys.stdout = _real_stdout
+if isinstance(_result, (dict, list, tuple)) or _result is None or isinstance(_result, bool):
+    _text = _json.dumps(_result)
+else:
+    _text = str(_result)
+_sys.stdout.write({marker!r} + _text + "\\n")
+"""
+
+
+def extract_code(response: str, code_block: str = "project") -> str | None:
+    """The last fenced python block of ``response``, or None: ```python / ```py / ```python3 in
+    any case (``project``), or only a case-sensitive ```python and a newline (``upstream``)."""
+    pattern = _UPSTREAM_FENCED_PYTHON if code_block == "upstream" else _FENCED_PYTHON
+    blocks = pattern.findall(response)
     return blocks[-1] if blocks else None
 
 
@@ -163,6 +199,35 @@ class FunctionalTests:
 
 
 @dataclass(frozen=True)
+class UpstreamFunctionalTests(FunctionalTests):
+    """``fn_name`` tests graded as upstream (``reward.functional_tests: upstream``).
+
+    ``args`` and ``outputs`` are the ground truth's raw entries. Case i runs with
+    ``str(inputs[i])`` as stdin, so a list input ``[1, 2]`` is one line and one argument (the
+    list), a string ``"1\\n2"`` two; it passes when the printed result equals
+    ``str(outputs[i])`` after ``rstrip("\\n")`` (a ``None`` output passes any run that finishes),
+    so ``True`` (printed ``true``) never equals ``True`` and ``[3]`` never equals ``3``.
+    """
+
+    def jobs(self, code: str) -> list[Job]:
+        harness = _UPSTREAM_FUNCTIONAL_HARNESS.format(
+            prelude=FUNCTIONAL_PRELUDE, source=code, fn_name=self.fn_name, marker=RESULT_MARKER
+        )
+        return [(harness, None if value is None else str(value)) for value in self.args]
+
+    def outcome(self, index: int, result: ExecutionResult) -> str:
+        if result.status != "ok":
+            return result.status
+        if RESULT_MARKER not in result.stdout:
+            return "error"
+        expected = self.outputs[index]
+        if expected is None:
+            return "pass"
+        printed = result.stdout[result.stdout.rindex(RESULT_MARKER) + len(RESULT_MARKER) :]
+        return "pass" if printed.rstrip("\n") == str(expected).rstrip("\n") else "wrong_answer"
+
+
+@dataclass(frozen=True)
 class CheckHarness:
     """LeetCode-style tests: one case per assert line of ``test_code`` (upstream's split)."""
 
@@ -204,7 +269,7 @@ def _leetcode_harness_source() -> str:
     return Path(leetcode_harness.__file__).read_text(encoding="utf-8")
 
 
-CodeTests = StdioTests | FunctionalTests | CheckHarness
+CodeTests = StdioTests | FunctionalTests | UpstreamFunctionalTests | CheckHarness
 
 
 # --------------------------------------------------------------------------- ground truth
@@ -255,7 +320,7 @@ def _check_harness(ground_truth: dict[str, Any]) -> CheckHarness:
     )
 
 
-def parse_code_tests(ground_truth: Any) -> CodeTests:
+def parse_code_tests(ground_truth: Any, functional_tests: str = "project") -> CodeTests:
     """The tests a code ground truth (dict or JSON string) describes; see the module docstring."""
     if isinstance(ground_truth, str):
         try:
@@ -281,6 +346,8 @@ def parse_code_tests(ground_truth: Any) -> CodeTests:
     if fn_name:
         if not str(fn_name).isidentifier():
             raise InvalidGroundTruthError(f"code ground truth fn_name {fn_name!r} is not a Python identifier")
+        if functional_tests == "upstream":
+            return UpstreamFunctionalTests(fn_name=str(fn_name), args=tuple(inputs), outputs=tuple(outputs))
         return FunctionalTests(
             fn_name=str(fn_name),
             args=tuple(_call_args(value, f"inputs[{i}]") for i, value in enumerate(inputs)),
@@ -302,11 +369,13 @@ class CodeVerifier:
 
     def __init__(self, cfg: RewardConfig):
         self.case_timeout_s = cfg.code_case_timeout_s
+        self.code_block = cfg.code_block
+        self.functional_tests = cfg.functional_tests
 
     def prepare(self, response: str, ground_truth: Any) -> PendingVerdict:
-        tests = parse_code_tests(ground_truth)
+        tests = parse_code_tests(ground_truth, self.functional_tests)
         total = len(tests)
-        code = extract_code(response)
+        code = extract_code(response, self.code_block)
         if code is None:
             return PendingVerdict.ready(_unrunnable(None, "no_code", total))
         try:

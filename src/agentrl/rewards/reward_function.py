@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentrl.config import RewardConfig
 from agentrl.data.records import Problem
-from agentrl.rewards.base import InvalidGroundTruthError, PendingVerdict, RewardResult, Verifier
+from agentrl.rewards.base import InvalidGroundTruthError, PendingVerdict, RewardResult, Verdict, Verifier
 from agentrl.rewards.registry import VERIFIER_FACTORIES, family_of
 from agentrl.rewards.shaping import check_overlong_config, shape
 
@@ -92,13 +92,13 @@ class RewardFunction:
 
     def _run_cases(self, jobs: list[tuple[str, str | None]]) -> list[Any]:
         """Every case's result; the ones the sandbox lost are run once more (the retry's result stands)."""
-        timeout_s = self.cfg.code_case_timeout_s
-        results = list(self.sandbox.run_many(jobs, timeout_s=timeout_s))
+        limits = {"timeout_s": self.cfg.code_case_timeout_s, "memory_mb": self.cfg.code_case_memory_mb}
+        results = list(self.sandbox.run_many(jobs, **limits))
         assert len(results) == len(jobs), f"sandbox returned {len(results)} results for {len(jobs)} programs"
         lost = [index for index, result in enumerate(results) if result.infra_failure]
         if lost:
             log.warning("the sandbox lost %d of %d code test case(s); running them once more", len(lost), len(jobs))
-            for index, result in zip(lost, self.sandbox.run_many([jobs[i] for i in lost], timeout_s=timeout_s)):
+            for index, result in zip(lost, self.sandbox.run_many([jobs[i] for i in lost], **limits)):
                 results[index] = result
         return results
 
@@ -106,6 +106,10 @@ class RewardFunction:
         try:
             return self.verifier(family).prepare(text, problem.ground_truth)
         except InvalidGroundTruthError as exc:
+            if self.cfg.invalid_ground_truth == "score":
+                # upstream's compute_score turns the grader's exception into -1 and trains on
+                details = {"error": f"invalid_ground_truth: {exc}"}
+                return PendingVerdict.ready(Verdict(score=-1.0, acc=False, pred=None, details=details))
             raise InvalidGroundTruthError(
                 f"problem {problem.id!r} (data_source {problem.data_source!r}): {exc}"
             ) from None

@@ -7,7 +7,12 @@ first call is run and its output comes back as a ``<tool_response>`` user turn (
 and generation goes on; a trajectory ends on a turn without a tool call (``stop``), after
 ``rollout.max_turns`` assistant turns (``max_turns``), or when its response budget
 ``rollout.max_response_tokens`` is spent, tool tokens included (``length``). A malformed call is
-answered with ``"Error when executing tool: ..."`` and the trajectory goes on.
+answered with ``"Error when executing tool: ..."`` and the trajectory goes on
+(``rollout.tool_call_parsing: lenient``); with ``upstream`` a call verl's parser would drop
+ends the trajectory (``stop``, the turn closed by the end-of-turn token, mask 0), as upstream's
+loop does when it finds no call (:mod:`agentrl.rollout.tool_parser`). ``rollout.tool_turn_framing``
+says whether the newline after that end-of-turn token is there (``template``) or not
+(``upstream``, verl appends the tool turn right after ``<|im_end|>``).
 
 Self-contained reasoning (``tools=False``, the no-tool half of the model card's table): the
 prompt is rendered without the tool schema, generation stops only at the end of the turn, and
@@ -42,7 +47,10 @@ Deliberate departures from upstream, and why:
   ``<|im_end|>`` and parses the calls out of the whole turn; since only the first call is run,
   whatever the model writes after it (further calls, a hallucinated tool response) would be
   trained on although it never took effect. Stopping there saves those tokens; the price is
-  that the ``<|im_end|>`` closing a tool-call turn is not trained in RL (SFT trains it).
+  that the ``<|im_end|>`` closing a tool-call turn is not trained in RL (SFT trains it), and
+  that the text after the first call, which upstream keeps in the context of the later turns,
+  is not there; a turn whose first call is malformed and a later one well formed runs the later
+  one upstream and none here. No option reproduces this (docs/fidelity.md).
 - At ``max_turns`` a turn's pending call is not run (as upstream), but the turn is closed with
   the end-of-turn token (mask 0) so the sequence stays well formed.
 - A tool response that does not fit the remaining budget (``rollout.tool_response_over_budget``):
@@ -186,7 +194,7 @@ class AgentLoop:
         self.cfg = cfg
         self.infra_bound = infra_bound
         self.tools = tools
-        self.format = ToolTurnFormat(tokenizer) if tools else None
+        self.format = ToolTurnFormat(tokenizer, cfg.tool_turn_framing) if tools else None
         self.stop_token_ids = self.format.stop_token_ids if tools else (plain_end_of_turn_id(tokenizer),)
         self.stats = RolloutStats()
         # The longest request: the engine's own limit where it has one (vLLM's max_model_len;
@@ -444,7 +452,7 @@ class AgentLoop:
             rollout.finish_reason = "stop"  # the turn ended without asking for a tool
             return None
         turn_text = self.tokenizer.decode(output.token_ids, skip_special_tokens=False)
-        call = parse_tool_call(turn_text)
+        call = parse_tool_call(turn_text, self.cfg.tool_call_parsing)
         assert call is not None, f"a turn ending in </tool_call> must parse as a call: {turn_text!r}"
         if rollout.num_turns >= self.cfg.max_turns:
             rollout.finish_reason = "max_turns"
@@ -452,6 +460,11 @@ class AgentLoop:
             return None
         if len(rollout.response_ids) >= self.cfg.max_response_tokens:
             rollout.finish_reason = "length"  # no room left for the tool's answer
+            return None
+        if call.dropped:  # upstream's parser finds no call: the trajectory ends with this turn (after
+            # upstream's budget and max_turns checks, which come first)
+            rollout.finish_reason = "stop"
+            self._insert(rollout, [self.format.end_of_turn_id])
             return None
         return call
 

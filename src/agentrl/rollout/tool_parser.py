@@ -1,11 +1,19 @@
 """Hermes tool calls: parse the model's call, and the template tokens around a tool response.
 
 Recipe (docs/recipe.md section 3): the model calls ``<tool_call>\\n{"name": ..., "arguments":
-{...}}\\n</tool_call>``; only the first call of a turn is run; an unparsable call (bad JSON, an
-unknown tool, a missing ``code`` argument) is answered with ``"Error when executing tool: ..."``
-as the tool response instead of ending the trajectory. ``arguments`` may be an object or a JSON
-string (both occur in the released SFT data). A non-string ``code`` is passed on, as upstream
-does (the interpreter runs ``str(code)``).
+{...}}\\n</tool_call>``; only the first call of a turn is run. ``rollout.tool_call_parsing``:
+
+- ``lenient`` (the project's): an unparsable call (bad JSON, no ``name``, an unknown tool, a
+  missing ``code`` argument) is answered with ``"Error when executing tool: ..."`` as the tool
+  response and the trajectory goes on. ``arguments`` may be an object or a JSON string (both
+  occur in the released SFT data) and a non-string ``code`` runs as ``str(code)``. This is not
+  upstream's behaviour.
+- ``upstream``: verl's hermes parser drops a call that is not a JSON object with a string
+  ``name`` and an ``arguments`` key (and any turn without both tags); the tool agent loop then
+  sees no call and ends the trajectory. A call it keeps but the demystify tool cannot run - an
+  unknown tool, ``arguments`` that are not an object (a JSON string too), no ``code``, a
+  non-string ``code`` - is answered with ``"Error when executing tool: "`` and the text of the
+  exception upstream's code raises there (``'code'``, ``string indices must be integers...``).
 
 The text the loop inserts after a call (end of the assistant turn, the user turn holding
 ``<tool_response>``, the next ``<|im_start|>assistant\\n``) is not hard-coded: :class:`ToolTurnFormat`
@@ -29,6 +37,7 @@ ERROR_PREFIX = "Error when executing tool: "
 KNOWN_TOOLS = (CODE_INTERPRETER_TOOL["function"]["name"],)
 _FIRST_CALL = re.compile(re.escape(TOOL_CALL_START) + r"(.*?)" + re.escape(TOOL_CALL_END), re.DOTALL)
 _SENTINEL = "\x00agentrl-tool-response\x00"
+_UPSTREAM_TOOL_FENCE = re.compile(r"```python(.*?)```", re.DOTALL)  # CustomSandboxFusionTool.code_pattern
 
 
 @dataclass(frozen=True)
@@ -41,18 +50,21 @@ class ToolCall:
     raw: str
     code: Any = None
     error: str | None = None
+    dropped: bool = False  # upstream's parser drops it: the trajectory ends (tool_call_parsing: upstream)
 
     @property
     def ok(self) -> bool:
-        return self.error is None
+        return self.error is None and not self.dropped
 
 
-def parse_tool_call(turn_text: str) -> ToolCall | None:
+def parse_tool_call(turn_text: str, parsing: str = "lenient") -> ToolCall | None:
     """The first ``<tool_call>`` of an assistant turn; ``None`` when the turn makes no call.
 
     A turn that closes a call it never opened (``</tool_call>`` without ``<tool_call>``) is a
     malformed call, not a final answer: the model asked for a tool.
     """
+    if parsing == "upstream":
+        return _upstream_tool_call(turn_text)
     match = _FIRST_CALL.search(turn_text)
     if match is None:
         if TOOL_CALL_END in turn_text:
@@ -64,6 +76,32 @@ def parse_tool_call(turn_text: str) -> ToolCall | None:
         return ToolCall(raw=raw, code=_code_argument(raw))
     except ValueError as exc:
         return ToolCall(raw=raw, error=ERROR_PREFIX + str(exc))
+
+
+def _upstream_tool_call(turn_text: str) -> ToolCall | None:
+    """HermesToolParser.extract_tool_calls, then ToolAgentLoop._call_tool and the demystify tool's
+    ``execute`` up to the sandbox run, for the first call (the only one the turn holds here)."""
+    match = _FIRST_CALL.search(turn_text)
+    if match is None:
+        if TOOL_CALL_END in turn_text:  # the parser needs both tags: no call, the trajectory ends
+            return ToolCall(raw=turn_text.split(TOOL_CALL_END, 1)[0], dropped=True)
+        return None
+    raw = match.group(1)
+    try:
+        call = json.loads(raw)
+        name, arguments = call["name"], call["arguments"]
+    except Exception:  # noqa: BLE001 - the parser catches every exception here and drops the call
+        return ToolCall(raw=raw, dropped=True)
+    if not isinstance(name, str):  # FunctionCall(name=...) is a pydantic str field
+        return ToolCall(raw=raw, dropped=True)
+    if name not in KNOWN_TOOLS:  # self.tools[name] raises KeyError
+        return ToolCall(raw=raw, error=ERROR_PREFIX + repr(name))
+    try:
+        code = arguments["code"]  # CustomSandboxFusionTool.execute
+        _UPSTREAM_TOOL_FENCE.findall(code)  # a non-string code raises here
+    except Exception as exc:  # noqa: BLE001 - _call_tool answers any exception with its text
+        return ToolCall(raw=raw, error=ERROR_PREFIX + str(exc))
+    return ToolCall(raw=raw, code=code)
 
 
 def _code_argument(raw: str) -> Any:
@@ -93,9 +131,14 @@ class ToolTurnFormat:
     - ``call_end_id``: the single token ``</tool_call>``, the other stop token.
     - ``response_ids(text)``: everything after ``</tool_call>`` up to the next assistant turn's
       first generated token, with ``text`` as the tool response.
+
+    ``framing`` (``rollout.tool_turn_framing``): ``template`` cuts the full conversation's
+    rendering, so the end-of-turn token is followed by the newline the template writes after
+    every turn. ``upstream`` drops that newline: verl's tool agent loop renders the tool message
+    on its own and appends it right after the model's ``<|im_end|>``, one token fewer per tool turn.
     """
 
-    def __init__(self, tokenizer) -> None:
+    def __init__(self, tokenizer, framing: str = "template") -> None:
         self.tokenizer = tokenizer
         self.call_end_id = _single_token(tokenizer, TOOL_CALL_END)
         call = {"type": "function", "function": {"name": KNOWN_TOOLS[0], "arguments": {"code": "1"}}}
@@ -113,6 +156,8 @@ class ToolTurnFormat:
         tail = rendered[rendered.rindex(TOOL_CALL_END) + len(TOOL_CALL_END) :]
         assert tail.count(_SENTINEL) == 1, "the chat template does not render the tool message content verbatim"
         self.before_text, self.after_text = tail.split(_SENTINEL)
+        if framing == "upstream":
+            self.before_text = _without_newline_after_end_of_turn(tokenizer, self.before_text)
         self.before_ids = self._encode(self.before_text)
         self.after_ids = self._encode(self.after_text)
         assert self.before_ids, "the chat template inserts nothing between a tool call and its response"
@@ -137,6 +182,14 @@ class ToolTurnFormat:
     @property
     def stop_token_ids(self) -> tuple[int, int]:
         return (self.end_of_turn_id, self.call_end_id)
+
+
+def _without_newline_after_end_of_turn(tokenizer, before_text: str) -> str:
+    """``<|im_end|>\\n<|im_start|>user...`` -> ``<|im_end|><|im_start|>user...``."""
+    end_of_turn = tokenizer.decode(tokenizer.encode(before_text, add_special_tokens=False)[:1])
+    assert before_text.startswith(end_of_turn), f"{before_text!r} does not start with {end_of_turn!r}"
+    rest = before_text[len(end_of_turn) :]
+    return end_of_turn + rest.removeprefix("\n")
 
 
 def _single_token(tokenizer, text: str) -> int:

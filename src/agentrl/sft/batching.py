@@ -49,12 +49,38 @@ class TokenizedExample:
         return sum(self.loss_mask[1:])
 
 
+def aligned_loss_mask(input_ids: list[int], loss_mask: list[int], alignment: str, newline_id: int) -> list[int]:
+    """The mask of the prediction *targets* (the trainer weighs the prediction of token t by mask[t]).
+
+    ``target``: the assistant tokens themselves. ``input`` (``sft.loss_mask_alignment``), upstream's
+    fsdp_sft_trainer on its multiturn dataset: the dataset's mask u is the assistant span as the
+    template renders it, so also the newline after each turn's ``<|im_end|>``; the trainer weighs
+    the prediction of token t+1 by ``u[t]`` (``loss_mask[:, :-1]``), i.e. the target mask is
+    ``[0] + u[:-1]``. The first token of every assistant turn is not trained; the newline after
+    its ``<|im_end|>`` and the token after that newline (the next turn's ``<|im_start|>``) are.
+    """
+    if alignment == "target":
+        return loss_mask
+    assert alignment == "input", f"sft.loss_mask_alignment must be 'target' or 'input', got {alignment!r}"
+    upstream = list(loss_mask)
+    for t in range(1, len(loss_mask)):
+        if loss_mask[t - 1] and not loss_mask[t] and input_ids[t] == newline_id:
+            upstream[t] = 1
+    return [0, *upstream[:-1]]
+
+
 def tokenize_examples(
-    examples: Sequence[SftExample], tokenizer, max_length: int, truncation: str, source: str = "sft data"
+    examples: Sequence[SftExample],
+    tokenizer,
+    max_length: int,
+    truncation: str,
+    source: str = "sft data",
+    loss_mask_alignment: str = "target",
 ) -> list[TokenizedExample]:
     """Render and mask every conversation; errors name the example (and ``source``)."""
     out: list[TokenizedExample] = []
     truncated = 0
+    newline_id = tokenizer.encode("\n", add_special_tokens=False)[-1]
     for row, example in enumerate(examples):
         try:
             input_ids, loss_mask = render_with_assistant_mask(tokenizer, example.messages, example.tools)
@@ -68,6 +94,7 @@ def tokenize_examples(
                 )
             input_ids, loss_mask = input_ids[:max_length], loss_mask[:max_length]
             truncated += 1
+        loss_mask = aligned_loss_mask(input_ids, loss_mask, loss_mask_alignment, newline_id)
         out.append(TokenizedExample(example.id, input_ids, loss_mask))
     if truncated:
         log.warning("%d of %d conversations right-truncated to %d tokens", truncated, len(out), max_length)

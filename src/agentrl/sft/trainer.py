@@ -5,11 +5,15 @@ the steps, global-norm clipping, ``epochs`` passes, global batch of ``global_bat
 conversations, right truncation at ``max_length``, bf16 on GPU; loss on assistant tokens only.
 
 Deliberate departures from upstream (verl's SFT trainer), with reasons:
-- Loss = summed next-token NLL over the trained tokens of the whole optimizer step divided by
-  their count (token mean over the global batch). Upstream averages per micro-batch and then over
+- Loss (``sft.loss_weighting: step_tokens``) = summed next-token NLL over the trained tokens of
+  the whole optimizer step divided by their count (token mean over the global batch). Upstream
+  (``micro_batch_mean``, :func:`micro_batch_loss_scales`) averages per micro-batch and then over
   micro-batches and ranks, which weighs a token by the size of the micro-batch it landed in; with
-  token-budget micro-batches that weighting would change with packing. Here packing and the number
-  of processes cannot change the gradient (tests/test_sft_distributed.py checks 1 vs 2 processes).
+  token-budget micro-batches that weighting would change with packing. With ``step_tokens``
+  packing and the number of processes cannot change the gradient (tests/test_sft_distributed.py
+  checks 1 vs 2 processes).
+- Each prediction weighs by the mask of its target token (``sft.loss_mask_alignment: target``);
+  upstream weighs it by the mask of its input token (``input``, :func:`agentrl.sft.batching.aligned_loss_mask`).
 - Logits are computed only at trained positions, in chunks with recomputation, so a 32k-token
   conversation over a 152k vocabulary never materialises its full (T, V) logits.
 - The last partial global batch of each epoch is dropped (upstream's sampler does the same).
@@ -150,6 +154,26 @@ def run_fingerprint(cfg: SftConfig, seed: int, world_size: int, paths: SftPaths)
     )
 
 
+def micro_batch_loss_scales(targets: list[list[int]], weighting: str) -> list[list[float]]:
+    """What each micro-batch's summed NLL is multiplied by before its backward, per rank.
+
+    ``targets[r][b]``: trained targets of rank r's micro-batch b; W ranks, M micro-batches in all,
+    N = sum of all targets. DeepSpeed averages gradients over the ranks, hence the factor W.
+
+    - ``step_tokens``: ``W / N``, the step's loss is ``sum_b NLL_b / N`` (one token mean).
+    - ``micro_batch_mean`` (upstream's fsdp_sft_trainer: each micro-batch's token mean, divided by
+      the micro-batches per rank, averaged over ranks): ``W / (M n_b)``, the loss
+      ``(1/M) sum_b NLL_b / n_b`` with n_b micro-batch b's targets (at least 1: upstream adds 1e-8).
+    """
+    world = len(targets)
+    if weighting == "step_tokens":
+        total = max(sum(sum(rank) for rank in targets), 1)
+        return [[world / total for _ in rank] for rank in targets]
+    assert weighting == "micro_batch_mean", f"sft.loss_weighting must be step_tokens or micro_batch_mean: {weighting!r}"
+    count = sum(len(rank) for rank in targets)
+    return [[world / (count * max(n, 1)) for n in rank] for rank in targets]
+
+
 def _run_step(
     engine,
     examples: list[TokenizedExample],
@@ -160,19 +184,19 @@ def _run_step(
 ) -> dict[str, float]:
     """Forward/backward of this rank's micro-batches of one step, then the optimizer step."""
     lengths = [len(examples[i].input_ids) for i in indices]
-    mine = pack_micro_batches(
+    per_rank = pack_micro_batches(
         lengths, cfg.micro_batch_size, cfg.micro_batch_tokens, ctx.world_size, cfg.micro_batch_overhead_tokens
-    )[ctx.rank]
+    )
+    mine = per_rank[ctx.rank]
     step_targets = sum(examples[i].trained_targets for i in indices)
-    # DeepSpeed averages gradients over ranks; x world_size turns that into a sum, so the step's
-    # gradient is that of (all trained-token NLL) / (all trained tokens).
-    scale = ctx.world_size / max(step_targets, 1)
+    targets = [[sum(examples[indices[p]].trained_targets for p in micro) for micro in rank] for rank in per_rank]
+    scales = micro_batch_loss_scales(targets, cfg.loss_weighting)[ctx.rank]
     local = torch.zeros(3, dtype=torch.float64)  # nll sum, real tokens, padded tokens
     for position, micro in enumerate(mine):
         engine.set_gradient_accumulation_boundary(position == len(mine) - 1)
         batch = {k: v.to(ctx.device) for k, v in collate([examples[indices[p]] for p in micro], pad_token_id).items()}
         nll_sum, _ = engine(batch["input_ids"], batch["attention_mask"], batch["loss_mask"])
-        engine.backward(nll_sum * scale, scale_wrt_gas=False)
+        engine.backward(nll_sum * scales[position], scale_wrt_gas=False)
         local += torch.tensor(
             [float(nll_sum.detach()), float(batch["attention_mask"].sum()), float(batch["input_ids"].numel())],
             dtype=torch.float64,
@@ -215,7 +239,12 @@ def _train_sft(cfg: SftConfig, seed: int, paths: SftPaths, stop, tracking: Track
 
     tokenizer = AutoTokenizer.from_pretrained(paths.model_dir)
     examples = tokenize_examples(
-        read_sft_examples(paths.data), tokenizer, cfg.max_length, cfg.truncation, source=str(paths.data)
+        read_sft_examples(paths.data),
+        tokenizer,
+        cfg.max_length,
+        cfg.truncation,
+        source=str(paths.data),
+        loss_mask_alignment=cfg.loss_mask_alignment,
     )
     plan = plan_steps(cfg, len(examples), ctx.world_size)
     dtype = resolve_dtype(cfg.deepspeed.dtype, ctx.device)

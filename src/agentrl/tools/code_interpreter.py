@@ -38,6 +38,8 @@ NOT_FINISHED_TEXT = "no stdout here"
 TRUNCATION_MARKER = "...(truncated)..."
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 _FENCED_PYTHON = re.compile(r"```(?:python3?|py)[ \t]*\r?\n(.*?)```", re.DOTALL | re.IGNORECASE)
+# The demystify tool's pattern (tool.code_block: upstream): case-sensitive, nothing required after the tag.
+_UPSTREAM_FENCED_PYTHON = re.compile(r"```python(.*?)```", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -54,8 +56,16 @@ class ToolResult:
         return self.result.outcome
 
 
-def extract_code(text: str) -> str:
-    """The first fenced python block of ``text`` if it has one, else ``text`` itself."""
+def extract_code(text: str, code_block: str = "project") -> str:
+    """The first fenced python block of ``text`` if it has one, else ``text`` itself.
+
+    ``project``: ```python / ```python3 / ```py in any case with a newline after the tag, the
+    block's surrounding newlines stripped. ``upstream``: ```python(.*?)``` and ``strip()`` (so
+    ```python3 keeps a leading "3" and the first line loses its indentation), as the tool runs it.
+    """
+    if code_block == "upstream":
+        match = _UPSTREAM_FENCED_PYTHON.search(text)
+        return match.group(1).strip() if match else text
     match = _FENCED_PYTHON.search(text)
     return match.group(1).strip("\n") if match else text
 
@@ -123,7 +133,7 @@ class CodeInterpreter:
     def prepare(self, code: object) -> str:
         """The program actually run for a tool call's ``code`` argument."""
         text = code if isinstance(code, str) else str(code)  # upstream: str(code) for non-strings
-        return print_last_line(extract_code(text), self.config.print_last_line)
+        return print_last_line(extract_code(text, self.config.code_block), self.config.print_last_line)
 
     def _tool_result(self, result: ExecutionResult) -> ToolResult:
         text = truncate_middle(response_text(result), self.config.max_output_chars)

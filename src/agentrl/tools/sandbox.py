@@ -219,15 +219,19 @@ class Sandbox(abc.ABC):
         self._closed = False
 
     @abc.abstractmethod
-    def run(self, code: str, stdin: str | None = None, timeout_s: float | None = None) -> ExecutionResult:
-        """Run ``code`` with ``stdin``; ``timeout_s`` defaults to ``sandbox.timeout_s``."""
+    def run(
+        self, code: str, stdin: str | None = None, timeout_s: float | None = None, memory_mb: int | None = None
+    ) -> ExecutionResult:
+        """Run ``code`` with ``stdin``; ``timeout_s`` and ``memory_mb`` default to the ``sandbox`` section's."""
 
     def submit(self, code: str, stdin: str | None = None, timeout_s: float | None = None) -> Future[ExecutionResult]:
         """Run ``code`` in the sandbox's own pool (at most ``concurrency`` at once); returns its future."""
         self._check_open()
         return self._executor.submit(self._run_queued, time.monotonic(), code, stdin, timeout_s)
 
-    def run_many(self, jobs: Sequence[tuple[str, str | None]], timeout_s: float | None = None) -> list[ExecutionResult]:
+    def run_many(
+        self, jobs: Sequence[tuple[str, str | None]], timeout_s: float | None = None, memory_mb: int | None = None
+    ) -> list[ExecutionResult]:
         """Run ``(code, stdin)`` jobs concurrently; results in input order."""
         jobs = list(jobs)
         for index, job in enumerate(jobs):
@@ -235,9 +239,13 @@ class Sandbox(abc.ABC):
                 raise TypeError(f"run_many: job {index} must be a (code, stdin) pair, got {type(job).__name__}")
         self._check_open()
         queued = time.monotonic()
-        return list(self._executor.map(lambda job: self._run_queued(queued, job[0], job[1], timeout_s), jobs))
+        return list(
+            self._executor.map(lambda job: self._run_queued(queued, job[0], job[1], timeout_s, memory_mb), jobs)
+        )
 
-    def _run_queued(self, queued: float, code: str, stdin: str | None, timeout_s: float | None) -> ExecutionResult:
+    def _run_queued(
+        self, queued: float, code: str, stdin: str | None, timeout_s: float | None, memory_mb: int | None = None
+    ) -> ExecutionResult:
         """``run`` for a request queued in the pool at ``queued``: its wait is added to
         ``queue_s``, and a wait past ``max_queue_wait_s`` is an infrastructure failure (the
         program never started: an overloaded pool is not the program's doing)."""
@@ -245,7 +253,8 @@ class Sandbox(abc.ABC):
         if self.max_queue_wait_s is not None and waited > self.max_queue_wait_s:
             reason = f"sandbox error: waited {waited:.1f} s for a worker, over sandbox.max_queue_wait_s"
             return dataclasses.replace(lost_result(reason), queue_s=waited)
-        result = self.run(code, stdin, timeout_s)
+        limits = {} if memory_mb is None else {"memory_mb": memory_mb}
+        result = self.run(code, stdin, timeout_s, **limits)
         return dataclasses.replace(result, queue_s=result.queue_s + waited)
 
     def close(self) -> None:
@@ -454,14 +463,22 @@ class LocalSandbox(Sandbox):
         """Process ids of the live worker processes (the outer process of each)."""
         return [w.process.pid for w in self._workers if w is not None and w.alive()]
 
-    def run(self, code: str, stdin: str | None = None, timeout_s: float | None = None) -> ExecutionResult:
+    def run(
+        self, code: str, stdin: str | None = None, timeout_s: float | None = None, memory_mb: int | None = None
+    ) -> ExecutionResult:
         timeout = self._check_request(code, stdin, timeout_s, self.config.timeout_s)
+        if memory_mb is not None and memory_mb > self.config.memory_mb:
+            # the workers' children are forked with sandbox.memory_mb as their hard limit
+            raise ValueError(
+                f"a run's memory_mb ({memory_mb}) cannot exceed sandbox.memory_mb ({self.config.memory_mb})"
+            )
         self._check_open()
         waiting = time.monotonic()
         slot = self._idle.get()
         waited = time.monotonic() - waiting
+        request = {"code": code, "stdin": stdin, "timeout_s": timeout, "memory_mb": memory_mb}
         try:
-            result = self._run_on(slot, {"code": code, "stdin": stdin, "timeout_s": timeout}, timeout)
+            result = self._run_on(slot, request, timeout)
         finally:
             self._idle.put(slot)
         return dataclasses.replace(result, queue_s=waited)

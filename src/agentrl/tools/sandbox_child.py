@@ -24,6 +24,7 @@ import builtins
 import os
 import resource
 import signal
+import struct
 import sys
 import threading
 import traceback
@@ -35,6 +36,8 @@ from agentrl.tools import sandbox_isolation as iso
 
 SETUP_FAILED_EXIT = 125
 _GO_FD = 3
+# "go": b"g" and the request's address-space limit in bytes (little-endian u64; 0: keep the prepared one).
+GO_MESSAGE_BYTES = 9
 
 
 @dataclass(frozen=True)
@@ -54,9 +57,13 @@ def run_child(confinement: Confinement, stdin_fd: int, out_w: int, err_w: int, g
     """Confine this freshly forked child, wait for "go", run ``main.py``; never returns."""
     try:
         _confine(confinement, stdin_fd, out_w, err_w, go_fd)
-        if os.read(_GO_FD, 1) != b"g":
+        go = os.read(_GO_FD, GO_MESSAGE_BYTES)
+        if go[:1] != b"g":
             os._exit(0)  # the zygote went away without a job for this child
         os.close(_GO_FD)
+        (address_space,) = struct.unpack("<Q", go[1:])
+        if address_space:  # the request's own memory limit: lowering a limit needs no privilege
+            resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
         code_path = os.path.join(confinement.workdir, "main.py")
         with open(code_path, encoding="utf-8", errors="surrogatepass") as fh:
             code = fh.read()

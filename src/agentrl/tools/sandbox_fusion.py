@@ -59,7 +59,9 @@ class SandboxFusionSandbox(Sandbox):
         self.config = cfg
         self.url = run_code_url(cfg.sandbox_fusion_url)
 
-    def run(self, code: str, stdin: str | None = None, timeout_s: float | None = None) -> ExecutionResult:
+    def run(
+        self, code: str, stdin: str | None = None, timeout_s: float | None = None, memory_mb: int | None = None
+    ) -> ExecutionResult:
         timeout = self._check_request(code, stdin, timeout_s, self.config.timeout_s)
         self._check_open()
         payload = {
@@ -68,7 +70,7 @@ class SandboxFusionSandbox(Sandbox):
             "stdin": stdin,
             "run_timeout": timeout,
             "compile_timeout": timeout,
-            "memory_limit_MB": self.config.memory_mb,
+            "memory_limit_MB": self.config.memory_mb if memory_mb is None else memory_mb,
             "files": {},
             "fetch_files": [],
         }

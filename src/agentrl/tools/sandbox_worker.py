@@ -359,12 +359,13 @@ class _Zygote:
         stdin_r, stdin_w = os.pipe()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
+        base_address_space = _address_space()
         confinement = Confinement(
             workdir=workdir,
             uid=self.uid if self.isolation["user_switch"] else None,
             keep_read_access=self.isolation["read_override"],
             share_host_uid=not (self.isolation["user_switch"] or self.isolation["user_namespace"]),
-            address_space=_address_space() + (int(self.limits["memory_mb"]) << 20),
+            address_space=base_address_space + (int(self.limits["memory_mb"]) << 20),
             limits=self.limits,
             env=self.env,
         )
@@ -376,7 +377,7 @@ class _Zygote:
                 os._exit(SETUP_FAILED_EXIT)
         for fd in (go_r, stdin_r, out_w, err_w):
             os.close(fd)
-        return _PreparedChild(pid, workdir, go_w, stdin_w, out_r, err_r)
+        return _PreparedChild(pid, workdir, go_w, stdin_w, out_r, err_r, base_address_space)
 
     def _make_workdir(self) -> str:
         if self.isolation["private_tmp"]:
@@ -402,8 +403,12 @@ class _Zygote:
         capture = _Capture(child, self.limits["max_output_bytes"], stdin_bytes)
         started = time.monotonic()
         try:
+            # A request's own memory limit (below the prepared one) travels with "go": the child
+            # lowers its address-space limit before it runs the code.
+            memory_mb = request.get("memory_mb")
+            address_space = 0 if memory_mb is None else child.base_address_space + (int(memory_mb) << 20)
             try:
-                os.write(child.go_w, b"g")
+                os.write(child.go_w, b"g" + struct.pack("<Q", address_space))
             except BrokenPipeError:
                 pass  # the child died before it could start: its exit status tells how
             os.close(child.go_w)
@@ -467,6 +472,7 @@ class _PreparedChild:
     stdin_w: int
     out_r: int
     err_r: int
+    base_address_space: int  # the zygote's mapping when it forked the child
 
 
 def _address_space() -> int:
