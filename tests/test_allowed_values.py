@@ -92,9 +92,10 @@ KEYS = list(literal_keys())
 
 def test_the_walk_finds_the_literal_keys():
     keys = {key for key, *_ in KEYS}
-    assert len(keys) >= 25 and {"sandbox.backend", "grpo.algorithm.loss_agg_mode", "ablations.arms.rl_data", "eval.reasoning"} <= keys, (
-        keys
-    )
+    assert (
+        len(keys) >= 25
+        and {"sandbox.backend", "grpo.algorithm.loss_agg_mode", "ablations.arms.rl_data", "eval.reasoning"} <= keys
+    ), keys
 
 
 @pytest.mark.parametrize(("key", "values", "node"), KEYS, ids=[key for key, *_ in KEYS])

@@ -62,12 +62,32 @@ def test_every_stage_wrote_its_outputs(run):
             assert metrics["num_problems"] == 4 and metrics["samples_per_problem"] == 2
     assert (results / "eval" / "rl" / "program" / "livecodebench_custom_outputs.json").exists()
     assert (results / "filter" / "rl_train.parquet").exists()
-    stats = json.loads((results / "filter" / "stats.json").read_text())
-    assert stats
+    _assert_the_selection_accounts_for_the_pool(results)
     rl_steps = [json.loads(line) for line in (results / "rl" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in rl_steps if "step" in m and not any(k.startswith("val/") for k in m)][-1] == 2
     assert (results / "report" / "summary.md").exists()
     assert list((results / "timings").glob("*.tsv")), "every rule writes a benchmark file"
+
+
+def _assert_the_selection_accounts_for_the_pool(results):
+    """stats.json counts what the scoring and the selection did: every fitted pool problem scored
+    k times, each dropped one counted by its reason, the selected ones exactly rl_train's rows."""
+    import pandas as pd
+
+    pool = pd.read_parquet(results / "data" / "rl_pool.parquet")
+    rates = pd.read_parquet(results / "filter" / "pass_rates.parquet")
+    selected = pd.read_parquet(results / "filter" / "rl_train.parquet")
+    stats = json.loads((results / "filter" / "stats.json").read_text())
+    assert stats["k"] == [SMALL["filter"]["k"]] and set(rates["id"]) == set(pool["id"]), stats["k"]
+    assert stats["scored"]["total"] == len(rates) == len(pool)
+    assert stats["dropped_at_or_below_low"] == 0, "filter.low is -1: no pass rate is at or below it"
+    assert stats["dropped_at_or_above_high"] == int((rates["pass_rate"] >= stats["thresholds"]["high"]).sum())
+    in_band = stats["scored"]["total"] - stats["dropped_at_or_above_high"]
+    assert stats["in_band"]["total"] == in_band
+    assert stats["selected"]["total"] == in_band - stats["resampled_out"] == len(selected) > 0
+    assert set(selected["id"]) <= set(pool["id"])
+    buckets = ("easy", "medium", "hard")
+    assert sum(stats["selected"][b] for b in buckets) == len(selected), stats["selected"]
 
 
 # The progress lines of agentrl.progress in a log file: count, percent, rate (or, below 0.1 a
