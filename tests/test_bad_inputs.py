@@ -370,7 +370,7 @@ def test_cli_empty_sft_file_is_an_error(tmp_path):
 
 def test_snakemake_dry_run_refuses_a_response_budget_below_the_overlong_length(tmp_path):
     """Was silent: the overlong penalty could never apply. Now `snakemake -n` names both keys."""
-    from workflow_runs import TINY, run_snakemake, write_config
+    from helpers.workflows import TINY, run_snakemake, write_config
 
     budget = {"rollout": {"max_response_tokens": 16}, "reward": {"overlong": {"enable": True}}}
     write_config(tmp_path, TINY, budget)  # TINY's overlong.max_response_length is 32

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from workflow_runs import ROOT, job_counts, snakemake
+from helpers.workflows import ROOT, job_counts, snakemake
 
 pytestmark = pytest.mark.slow
 

@@ -27,8 +27,8 @@ def paper():
 
 @pytest.fixture(scope="module")
 def policy():
-    """The rollout tests' tiny random Qwen3 (rollout_fixtures.random_policy) and its tokenizer."""
-    from rollout_fixtures import random_policy
+    """The rollout tests' tiny random Qwen3 (helpers.rollout.random_policy) and its tokenizer."""
+    from helpers.rollout import random_policy
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model_dir = random_policy()
@@ -187,7 +187,7 @@ def test_item9_exact_mode_reports_the_box_as_pred():
 # --------------------------------------------------------------------------- 3. budget inside a tool response
 @pytest.mark.parametrize("room_after_call", [3, "exact"])
 def test_item3_a_tool_response_over_the_budget_is_not_appended(policy, interpreter, room_after_call):
-    from rollout_fixtures import arith_problems, call_turn
+    from helpers.rollout import arith_problems, call_turn
     from test_rollout_loop import GREEDY, _loop
 
     from agentrl.rollout.tool_parser import ToolTurnFormat
@@ -258,7 +258,7 @@ def test_item4_the_loop_measures_prompts_as_the_filter_did(policy, interpreter):
 def test_item4_fit_prompts_cli_writes_the_kept_problems_and_the_counts(tmp_path, policy):
     import json
 
-    from rollout_fixtures import random_policy
+    from helpers.rollout import random_policy
 
     from agentrl.__main__ import main
     from agentrl.data.prompt_fit import prompt_length

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from preset_configs import AS_RELEASED, PAPER, resolved
+from helpers.presets import AS_RELEASED, PAPER, resolved
 
 from agentrl.config import load_config
 from agentrl.data.records import Problem
@@ -177,7 +177,7 @@ def test_a_close_tag_without_an_open_one_ends_the_trajectory_upstream():
 
 @pytest.fixture(scope="module")
 def policy():
-    from rollout_fixtures import random_policy
+    from helpers.rollout import random_policy
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model_dir = random_policy()
@@ -192,7 +192,7 @@ def interpreter(sandbox, released):
 
 
 def _run_loop(policy, interpreter, scripts, **rollout):
-    from rollout_fixtures import ForceTurns, arith_problems
+    from helpers.rollout import ForceTurns, arith_problems
 
     from agentrl.rollout import AgentLoop, SamplingParams
     from agentrl.rollout.hf_engine import HFEngine
@@ -209,7 +209,7 @@ def _run_loop(policy, interpreter, scripts, **rollout):
 
 
 def test_a_malformed_call_ends_the_trajectory_as_released(policy, interpreter):
-    from rollout_fixtures import final_turn
+    from helpers.rollout import final_turn
 
     from agentrl.rollout.tool_parser import ToolTurnFormat
 
@@ -226,7 +226,7 @@ def test_a_malformed_call_ends_the_trajectory_as_released(policy, interpreter):
 
 
 def test_tool_turns_follow_the_end_of_turn_token_without_a_newline_as_released(policy, interpreter):
-    from rollout_fixtures import call_turn, final_turn
+    from helpers.rollout import call_turn, final_turn
 
     from agentrl.rollout.tool_parser import ToolTurnFormat
 
@@ -252,7 +252,7 @@ def test_tool_turns_follow_the_end_of_turn_token_without_a_newline_as_released(p
 def test_sft_weighs_each_prediction_by_its_input_tokens_mask_as_released(policy):
     import torch
     import torch.nn.functional as F
-    from rollout_fixtures import sft_conversations
+    from helpers.rollout import sft_conversations
 
     from agentrl.data.prompts import CODE_INTERPRETER_TOOL
     from agentrl.data.records import SftExample
@@ -347,7 +347,7 @@ def test_grpo_update_weighs_micro_batches_as_upstreams_dp_actor(monkeypatch):
     """One micro-batch per response (a token budget of 20): the update's gradient is that of
     sum_i (1/4) token-mean_i, each response's policy loss averaged over its own tokens."""
     import torch
-    from rollout_fixtures import random_policy
+    from helpers.rollout import random_policy
 
     from agentrl.grpo import algorithm as alg
     from agentrl.grpo import trainer

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from workflow_runs import ROOT, job_counts, merged, snakemake
+from helpers.workflows import ROOT, job_counts, merged, snakemake
 
 from agentrl.data.records import Problem, write_records
 from agentrl.filtering.pass_rates import pass_rate_table, write_pass_rates

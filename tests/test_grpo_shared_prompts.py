@@ -95,7 +95,7 @@ def test_a_deepspeed_update_with_shared_prompts_equals_the_unshared_one(zero_sta
     """The trainer's own plan, micro-batches and DeepSpeed steps: the first optimizer step's
     gradients, the norms and the weights after one update, with budgets that keep the groups
     together and that cut them apart."""
-    from rollout_fixtures import random_policy
+    from helpers.rollout import random_policy
 
     model_dir = random_policy()
     every = _grouped_samples(vocab=300)

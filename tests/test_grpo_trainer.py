@@ -304,7 +304,7 @@ def _random_samples(vocab: int, seed: int = 0):
 def test_deepspeed_update_equals_the_plain_torch_update_whatever_the_micro_batches(variant, zero_stage, monkeypatch):
     """Micro-batch losses divided by the mini-batch token count and summed (scale_wrt_gas=False)
     give the gradient of one forward over the whole mini-batch, however the batch is packed."""
-    from rollout_fixtures import random_policy
+    from helpers.rollout import random_policy
 
     model_dir = random_policy()
     samples = _random_samples(vocab=300)
@@ -331,7 +331,7 @@ def test_deepspeed_update_equals_the_plain_torch_update_whatever_the_micro_batch
 
 
 def test_kl_variant_measures_the_distance_to_the_reference_model():
-    from rollout_fixtures import random_policy
+    from helpers.rollout import random_policy
 
     model_dir = random_policy()
     samples = _random_samples(vocab=300, seed=1)

@@ -60,7 +60,7 @@ def _arith(count: int, split: str) -> list[Problem]:
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
-    from rollout_fixtures import random_policy
+    from helpers.rollout import random_policy
 
     root = tmp_path_factory.mktemp("grpo-inputs")
     write_records(_arith(9, "rl"), root / "rl_train.parquet")

@@ -9,7 +9,7 @@ needs no other job, and ``--retries 1`` runs it twice, as a retry on a cluster w
 from __future__ import annotations
 
 import pytest
-from workflow_runs import ROOT, run_snakemake
+from helpers.workflows import ROOT, run_snakemake
 
 
 @pytest.mark.slow

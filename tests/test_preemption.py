@@ -84,7 +84,7 @@ def _signal_after(process: subprocess.Popen, metrics: Path, step: int, signum: i
 
 @pytest.fixture(scope="module")
 def grpo_inputs(tmp_path_factory):
-    from rollout_fixtures import random_policy
+    from helpers.rollout import random_policy
     from test_grpo_trainer_resume import _arith
 
     from agentrl.data.records import write_records

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from rollout_fixtures import ForceTurns, arith_problems, call_turn, random_policy, trained_policy
+from helpers.rollout import ForceTurns, arith_problems, call_turn, random_policy, trained_policy
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.config import load_config

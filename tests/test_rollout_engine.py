@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from rollout_fixtures import random_policy
+from helpers.rollout import random_policy
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.config import load_config

@@ -12,7 +12,7 @@ import json
 
 import pytest
 import torch
-from rollout_fixtures import ForceTurns, arith_problems, call_turn, final_turn, random_policy, trained_policy
+from helpers.rollout import ForceTurns, arith_problems, call_turn, final_turn, random_policy, trained_policy
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.config import load_config

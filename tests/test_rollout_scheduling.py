@@ -12,7 +12,7 @@ import time
 
 import pytest
 import torch
-from rollout_fixtures import arith_problems, random_policy, trained_policy
+from helpers.rollout import arith_problems, random_policy, trained_policy
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.config import load_config

@@ -260,7 +260,7 @@ def test_length_grouping_keeps_every_sequence_of_the_step_with_equal_counts_per_
 
 def _varied_conversations(count: int) -> list[SftExample]:
     """Real tool-use conversations of the embedded arithmetic format, 1 to 3 tool calls each."""
-    from rollout_fixtures import sft_conversations
+    from helpers.rollout import sft_conversations
 
     from agentrl.data.prompts import CODE_INTERPRETER_TOOL
 
@@ -273,7 +273,7 @@ def _varied_conversations(count: int) -> list[SftExample]:
 
 
 def test_length_grouping_cuts_the_padding_of_a_real_step():
-    from rollout_fixtures import random_policy
+    from helpers.rollout import random_policy
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(random_policy())
@@ -292,7 +292,7 @@ def test_length_grouping_cuts_the_padding_of_a_real_step():
 def test_a_two_step_sft_run_has_the_same_losses_grouped_or_not(tmp_path):
     """The same conversations per step, split otherwise: the loss (a sum over the same tokens)
     and the trained weights agree to float precision, with less padding."""
-    from rollout_fixtures import random_policy
+    from helpers.rollout import random_policy
     from safetensors.torch import load_file
 
     from agentrl.data.records import write_records

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from rollout_fixtures import random_policy
+from helpers.rollout import random_policy
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.data.records import Problem, write_records

@@ -177,7 +177,7 @@ TRAINER_PARENT = (
 
 @pytest.mark.slow
 def test_an_orphaned_grpo_trainer_stops_at_its_next_step_boundary_with_a_checkpoint(tmp_path):
-    from rollout_fixtures import random_policy
+    from helpers.rollout import random_policy
     from test_grpo_trainer_resume import _arith
     from test_preemption import _grpo_command, _records
 
@@ -230,7 +230,7 @@ def _lock_is_free(folder: Path) -> bool:
 
 @pytest.mark.slow
 def test_kill_9_of_snakemake_alone_then_the_recovery_recipe_holds_every_step_once(tmp_path):
-    from workflow_runs import TINY, planned, snakemake, start_snakemake, wait_for, write_config
+    from helpers.workflows import TINY, planned, snakemake, start_snakemake, wait_for, write_config
 
     # 4 conversations x 2 families, 2 per step: 4 steps an epoch, 200 steps; a checkpoint every 10.
     # Long enough (seconds on an idle machine) that the parent watch, polling every 2 s, sees the kill.

@@ -199,7 +199,7 @@ def _torchrun_env() -> dict[str, str]:
 @pytest.mark.timeout(1200)  # one torchrun job of 2 ranks (DeepSpeed + vLLM each) on a loaded CI machine
 @NEEDS_VLLM
 def test_two_ranks_each_run_their_own_external_launcher_engine(tmp_path):
-    from rollout_fixtures import random_policy
+    from helpers.rollout import random_policy
 
     model_dir = random_policy()
     done = subprocess.run(
@@ -377,7 +377,7 @@ def run_grpo_rank(model_dir: str, data: Path, out_dir: Path) -> None:
 @pytest.mark.timeout(1200)
 @NEEDS_VLLM
 def test_a_grpo_step_splits_prompts_over_ranks_and_sleeps_the_engine_through_the_update(tmp_path):
-    from rollout_fixtures import random_policy
+    from helpers.rollout import random_policy
     from test_grpo_trainer_resume import _arith
 
     from agentrl.data.records import read_problems, write_records
@@ -456,7 +456,7 @@ def test_a_resumed_grpo_run_samples_its_first_rollout_from_the_resumed_policy(tm
     to be at least 100 times the tolerance)."""
     import shutil
 
-    from rollout_fixtures import random_policy
+    from helpers.rollout import random_policy
     from test_grpo_trainer_resume import _arith, _command, _records
 
     from agentrl.data.records import read_problems, write_records

@@ -1,6 +1,6 @@
 """What snakemake-executor-plugin-slurm would submit for each job of a workflow: its own code, no copy.
 
-``python tests/slurm_submissions.py TARGET SNAKEMAKE_ARGS...`` runs Snakemake's command line as
+``python tests/helpers/slurm_submissions.py TARGET SNAKEMAKE_ARGS...`` runs Snakemake's command line as
 given (targets first, then profile and config files; ``--dag`` is added), but instead of printing the DAG it hands every job to
 the plugin's own builders and prints one JSON object per job:
 

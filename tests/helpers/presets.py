@@ -9,7 +9,7 @@ import yaml
 
 from agentrl.config import Config, load_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAPER = ROOT / "presets" / "paper-qwen3-4b.yaml"
 AS_RELEASED = ROOT / "presets" / "paper-as-released.yaml"
 

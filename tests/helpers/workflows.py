@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SNAKEFILE = ROOT / "workflow" / "Snakefile"
 # A whole workflow run in minutes on a CPU: a handful of problems, a 2-layer model, one GRPO step.
 TINY = {

@@ -1,4 +1,4 @@
-"""Real small models for the rollout tests (imported by tests/test_rollout*.py).
+"""Real small models for the rollout tests (imported through ``helpers.rollout``).
 
 - :func:`random_policy`: a tokenizer trained on a few rendered tool-use conversations and a
   randomly initialised tiny Qwen3 (built in about a second). It never emits a tool call by
