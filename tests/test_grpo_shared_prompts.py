@@ -12,7 +12,7 @@ import copy
 
 import pytest
 import torch
-from test_grpo_trainer import _tiny_model, _update_with
+from helpers.grpo_updates import deepspeed_update, tiny_qwen3
 
 from agentrl.config import ConfigError, check_cross_keys, load_config
 from agentrl.grpo import algorithm as alg
@@ -71,7 +71,7 @@ def test_shared_prompt_logprobs_entropies_and_gradients_equal_one_forward_per_sa
     samples = _grouped_samples(vocab=50)
     results = []
     for share in (False, True):
-        model = _tiny_model()
+        model = tiny_qwen3()
         batch = collate(samples, pad_token_id=0, share_prompts=share)
         logp, entropy = ResponseLogProbs(model, logit_chunk_tokens=7, temperature=temperature)(
             batch, with_entropy=True, entropy_grad=True
@@ -101,10 +101,10 @@ def test_a_deepspeed_update_with_shared_prompts_equals_the_unshared_one(zero_sta
     every = _grouped_samples(vocab=300)
     samples = [every[0], every[1], every[3], every[4]]  # n = 2: prompt 6 (responses 9, 3), prompt 4 (14, 1)
     overrides = {"deepspeed": {"zero_stage": zero_stage}}
-    plain = _update_with(model_dir, copy.deepcopy(samples), 10_000, overrides, monkeypatch)
+    plain = deepspeed_update(model_dir, copy.deepcopy(samples), 10_000, overrides, monkeypatch)
     for budget in (10_000, 20):
         monkeypatch.undo()
-        shared = _update_with(
+        shared = deepspeed_update(
             model_dir, copy.deepcopy(samples), budget, {**overrides, "share_prompts": True}, monkeypatch
         )
         plan, stats, norms, params, cfg, grads = shared
