@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from helpers.stage_inputs import CODE_PROBLEM, fake_model
 
 from agentrl.config import ConfigError, check_cross_keys, cross_key_problems, load_config
-from agentrl.data.records import Problem, SftExample, read_problems, read_sft_examples, write_records
+from agentrl.data.records import SftExample, read_problems, read_sft_examples, write_records
 from agentrl.data.upstream import read_rows
 from agentrl.errors import DataFormatError, ModelFolderError
 from agentrl.evaluation.samples import read_jsonl
@@ -40,26 +40,12 @@ def assert_refused(completed: subprocess.CompletedProcess, *fragments: str) -> N
         assert fragment in completed.stderr, (fragment, completed.stderr[-2000:])
 
 
-PROBLEM = Problem(
-    "p0", "embedded-code", [{"role": "user", "content": "hi"}], "code", {"inputs": ["1"], "outputs": ["1"]}
-)
 SFT = SftExample("s0", [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}], [])
 
 
 def problems_file(path: Path, rows: list[dict]) -> Path:
     pd.DataFrame(rows).to_parquet(path, index=False)
     return path
-
-
-def fake_model(folder: Path, tokenizer: bool = True) -> Path:
-    """A folder that passes the cheap checks: config, a valid safetensors header, a tokenizer file."""
-    folder.mkdir(parents=True)
-    (folder / "config.json").write_text('{"model_type": "llama"}')
-    header = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
-    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 4)
-    if tokenizer:
-        (folder / "tokenizer.json").write_text("{}")
-    return folder
 
 
 def sft_command(tmp_path: Path, model: Path, data: Path, **outputs: Path) -> list:
@@ -71,7 +57,7 @@ def sft_command(tmp_path: Path, model: Path, data: Path, **outputs: Path) -> lis
 
 # --------------------------------------------------------------------------- missing column, wrong type, bad JSON
 def test_missing_column_names_the_file_and_the_column(tmp_path):
-    row = PROBLEM.to_row()
+    row = CODE_PROBLEM.to_row()
     del row["ground_truth"]
     path = problems_file(tmp_path / "eval.parquet", [row])
     with pytest.raises(DataFormatError, match=r"eval.parquet: column\(s\) \['ground_truth'\] missing"):
@@ -87,14 +73,14 @@ def test_missing_column_names_the_file_and_the_column(tmp_path):
 
 
 def test_wrong_type_and_bad_json_name_the_row_and_the_column(tmp_path):
-    rows = [PROBLEM.to_row() for _ in range(4)]
+    rows = [CODE_PROBLEM.to_row() for _ in range(4)]
     rows[2] = {**rows[2], "prompt": '[{"role": "user", "content": "hi"}'}  # unterminated: bad JSON in row 2
     with pytest.raises(DataFormatError, match=r"bad.parquet: row 2, column 'prompt': not JSON .*line 1 column 35"):
         read_problems(problems_file(tmp_path / "bad.parquet", rows))
-    rows[2] = {**PROBLEM.to_row(), "extra": "[1, 2]"}
+    rows[2] = {**CODE_PROBLEM.to_row(), "extra": "[1, 2]"}
     with pytest.raises(DataFormatError, match=r"row 2, column 'extra': expected dict, got list"):
         read_problems(problems_file(tmp_path / "bad.parquet", rows))
-    rows[2] = {**PROBLEM.to_row(), "prompt": '[{"content": "no role"}]'}
+    rows[2] = {**CODE_PROBLEM.to_row(), "prompt": '[{"content": "no role"}]'}
     with pytest.raises(DataFormatError, match=r"row 2, column 'prompt': message 0 is not an object with a 'role'"):
         read_problems(problems_file(tmp_path / "bad.parquet", rows))
     sft_rows = [SFT.to_row(), {**SFT.to_row(), "tools": "{}"}]
@@ -158,7 +144,7 @@ def test_an_unwritable_output_is_found_before_any_work(tmp_path):
     assert_refused(completed, "--metrics", "blocker/metrics.jsonl", "cannot be written")
     assert not (tmp_path / "out/sft").exists() and not (tmp_path / "ck").exists()
     problems = tmp_path / "eval.parquet"
-    write_records([PROBLEM], problems)
+    write_records([CODE_PROBLEM], problems)
     evaluate = agentrl("evaluate", "run", "--model", tmp_path / "model", "--problems", problems,
                        "--samples", tmp_path / "blocker/samples.jsonl", "--metrics", tmp_path / "m.json",
                        cwd=tmp_path)  # fmt: skip
@@ -169,7 +155,7 @@ def test_an_unwritable_output_is_found_before_any_work(tmp_path):
 # --------------------------------------------------------------------------- empty input
 def test_empty_inputs_are_errors(tmp_path):
     empty = problems_file(tmp_path / "empty.parquet", [])
-    pd.DataFrame({c: pd.Series(dtype=str) for c in PROBLEM.to_row()}).to_parquet(empty, index=False)
+    pd.DataFrame({c: pd.Series(dtype=str) for c in CODE_PROBLEM.to_row()}).to_parquet(empty, index=False)
     with pytest.raises(DataFormatError, match=r"empty.parquet: no rows"):
         read_problems(empty)
     out = tmp_path / "lcb.json"
@@ -283,7 +269,7 @@ def grpo_command(tmp_path: Path, model: Path, train: Path, out: Path | None = No
 
 def test_cli_wrong_type_in_a_column_names_the_file_row_and_column(tmp_path):
     """GRPO reads its problems before DeepSpeed starts; SFT its conversations."""
-    rows = [PROBLEM.to_row() for _ in range(3)]
+    rows = [CODE_PROBLEM.to_row() for _ in range(3)]
     rows[1] = {**rows[1], "extra": "[1, 2]"}  # valid JSON, wrong type: a list where a dict belongs
     train = problems_file(tmp_path / "rl_train.parquet", rows)
     model = fake_model(tmp_path / "model")

@@ -44,13 +44,6 @@ def policy():
     return AutoModelForCausalLM.from_pretrained(model_dir).eval(), AutoTokenizer.from_pretrained(model_dir)
 
 
-@pytest.fixture(scope="module")
-def interpreter():
-    cfg = load_config({"sandbox": {"workers": 2}})
-    with make_sandbox(cfg.sandbox) as sandbox:
-        yield CodeInterpreter(sandbox, cfg.tool)
-
-
 def _rollout_cfg(**rollout):
     return load_config({"rollout": {"max_turns": 4, **rollout}}).rollout
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 from helpers.rollout import ForceTurns, arith_problems, call_turn, final_turn, random_policy, trained_policy
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -30,12 +29,7 @@ CFG = load_config({"sandbox": {"workers": 1}, "rollout": {"max_turns": 4, "max_r
 GREEDY = SamplingParams(temperature=0)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.sft_runs import sft_env, sft_run_args, sft_workspace
 
 pytestmark = pytest.mark.slow
 
@@ -26,14 +27,10 @@ START_TIMEOUT_S = 240  # a hang on a build lock never ends; a healthy tiny run t
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory) -> Path:
-    from test_preemption import _sft_workspace
-
-    return _sft_workspace(tmp_path_factory)
+    return sft_workspace(tmp_path_factory.mktemp("sft-preempt"))
 
 
 def _env(extensions: Path) -> dict[str, str]:
-    from test_sft_distributed import _env as sft_env
-
     return {**sft_env(), "TORCH_EXTENSIONS_DIR": str(extensions)}
 
 
@@ -52,11 +49,9 @@ def _processes_mentioning(text: str) -> list[str]:
 
 
 def _finish(workspace: Path, name: str, extensions: Path) -> subprocess.CompletedProcess:
-    from test_sft_distributed import _args
-
     try:
         return subprocess.run(
-            _args(workspace, name, SFT, 1),
+            sft_run_args(workspace, name, SFT, 1),
             env=_env(extensions),
             capture_output=True,
             text=True,
@@ -75,13 +70,11 @@ def _steps(run: Path) -> list[int]:
 
 
 def test_kills_in_the_first_minute_on_a_fresh_extensions_cache_then_a_restart_finishes(workspace, tmp_path):
-    from test_sft_distributed import _args
-
     extensions = tmp_path / "torch_extensions"
     moments = sorted(random.Random(26).uniform(2.0, 60.0) for _ in range(3))
     for moment in moments:
         process = subprocess.Popen(
-            _args(workspace, "killed", SFT, 1),
+            sft_run_args(workspace, "killed", SFT, 1),
             env=_env(extensions),
             start_new_session=True,
             stdout=subprocess.DEVNULL,

@@ -10,8 +10,9 @@ import yaml
 from agentrl.config import Config, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
-PAPER = ROOT / "presets" / "paper-qwen3-4b.yaml"
-AS_RELEASED = ROOT / "presets" / "paper-as-released.yaml"
+PRESETS = ROOT / "presets"
+PAPER = PRESETS / "paper-qwen3-4b.yaml"
+AS_RELEASED = PRESETS / "paper-as-released.yaml"
 
 
 def merged(base: dict, overlay: dict) -> dict:
@@ -21,9 +22,10 @@ def merged(base: dict, overlay: dict) -> dict:
     return out
 
 
-def resolved(*presets: Path, overrides: dict[str, Any] | None = None) -> Config:
-    """config.yaml, then each preset, then ``overrides``, as Snakemake merges them."""
+def resolved(*presets: Path | str, overrides: dict[str, Any] | None = None) -> Config:
+    """config.yaml, then each preset (a path, or a file name under presets/), then ``overrides``, as
+    Snakemake merges them."""
     raw = yaml.safe_load((ROOT / "config.yaml").read_text())
     for preset in presets:
-        raw = merged(raw, yaml.safe_load(Path(preset).read_text()))
+        raw = merged(raw, yaml.safe_load((PRESETS / preset).read_text()))
     return load_config(merged(raw, overrides or {}), origin=" + ".join(Path(p).name for p in presets))

@@ -25,6 +25,7 @@ import torch
 
 from agentrl.data.prompts import CODE_INTERPRETER_TOOL, COMPACT_MATH
 from agentrl.data.records import Problem
+from agentrl.rollout import AgentLoop, SamplingParams
 
 SMALL_MODEL = {  # faster than the embedded default; the same architecture
     "vocab_size": 1024,
@@ -211,3 +212,19 @@ def trained_policy(steps: int = 100) -> Path:
     )
     model.save_pretrained(model_dir)
     return model_dir
+
+
+GREEDY = SamplingParams(temperature=0)
+
+
+def scripted_loop(policy, interpreter, scripts, **rollout) -> AgentLoop:
+    """An agent loop on the ``hf`` engine whose turns follow ``scripts`` (:class:`ForceTurns`)."""
+    from agentrl.config import load_config
+    from agentrl.rollout.hf_engine import HFEngine
+
+    model, tokenizer = policy
+    cfg = load_config({"rollout": {"max_turns": 4, "max_response_tokens": 400, **rollout}}).rollout
+    engine = HFEngine(
+        model, pad_token_id=tokenizer.pad_token_id, batch_size=8, logits_processor=ForceTurns(tokenizer, scripts)
+    )
+    return AgentLoop(engine, tokenizer, interpreter, cfg)
