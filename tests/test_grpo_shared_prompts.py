@@ -12,7 +12,8 @@ import copy
 
 import pytest
 import torch
-from helpers.grpo_updates import deepspeed_update, tiny_qwen3
+from helpers.grpo_updates import deepspeed_update
+from helpers.tiny_models import qwen3_for_updates
 
 from agentrl.config import ConfigError, check_cross_keys, load_config
 from agentrl.grpo import algorithm as alg
@@ -71,7 +72,7 @@ def test_shared_prompt_logprobs_entropies_and_gradients_equal_one_forward_per_sa
     samples = _grouped_samples(vocab=50)
     results = []
     for share in (False, True):
-        model = tiny_qwen3()
+        model = qwen3_for_updates()
         batch = collate(samples, pad_token_id=0, share_prompts=share)
         logp, entropy = ResponseLogProbs(model, logit_chunk_tokens=7, temperature=temperature)(
             batch, with_entropy=True, entropy_grad=True

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.grpo_updates import deepspeed_update, tiny_qwen3
+from helpers.grpo_updates import deepspeed_update
+from helpers.tiny_models import qwen3_for_updates
 
 from agentrl.config import ConfigError, load_config, load_schema
 from agentrl.data.records import Problem
@@ -94,7 +95,7 @@ def test_collate_lays_out_the_response_frame():
 
 @pytest.mark.parametrize("chunk", [1, 3, 1000])
 def test_actor_logprobs_equal_the_full_forward(chunk):
-    model = tiny_qwen3()
+    model = qwen3_for_updates()
     samples = [_sample([1, 2, 3], [4, 5, 6, 7], [1, 1, 0, 1]), _sample([9, 8], [7, 6], [1, 1])]
     batch = collate(samples, pad_token_id=0)
     actor = ResponseLogProbs(model, logit_chunk_tokens=chunk, temperature=0.7)
@@ -118,7 +119,7 @@ def test_actor_logprobs_equal_the_full_forward(chunk):
 def test_actor_gradients_through_checkpointed_chunks_equal_unchunked():
     grads = []
     for chunk in (2, 1000):
-        model = tiny_qwen3()
+        model = qwen3_for_updates()
         batch = collate([_sample([1, 2, 3], [4, 5, 6, 7], [1, 1, 0, 1])], pad_token_id=0)
         logp, _ = ResponseLogProbs(model, logit_chunk_tokens=chunk, temperature=1.0)(batch)
         alg.masked_sum(logp, batch.loss_mask).backward()

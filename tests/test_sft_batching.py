@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.tiny_models import SFT_PACKING
 
-from agentrl.config import ConfigError, EmbeddedModelConfig, load_config, load_config_file
+from agentrl.config import ConfigError, load_config, load_config_file
 from agentrl.data.records import SftExample
 from agentrl.model.build import build_tiny_qwen3, train_tokenizer
 from agentrl.sft.batching import (
@@ -82,17 +83,7 @@ def _tiny_lm_and_examples():
             )
         )
     tokenizer = train_tokenizer(["Add and It is Please Done"] * 5, 300)
-    cfg = EmbeddedModelConfig(
-        vocab_size=300,
-        hidden_size=32,
-        num_layers=2,
-        num_heads=2,
-        num_kv_heads=1,
-        head_dim=16,
-        intermediate_size=64,
-        max_position_embeddings=256,
-    )
-    lm = build_tiny_qwen3(tokenizer, cfg, seed=0)
+    lm = build_tiny_qwen3(tokenizer, SFT_PACKING, seed=0)
     examples = tokenize_examples(conversations, tokenizer, max_length=256, truncation="right")
     return lm, tokenizer, examples
 

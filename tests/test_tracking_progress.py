@@ -164,7 +164,8 @@ def _conversation(index: int) -> SftExample:
 
 @pytest.fixture(scope="module")
 def sft_inputs(tmp_path_factory):
-    from agentrl.config import EmbeddedModelConfig
+    from helpers.tiny_models import SFT_TRACKING
+
     from agentrl.model.build import save_embedded_model, train_tokenizer
 
     root = tmp_path_factory.mktemp("sft-tracking")
@@ -172,8 +173,7 @@ def sft_inputs(tmp_path_factory):
     write_records(examples, root / "sft.parquet")
     renderer = train_tokenizer(["0123456789"], 300)
     corpus = [renderer.apply_chat_template(e.messages, tools=e.tools, tokenize=False) for e in examples]
-    tiny = EmbeddedModelConfig(480, 32, 1, 2, 1, 16, 64, 512)
-    save_embedded_model(corpus, tiny, seed=0, out_dir=root / "base")
+    save_embedded_model(corpus, SFT_TRACKING, seed=0, out_dir=root / "base")
     return root
 
 

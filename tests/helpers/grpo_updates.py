@@ -13,24 +13,6 @@ from agentrl.grpo.policy import ResponseLogProbs
 from agentrl.grpo.variants import resolve_algorithm
 
 
-def tiny_qwen3(seed=0):
-    """A randomly initialised 2-layer Qwen3 of 50 tokens in float32, seeded."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(seed)
-    config = Qwen3Config(
-        vocab_size=50,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=8,
-        tie_word_embeddings=True,
-    )
-    return Qwen3ForCausalLM(config).float()
-
-
 def deepspeed_update(model_dir: Path, samples, budget: int, overrides: dict, monkeypatch=None):
     """One GRPO update of ``samples`` on DeepSpeed; returns (plan, stats, grad norms, params, cfg,
     the gradients of the first optimizer step as DeepSpeed is about to apply them)."""

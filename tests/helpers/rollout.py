@@ -26,17 +26,7 @@ import torch
 from agentrl.data.prompts import CODE_INTERPRETER_TOOL, COMPACT_MATH
 from agentrl.data.records import Problem
 from agentrl.rollout import AgentLoop, SamplingParams
-
-SMALL_MODEL = {  # faster than the embedded default; the same architecture
-    "vocab_size": 1024,
-    "hidden_size": 64,
-    "num_layers": 2,
-    "num_heads": 2,
-    "num_kv_heads": 1,
-    "head_dim": 32,
-    "intermediate_size": 128,
-    "max_position_embeddings": 2048,
-}
+from helpers.tiny_models import ROLLOUT_POLICY
 
 
 def _call(code: str) -> dict:
@@ -94,13 +84,12 @@ def _corpus() -> list[str]:
 @functools.cache
 def random_policy(seed: int = 0) -> Path:
     """A folder with a random tiny Qwen3 and its tokenizer (chat template included)."""
-    from agentrl.config import EmbeddedModelConfig
     from agentrl.model.build import save_embedded_model
 
     root = tempfile.mkdtemp(prefix="agentrl-random-policy-")
     atexit.register(shutil.rmtree, root, True)  # cached for the session, removed when it ends
     out = Path(root) / "model"
-    return save_embedded_model(_corpus(), EmbeddedModelConfig(**SMALL_MODEL), seed, out)
+    return save_embedded_model(_corpus(), ROLLOUT_POLICY, seed, out)
 
 
 class ForceTurns:

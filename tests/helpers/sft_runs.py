@@ -11,21 +11,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from agentrl.config import EmbeddedModelConfig
 from agentrl.data.prompts import CODE_INTERPRETER_TOOL
 from agentrl.data.records import SftExample, write_records
 from agentrl.model.build import save_embedded_model
-
-TINY_SFT_MODEL = EmbeddedModelConfig(
-    vocab_size=480,
-    hidden_size=48,
-    num_layers=2,
-    num_heads=2,
-    num_kv_heads=1,
-    head_dim=24,
-    intermediate_size=96,
-    max_position_embeddings=512,
-)
+from helpers.tiny_models import SFT_RUN
 
 BASE_SFT = {
     "epochs": 2,
@@ -66,7 +55,7 @@ def sft_workspace(root: Path) -> Path:
     write_records(examples, root / "sft.parquet")
     renderer = train_tokenizer(["0123456789"], 300)
     corpus = [renderer.apply_chat_template(e.messages, tools=e.tools, tokenize=False) for e in examples]
-    save_embedded_model(corpus, TINY_SFT_MODEL, seed=0, out_dir=root / "base")
+    save_embedded_model(corpus, SFT_RUN, seed=0, out_dir=root / "base")
     return root
 
 
