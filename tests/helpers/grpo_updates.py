@@ -1,4 +1,4 @@
-"""One GRPO update on real DeepSpeed and a tiny Qwen3 to run it on (the trainer's update tests)."""
+"""One GRPO update of given samples on real DeepSpeed: the update tests compare it with plain torch and shared prompts with unshared."""
 
 from __future__ import annotations
 

@@ -8,18 +8,11 @@ from typing import Any
 import yaml
 
 from agentrl.config import Config, load_config
+from helpers.workflows import ROOT, merged
 
-ROOT = Path(__file__).resolve().parents[2]
 PRESETS = ROOT / "presets"
 PAPER = PRESETS / "paper-qwen3-4b.yaml"
 AS_RELEASED = PRESETS / "paper-as-released.yaml"
-
-
-def merged(base: dict, overlay: dict) -> dict:
-    out = dict(base)
-    for key, value in overlay.items():
-        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
 
 
 def resolved(*presets: Path | str, overrides: dict[str, Any] | None = None) -> Config:
