@@ -1,4 +1,4 @@
-"""One GRPO update of given samples on real DeepSpeed: the update tests compare it with plain torch and shared prompts with unshared."""
+"""One GRPO update on real DeepSpeed, for the tests that check it against plain torch and shared prompts."""
 
 from __future__ import annotations
 
