@@ -90,7 +90,9 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     setup_logging()
     cfg = config_from_args(args)
-    check_writable((args.sft, "--sft"), (args.rl_pool, "--rl-pool"), (args.eval_dir / "x.parquet", "--eval-dir"))
+    check_writable(
+        (args.sft, "--sft", "file"), (args.rl_pool, "--rl-pool", "file"), (args.eval_dir / "x.parquet", "--eval-dir")
+    )
     counts = prepare(cfg, args.sft, args.rl_pool, args.eval_dir)
     log.info("wrote %s", json.dumps(counts))
     return 0

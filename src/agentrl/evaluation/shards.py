@@ -29,6 +29,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from agentrl.errors import DataFormatError, UserInputError
 from agentrl.model.folder import model_digest
 from agentrl.training.fingerprint import file_sha256
 
@@ -48,7 +49,7 @@ Rows = list[dict[str, Any]]
 def shard_range(total: int, shard: int, shards: int) -> tuple[int, int]:
     """``[start, stop)`` of shard ``shard`` (0-based) of ``shards`` over ``total`` problems."""
     if not 0 <= shard < shards:
-        raise ValueError(f"shard {shard} is not in 0..{shards - 1}")
+        raise UserInputError(f"--shard {shard} is not in 0..{shards - 1} (--shards {shards})")
     return total * shard // shards, total * (shard + 1) // shards
 
 
@@ -109,12 +110,12 @@ def index_shard_file(path: Path, expected: Mapping[str, Any] | None, *, finished
         for number, (offset, line, complete) in enumerate(lines, 2):
             if not complete:
                 if finished:
-                    raise ValueError(f"{path} line {number}: cut short in a finished shard file")
+                    raise DataFormatError(f"{path} line {number}: cut short in a finished shard file")
                 log.info("%s: dropping the half-written line %d (the job was killed while writing it)", path, number)
                 break
             problem_id = _parse(line, path, number)["problem_id"]
             if problem_id in offsets:
-                raise ValueError(f"{path} line {number}: problem {problem_id!r} is written twice")
+                raise DataFormatError(f"{path} line {number}: problem {problem_id!r} is written twice")
             offsets[problem_id] = offset
     return offsets
 
@@ -123,7 +124,7 @@ def _parse(line: bytes, path: Path, number: int) -> Any:
     try:
         return json.loads(line)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} line {number}: not valid JSON: {exc}") from None
+        raise DataFormatError(f"{path} line {number}: not valid JSON: {exc}") from None
 
 
 def read_rows(path: Path, offset: int) -> Rows:
@@ -137,7 +138,7 @@ def read_header(path: Path) -> dict[str, Any]:
     with open(path, "rb") as fh:
         header = _parse(fh.readline(), path, 1)
     if not isinstance(header, dict) or header.get("agentrl_shard") != FORMAT:
-        raise ValueError(f"{path}: not a shard file (no shard header on line 1)")
+        raise DataFormatError(f"{path}: not a shard file (no shard header on line 1)")
     return header
 
 
@@ -265,23 +266,25 @@ def gathered_rows(problems: Sequence[Problem], shard_paths: Sequence[Path], n: i
         if first is None:
             first = (path, header["fingerprint"])
         elif header["fingerprint"] != first[1]:
-            raise ValueError(
+            raise DataFormatError(
                 f"{path} and {first[0]} come from different runs: {_differences(header['fingerprint'], first[1])}"
             )
         for problem_id, offset in (index_shard_file(path, None, finished=True) or {}).items():
             if problem_id in where:
-                raise ValueError(f"problem {problem_id!r} is in both {where[problem_id][0]} and {path}")
+                raise DataFormatError(f"problem {problem_id!r} is in both {where[problem_id][0]} and {path}")
             where[problem_id] = (path, offset)
     missing = [p.id for p in problems if p.id not in where]
     if missing:
-        raise ValueError(
+        raise DataFormatError(
             f"{len(missing)} problems are in no shard file of {[str(p) for p in shard_paths]}: {missing[:5]}"
         )
     extra = set(where) - {p.id for p in problems}
     if extra:
-        raise ValueError(f"the shard files hold problems that are not in the problem file: {sorted(extra)[:5]}")
+        raise DataFormatError(f"the shard files hold problems that are not in the problem file: {sorted(extra)[:5]}")
     for problem in problems:
         rows = read_rows(*where[problem.id])
         if len(rows) != n:
-            raise ValueError(f"{where[problem.id][0]}: problem {problem.id!r} has {len(rows)} samples, expected {n}")
+            raise DataFormatError(
+                f"{where[problem.id][0]}: problem {problem.id!r} has {len(rows)} samples, expected {n}"
+            )
         yield from rows

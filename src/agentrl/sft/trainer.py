@@ -42,6 +42,7 @@ from agentrl.data.records import read_sft_examples
 from agentrl.progress import progress as make_progress
 from agentrl.sft.batching import (
     TokenizedExample,
+    check_trained_tokens,
     collate,
     pack_micro_batches,
     step_indices,
@@ -216,6 +217,7 @@ def _train_sft(cfg: SftConfig, seed: int, paths: SftPaths, stop, tracking: Track
     examples = tokenize_examples(
         read_sft_examples(paths.data), tokenizer, cfg.max_length, cfg.truncation, source=str(paths.data)
     )
+    check_trained_tokens(examples, str(paths.data))
     plan = plan_steps(cfg, len(examples), ctx.world_size)
     dtype = dse.resolve_dtype(cfg.deepspeed.dtype, ctx.device)
     lm = load_causal_lm(paths.model_dir, dtype=dtype, gradient_checkpointing=cfg.deepspeed.gradient_checkpointing)

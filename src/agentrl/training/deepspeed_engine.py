@@ -175,7 +175,7 @@ def find_deepspeed_config(zero_stage: int) -> Path:
     for path in candidates:
         if path.is_file():
             return path
-    raise FileNotFoundError(
+    raise ConfigError(
         f"no DeepSpeed config for ZeRO stage {zero_stage}: looked for " + ", ".join(str(p) for p in candidates)
     )
 
@@ -185,12 +185,16 @@ def load_deepspeed_config(path: str | Path, zero_stage: int) -> dict[str, Any]:
     try:
         template = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise FileNotFoundError(f"DeepSpeed config not found: {path}") from None
+        raise ConfigError(f"--deepspeed-config {path}: not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--deepspeed-config {path}: cannot be read ({exc})") from None
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON: {exc}") from None
+        raise ConfigError(f"{path}: line {exc.lineno}, column {exc.colno}: not valid JSON ({exc.msg})") from None
+    if not isinstance(template, dict):
+        raise ConfigError(f"{path}: a DeepSpeed config is a JSON object, got {type(template).__name__}")
     stage = template.get("zero_optimization", {}).get("stage", 0)
     if stage != zero_stage:
-        raise ValueError(
+        raise ConfigError(
             f"{path} sets zero_optimization.stage={stage} but the config asks for "
             f"zero_stage={zero_stage}; use configs/deepspeed/zero{zero_stage}.json"
         )
@@ -230,7 +234,7 @@ def fill_deepspeed_config(
                 fill(value, f"{path}.")
             elif value == "auto":
                 if path not in values:
-                    raise ValueError(
+                    raise ConfigError(
                         f"{origin}: '{path}' is \"auto\" but nothing fills it; set a value (fillable: {sorted(values)})"
                     )
                 node[key] = values[path]
