@@ -14,7 +14,7 @@ import os
 import sys
 
 from agentrl import __version__
-from agentrl.errors import UserInputError
+from agentrl.errors import StageInterrupted, UserInputError
 
 STAGES: dict[str, tuple[str, str]] = {
     "hub-download": ("agentrl.hub", "fetch the hub data sets and base model into the local hub cache"),
@@ -70,6 +70,9 @@ def _run(argv: list[str]) -> int:
     except UserInputError as exc:  # the user's to fix: the message names the file, row or key
         print(f"agentrl {stage}: error: {exc}", file=sys.stderr)
         return 2
+    except StageInterrupted as exc:  # stopped on purpose, nothing lost: a rerun goes on
+        print(f"agentrl {stage}: {exc}", file=sys.stderr)
+        return exc.exit_code
 
 
 if __name__ == "__main__":

@@ -21,15 +21,18 @@ a run with another shard count: changing the count does not roll anything out ag
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
+import signal
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from agentrl.errors import DataFormatError, UserInputError
+from agentrl.errors import DataFormatError, StageInterrupted, UserInputError
 from agentrl.model.folder import model_digest
 from agentrl.training.fingerprint import file_sha256
 
@@ -42,6 +45,8 @@ log = logging.getLogger("agentrl.shards")
 
 FORMAT = 1  # header key "agentrl_shard": the version of this layout
 PARTIAL_SUFFIX = ".partial"
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+ORPHAN_CHECK_S = 1.0  # how often a shard job looks at its parent processes
 
 Rows = list[dict[str, Any]]
 
@@ -218,12 +223,43 @@ def run_shard(
     ``out.partial`` and takes finished problems over from the other shard files beside ``out``.
     """
     from agentrl.data.records import read_problems
-    from agentrl.evaluation.sampling import grade_problems
+    from agentrl.training.folder_lock import hold_shard_file
 
     problems = read_problems(problems_path)
     start, stop = shard_range(len(problems), shard, shards)
-    mine = problems[start:stop]
     expected = fingerprint(setup.seed_tag, setup.n, sampling, model_dir, problems_path)
+    with hold_shard_file(out, setup.seed_tag), stop_on_signal_or_orphaning():
+        if _finished_already(out, expected, [p.id for p in problems[start:stop]]):
+            log.info("%s: already finished by an earlier job with this config; kept as it is", out)
+            return
+        _write_shard(cfg, model_dir, problems, setup, expected, (shard, shards, start, stop), out)
+
+
+def _finished_already(out: Path, expected: Mapping[str, Any], wanted: Sequence[str]) -> bool:
+    """Whether ``out`` is a finished shard file of this fingerprint holding exactly ``wanted``: an
+    orphan that got its last problem in before it stopped. Never written over."""
+    if not out.is_file():
+        return False
+    try:
+        index = index_shard_file(out, expected, finished=True)
+    except DataFormatError:
+        return False
+    return index is not None and set(index) == set(wanted)
+
+
+def _write_shard(
+    cfg: Config,
+    model_dir: Path,
+    problems: Sequence[Problem],
+    setup: SamplingSetup,
+    expected: Mapping[str, Any],
+    where: tuple[int, int, int, int],
+    out: Path,
+) -> None:
+    from agentrl.evaluation.sampling import grade_problems
+
+    shard, shards, start, stop = where
+    mine = problems[start:stop]
     header = {
         "agentrl_shard": FORMAT,
         "fingerprint": expected,
@@ -251,6 +287,45 @@ def run_shard(
     finally:
         writer.close()
     os.replace(partial, out)
+
+
+class ShardStopped(StageInterrupted):
+    """A shard job stopped by SIGTERM, SIGUSR1 or its parent's exit; its finished problems are kept."""
+
+    exit_code = 75  # EX_TEMPFAIL, as a stopped trainer: the retry takes the finished problems over
+
+
+@contextlib.contextmanager
+def stop_on_signal_or_orphaning() -> Iterator[None]:
+    """Raise :class:`ShardStopped` in the job on SIGTERM or SIGUSR1, and within seconds of a parent
+    process's exit (``kill -9`` of Snakemake: nobody would collect the shard, and the rerun's job
+    waits for this one's lock). Every finished problem is on disk already, so stopping mid-chunk
+    loses only the problems in flight. Outside the main thread nothing is installed."""
+    from agentrl.training.parent_watch import watch_ancestors
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)  # a second signal kills at once
+        raise ShardStopped(
+            f"stopped by {signal.Signals(signum).name}: the finished problems are kept in the partial shard "
+            "file and running the same command again rolls out only the rest (exit code 75)"
+        )
+
+    def on_parent_exit(gone: Any) -> None:
+        log.warning("parent process %d (%s) exited: stopping this shard job", gone.pid, gone.name)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
+    try:
+        with watch_ancestors(on_parent_exit, ORPHAN_CHECK_S):
+            yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def gathered_rows(problems: Sequence[Problem], shard_paths: Sequence[Path], n: int) -> Iterator[dict[str, Any]]:
