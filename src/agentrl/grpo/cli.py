@@ -65,7 +65,10 @@ def main(argv: list[str]) -> int:
         (args.checkpoint_dir, "--checkpoint-dir", "folder"),
     )
     check_model_folder(args.model, "--model")
+    from agentrl.training.checkpoint_files import choose_checkpoint
     from agentrl.training.deepspeed_engine import load_deepspeed_config
+
+    choose_checkpoint(args.checkpoint_dir, repair=False)  # no intact checkpoint among some: refused here
 
     load_deepspeed_config(deepspeed_config(args, cfg.grpo.deepspeed.zero_stage), cfg.grpo.deepspeed.zero_stage)
     for problems in (args.train, *args.eval):

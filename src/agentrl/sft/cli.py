@@ -47,7 +47,10 @@ def main(argv: list[str]) -> int:
         (args.checkpoint_dir, "--checkpoint-dir", "folder"),
     )
     check_model_folder(args.model, "--model")
+    from agentrl.training.checkpoint_files import choose_checkpoint
     from agentrl.training.deepspeed_engine import load_deepspeed_config
+
+    choose_checkpoint(args.checkpoint_dir, repair=False)  # no intact checkpoint among some: refused here
 
     load_deepspeed_config(deepspeed_config(args, cfg.sft.deepspeed.zero_stage), cfg.sft.deepspeed.zero_stage)
     read_sft_examples(args.data)

@@ -44,11 +44,11 @@ import torch
 
 from agentrl.config import ConfigError
 from agentrl.model.folder import stamp_model_digest
+from agentrl.training import checkpoint_files
+from agentrl.training.checkpoint_files import LATEST, PARTIAL_SUFFIX, TRAINER_STATE
 
 log = logging.getLogger("agentrl.training")
 
-LATEST = "latest"
-TRAINER_STATE = "trainer_state.json"
 SOURCE_CONFIG_DIR = Path(__file__).resolve().parents[3] / "configs" / "deepspeed"
 
 
@@ -347,16 +347,38 @@ def save_checkpoint(
     ctx: DistributedContext,
     keep: int | None,
 ) -> Path:
-    """Save a resumable checkpoint after optimizer step ``step`` and point ``latest`` at it."""
+    """Save a resumable checkpoint after optimizer step ``step`` and point ``latest`` at it.
+
+    Written to ``step_<n>.partial`` and renamed when every rank is done, with each file's size
+    recorded (:mod:`agentrl.training.checkpoint_files`): a half-written step never exists under
+    its final name, and a full disk fails with a message naming the folder.
+    """
     checkpoint_dir = Path(checkpoint_dir)
     tag_dir = checkpoint_dir / _tag(step)
-    tag_dir.mkdir(parents=True, exist_ok=True)
-    torch.save(capture_rng_state(), tag_dir / f"rng_rank{ctx.rank}.pt")
+    partial_tag = _tag(step) + PARTIAL_SUFFIX
+    partial = checkpoint_dir / partial_tag
     if ctx.is_main:
-        (tag_dir / TRAINER_STATE).write_text(json.dumps({**trainer_state, "step": step}, indent=1))
-    engine.save_checkpoint(str(checkpoint_dir), tag=_tag(step), save_latest=False)
-    torch.distributed.barrier()  # every rank's files are written before the pointer moves
+        checkpoint_files.remove_partial(checkpoint_dir)
+    torch.distributed.barrier()  # no rank writes into a folder rank 0 is still removing
+    try:
+        with checkpoint_files.naming_a_full_disk(partial):
+            partial.mkdir(parents=True, exist_ok=True)
+            torch.save(capture_rng_state(), partial / f"rng_rank{ctx.rank}.pt")
+            if ctx.is_main:
+                (partial / TRAINER_STATE).write_text(json.dumps({**trainer_state, "step": step}, indent=1))
+            engine.save_checkpoint(str(checkpoint_dir), tag=partial_tag, save_latest=False)
+            torch.distributed.barrier()  # every rank's files are written before the folder is renamed
+            if ctx.is_main:
+                checkpoint_files.write_manifest(partial)
+    except checkpoint_files.CheckpointWriteFailed:
+        if ctx.is_main:
+            shutil.rmtree(partial, ignore_errors=True)
+        raise
     if ctx.is_main:
+        if tag_dir.exists():  # an earlier save of this step, from before a resume at an older one
+            shutil.rmtree(tag_dir)
+        partial.rename(tag_dir)
+        checkpoint_files.fsync_folder(checkpoint_dir)
         tmp = checkpoint_dir / f"{LATEST}.tmp"
         tmp.write_text(_tag(step))
         tmp.replace(checkpoint_dir / LATEST)
@@ -368,36 +390,17 @@ def save_checkpoint(
 def _prune(checkpoint_dir: Path, keep: int | None) -> None:
     if keep is None:
         return
-    tags = sorted(
-        (p for p in checkpoint_dir.glob("step_*") if p.name.removeprefix("step_").isdigit()),
-        key=lambda p: int(p.name.removeprefix("step_")),
-    )
-    for stale in tags[:-keep]:
+    for stale in checkpoint_files.step_folders(checkpoint_dir)[keep:]:
         shutil.rmtree(stale, ignore_errors=True)
 
 
-def read_latest_trainer_state(checkpoint_dir: str | Path) -> dict[str, Any] | None:
-    """The trainer state of the newest complete checkpoint, or None when there is none."""
-    pointer = Path(checkpoint_dir) / LATEST
-    if not pointer.is_file():
-        return None
-    state_file = Path(checkpoint_dir) / pointer.read_text().strip() / TRAINER_STATE
-    if not state_file.is_file():
-        raise FileNotFoundError(f"{pointer} names a checkpoint without {TRAINER_STATE}: {state_file}")
-    return json.loads(state_file.read_text())
-
-
-def load_checkpoint(engine, checkpoint_dir: str | Path, ctx: DistributedContext) -> dict[str, Any]:
-    """Restore model, optimizer, scheduler and this rank's RNG from the ``latest`` checkpoint."""
-    state = read_latest_trainer_state(checkpoint_dir)
-    assert state is not None, f"no checkpoint to resume in {checkpoint_dir}"
-    tag = _tag(state["step"])
+def load_checkpoint(engine, checkpoint_dir: str | Path, ctx: DistributedContext, tag: str) -> None:
+    """Restore model, optimizer, scheduler and this rank's RNG from the checkpoint ``tag``."""
     load_path, _ = engine.load_checkpoint(str(checkpoint_dir), tag=tag)
     if load_path is None:
         raise RuntimeError(f"DeepSpeed could not load checkpoint {Path(checkpoint_dir) / tag}")
     rng_file = Path(checkpoint_dir) / tag / f"rng_rank{ctx.rank}.pt"
     restore_rng_state(torch.load(rng_file, weights_only=False))
-    return state
 
 
 class CheckpointOfAnotherRun(ConfigError):
@@ -468,16 +471,21 @@ def resume_if_same_run(
     is in the fingerprint) would otherwise throw away days of GRPO. Rank 0 decides and tells the
     others, so the ranks cannot disagree (a model folder copied to each node has other mtimes there).
     """
-    decision = [("fresh", "")]
+    decision: list[tuple[str, str, dict[str, Any] | None]] = [("fresh", "", None)]
     if ctx.is_main:
-        state = read_latest_trainer_state(checkpoint_dir)
-        if state is not None:
+        # a damaged newer checkpoint is named in a warning and moved aside; the newest intact one is chosen
+        chosen = checkpoint_files.choose_checkpoint(checkpoint_dir, logger)
+        if chosen is not None:
+            tag, state = chosen
             reason = _discard_reason(state, fingerprint)
-            decision = [("resume", "") if reason is None else ("refuse", f"step {state['step']}: {reason}")]
+            decision = [
+                ("resume", tag, state) if reason is None else ("refuse", f"step {state['step']}: {reason}", None)
+            ]
     torch.distributed.broadcast_object_list(decision, src=0)
-    action, reason = decision[0]
+    action, reason, state = decision[0]
     if action == "resume":
-        return load_checkpoint(engine, checkpoint_dir, ctx)
+        load_checkpoint(engine, checkpoint_dir, ctx, tag=reason)
+        return state
     if action == "refuse":
         checkpoint_dir = Path(checkpoint_dir)
         step = reason.split(":", 1)[0].removeprefix("step ")
