@@ -34,7 +34,7 @@ import os
 import random
 import shutil
 import socket
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -346,8 +346,10 @@ def save_checkpoint(
     trainer_state: dict[str, Any],
     ctx: DistributedContext,
     keep: int | None,
+    also: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Save a resumable checkpoint after optimizer step ``step`` and point ``latest`` at it.
+    """Save a resumable checkpoint after optimizer step ``step`` and point ``latest`` at it;
+    ``also(folder)`` writes more files into it on rank 0 (GRPO's Hugging Face export).
 
     Written to ``step_<n>.partial`` and renamed when every rank is done, with each file's size
     recorded (:mod:`agentrl.training.checkpoint_files`): a half-written step never exists under
@@ -365,6 +367,8 @@ def save_checkpoint(
             partial.mkdir(parents=True, exist_ok=True)
             torch.save(capture_rng_state(), partial / f"rng_rank{ctx.rank}.pt")
             if ctx.is_main:
+                if also is not None:
+                    also(partial)
                 (partial / TRAINER_STATE).write_text(json.dumps({**trainer_state, "step": step}, indent=1))
             engine.save_checkpoint(str(checkpoint_dir), tag=partial_tag, save_latest=False)
             torch.distributed.barrier()  # every rank's files are written before the folder is renamed
