@@ -12,10 +12,15 @@ import socket
 from pathlib import Path
 
 import pytest
+import test_sft_distributed
 from test_bad_inputs import PROBLEM, SFT, agentrl, assert_refused, fake_model, problems_file, sft_command
 from workflow_runs import ROOT, run_snakemake
 
 from agentrl.config import load_config, load_config_file
+from agentrl.data.records import Problem, SftExample, write_records
+from agentrl.errors import DataFormatError
+
+workspace = test_sft_distributed.workspace  # the fixture: a real tiny base model (slow tests only)
 
 # --------------------------------------------------------------------------- config files and values
 # name -> (file content as bytes, fragments the message must hold)
@@ -230,3 +235,47 @@ def test_a_model_folder_check_reads_json_as_json(tmp_path):
     problems = problems_file(tmp_path / "p.parquet", [PROBLEM.to_row()])
     completed = agentrl("rollout", "--model", folder, "--problems", problems, "--out", "o.jsonl", cwd=tmp_path)
     assert_refused(completed, "config.json", "expected a JSON object")
+
+
+# --------------------------------------------------------------------------- data rows
+# name -> (the row's changed columns, the column named)
+BAD_ROWS = {
+    "empty prompt": ({"prompt": "[]"}, "prompt"),
+    "blank user turn": ({"prompt": json.dumps([{"role": "system", "content": "sys"}, {"role": "user", "content": " "}])}, "prompt"),
+    "empty math ground truth": ({"ground_truth": json.dumps("")}, "ground_truth"),
+    "more inputs than outputs": ({"ground_truth": json.dumps({"inputs": ["1", "2"], "outputs": ["1"]})}, "ground_truth"),
+    "no test cases": ({"ground_truth": json.dumps({"inputs": [], "outputs": []})}, "ground_truth"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(BAD_ROWS))
+def test_a_row_that_cannot_be_rolled_out_or_graded_is_refused_when_read(tmp_path, case):
+    changes, column = BAD_ROWS[case]
+    rows = [PROBLEM.to_row(), PROBLEM.to_row(), {**PROBLEM.to_row(), **changes}]
+    problems = problems_file(tmp_path / "eval.parquet", rows)
+    completed = agentrl("evaluate", "export-livecodebench", "--problems", problems, "--samples", tmp_path / "s.jsonl",
+                        "--out", tmp_path / "lcb.json", cwd=tmp_path)  # fmt: skip
+    assert_refused(completed, "eval.parquet: row 2", f"column '{column}'")
+    assert not (tmp_path / "lcb.json").exists()
+
+
+def test_prepare_refuses_a_bad_row_before_writing_anything(tmp_path):
+    from agentrl.data.records import check_problems
+
+    bad = Problem("p9", "embedded-arith", [{"role": "user", "content": "hi"}], "math", "   ")
+    with pytest.raises(DataFormatError, match=r"rl_pool: row 1 \(id 'p9'\), column 'ground_truth': empty"):
+        check_problems([PROBLEM, bad], "rl_pool")
+
+
+@pytest.mark.slow
+def test_sft_refuses_a_set_without_a_trained_token_before_the_model_loads(workspace, tmp_path):
+    user_only = [SftExample(f"s{i}", [{"role": "user", "content": f"question {i}"}], []) for i in range(8)]
+    write_records(user_only, tmp_path / "sft.parquet")
+    args = ["sft", "--config-json", json.dumps({"sft": {"global_batch_size": 4, "micro_batch_size": 2}})]
+    args += ["--model", workspace / "base", "--data", tmp_path / "sft.parquet", "--out", tmp_path / "out/sft"]
+    args += ["--metrics", tmp_path / "out/metrics.jsonl", "--checkpoint-dir", tmp_path / "ck", "--nproc", "0"]
+    completed = agentrl(*args, cwd=tmp_path)
+    assert completed.returncode == 2 and "Traceback" not in completed.stderr, completed.stderr[-3000:]
+    assert "sft.parquet: none of the 8 conversations has a trained token" in completed.stderr
+    assert not (tmp_path / "out/sft").exists() and not (tmp_path / "out/metrics.jsonl").exists()
+    assert not list((tmp_path / "ck").glob("step_*"))
