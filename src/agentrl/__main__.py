@@ -4,7 +4,8 @@ Stage modules are imported lazily so that ``agentrl sandbox`` does not pay for i
 torch, and so that a stage whose optional dependency is missing does not break the others.
 Each stage module exposes ``main(argv: list[str]) -> int``. A :class:`agentrl.errors.UserInputError`
 (a bad config key, data row, model folder or output path) is printed as one message, exit status
-2, without a traceback.
+2, without a traceback; a :class:`agentrl.errors.StageInterrupted` (a shard job stopped by a
+signal or its parent's exit, or waiting on another writer) as one line with its own exit status.
 """
 
 from __future__ import annotations
