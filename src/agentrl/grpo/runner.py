@@ -26,6 +26,7 @@ import torch
 
 from agentrl.config import Config
 from agentrl.data.records import read_problems
+from agentrl.errors import ModelFolderError
 from agentrl.grpo.checkpoint import resume, save_checkpoint
 from agentrl.grpo.distributed import barrier
 from agentrl.grpo.metrics import console_line
@@ -164,7 +165,7 @@ def build_components(cfg: Config, paths: GrpoPaths, ctx: dse.DistributedContext,
     settings = resolve_algorithm(cfg.grpo)
     tokenizer = AutoTokenizer.from_pretrained(str(paths.model))
     if not tokenizer.chat_template:
-        raise ValueError(f"{paths.model}: the tokenizer has no chat template; the agent loop needs one")
+        raise ModelFolderError(f"{paths.model}: the tokenizer has no chat template; the agent loop needs one")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     dtype = resolve_dtype(cfg.grpo.deepspeed.dtype, ctx.device)
     model = load_causal_lm(

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
+from agentrl.errors import ModelFolderError
 from agentrl.precision import resolve_dtype
 
 if TYPE_CHECKING:
@@ -197,11 +198,11 @@ def load_policy(model_dir: str, *, dtype: str = "auto", device: str | None = Non
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not (Path(model_dir) / "config.json").exists():
-        raise FileNotFoundError(f"{model_dir}: not a Hugging Face model folder (no config.json)")
+        raise ModelFolderError(f"{model_dir}: not a Hugging Face model folder (no config.json)")
     device = device or default_device()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if not tokenizer.chat_template:
-        raise ValueError(f"{model_dir}: the tokenizer has no chat template; the agent loop needs one")
+        raise ModelFolderError(f"{model_dir}: the tokenizer has no chat template; the agent loop needs one")
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=resolve_dtype(dtype, device))
     model.to(device).eval()
     return model, tokenizer
