@@ -141,14 +141,21 @@ def join_process_group():
 
     if importable("deepspeed") is None:
         return dse.init_distributed(30)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    for key, value in env.items():
+    chosen_port = "MASTER_PORT" not in os.environ
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}.items():
         os.environ.setdefault(key, value)
     cuda = torch.cuda.is_available()
-    torch.distributed.init_process_group("nccl" if cuda else "gloo")
+    for attempt in range(5):
+        if chosen_port:  # a free port now may be taken before the store binds it: then another one
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                os.environ["MASTER_PORT"] = str(sock.getsockname()[1])
+        try:
+            torch.distributed.init_process_group("nccl" if cuda else "gloo")
+            break
+        except torch.distributed.DistNetworkError:
+            if not chosen_port or attempt == 4:
+                raise
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)

@@ -353,6 +353,21 @@ def eval_model_config(w):
     return checkpoint_config(w.model) if w.model in EVAL_CHECKPOINTS else result(f"models/{w.model}/config.json")
 
 
+# --------------------------------------------------------------------------- evaluation halves
+# EVAL_HALF_DIRS, EVAL_MODELS and EVAL_HALVES are rules/eval.smk's.
+def eval_reasoning(wildcards, input):
+    """The --reasoning of a job, from its {half} folder (a param of ``input``: Snakemake compares
+    the path, not the param)."""
+    return {folder: mode for mode, folder in EVAL_HALF_DIRS.items()}[wildcards.half]
+
+
+def eval_results(path, benchmarks_=None):
+    """``path`` (with {model}, {half} and {benchmark}) for every evaluated model, half and benchmark."""
+    return expand(
+        result(path), model=EVAL_MODELS, half=EVAL_HALVES, benchmark=benchmarks() if benchmarks_ is None else benchmarks_
+    )
+
+
 # --------------------------------------------------------------------------- the cost table
 COST_RULES = ("sft", "grpo", "score_rl_pool", "evaluate")
 

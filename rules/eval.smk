@@ -15,19 +15,6 @@ EVAL_HALF_DIRS = {"agentic": "", "self_contained": "self_contained/"}
 EVAL_HALVES = [EVAL_HALF_DIRS[mode] for mode in config["eval"]["reasoning"]]
 
 
-def eval_reasoning(wildcards, input):
-    """The --reasoning of a job, from its {half} folder (a param of ``input``: Snakemake compares
-    the path, not the param)."""
-    return {folder: mode for mode, folder in EVAL_HALF_DIRS.items()}[wildcards.half]
-
-
-def eval_results(path, benchmarks_=None):
-    """``path`` (with {model}, {half} and {benchmark}) for every evaluated model, half and benchmark."""
-    return expand(
-        result(path), model=EVAL_MODELS, half=EVAL_HALVES, benchmark=benchmarks() if benchmarks_ is None else benchmarks_
-    )
-
-
 # Only the sampling keys of eval: adding a model or a checkpoint re-runs no finished job.
 EVAL_CONFIG = config_params(
     build=lambda wildcards: {

@@ -300,4 +300,5 @@ def test_cfg_helper_matches_schema_defaults():
         "target_pass_rates": None,
         "target_size": None,
         "shards": 1,
+        "selection": "band",
     }

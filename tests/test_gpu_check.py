@@ -167,7 +167,10 @@ def test_a_stage_past_the_time_limit_is_killed(tmp_path):
 
 
 def _script_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_CHECK_")}
+    # A launcher's rendezvous keys that an in-process trainer of an earlier test left would point
+    # the script at that test's port: the script runs as a user starts it, without them.
+    launcher = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_CHECK_") and k not in launcher}
     return {**env, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", **extra}
 
 

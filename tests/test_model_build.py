@@ -163,5 +163,5 @@ def test_a_new_tokenizer_changes_config_json_and_other_files_do_not(tmp_path, mo
 
 def test_model_digest_refuses_a_folder_without_weights(tmp_path):
     (tmp_path / "config.json").write_text("{}")
-    with pytest.raises(FileNotFoundError, match="no weight files"):
+    with pytest.raises(ModelFolderError, match="no weight files"):
         stamp_model_digest(tmp_path)

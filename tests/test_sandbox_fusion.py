@@ -54,6 +54,7 @@ def client(server, monkeypatch):
         }
     ).sandbox
     with make_sandbox(cfg) as fusion:
+        server.requests.clear()  # the start probe's
         yield fusion
 
 

@@ -132,8 +132,11 @@ def test_a_service_that_does_not_listen_is_an_infra_failure(monkeypatch):
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    with make_sandbox(sandbox_cfg(backend="sandbox_fusion", sandbox_fusion_url=f"http://127.0.0.1:{port}")) as sb:
+    cfg = sandbox_cfg(backend="sandbox_fusion", sandbox_fusion_url=f"http://127.0.0.1:{port}")
+    with sandbox_fusion.SandboxFusionSandbox(cfg) as sb:  # gone after the stage's start probe passed
         assert sb.run("print(1)").outcome == "infra_failure"
+    with pytest.raises(sandbox_fusion.SandboxFusionUnreachable, match=f"sandbox.sandbox_fusion_url.*127.0.0.1:{port}"):
+        make_sandbox(cfg)  # at the start: refused, naming the key and the URL
 
 
 def test_a_queue_wait_over_the_limit_is_an_infra_failure_and_waits_are_measured():

@@ -4,7 +4,8 @@ Stage modules are imported lazily so that ``agentrl sandbox`` does not pay for i
 torch, and so that a stage whose optional dependency is missing does not break the others.
 Each stage module exposes ``main(argv: list[str]) -> int``. A :class:`agentrl.errors.UserInputError`
 (a bad config key, data row, model folder or output path) is printed as one message, exit status
-2, without a traceback.
+2, without a traceback; a :class:`agentrl.errors.StageInterrupted` (a shard job stopped by a
+signal or its parent's exit, or waiting on another writer) as one line with its own exit status.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import os
 import sys
 
 from agentrl import __version__
-from agentrl.errors import UserInputError
+from agentrl.errors import StageInterrupted, UserInputError
 
 STAGES: dict[str, tuple[str, str]] = {
     "hub-download": ("agentrl.hub", "fetch the hub data sets and base model into the local hub cache"),
@@ -70,6 +71,9 @@ def _run(argv: list[str]) -> int:
     except UserInputError as exc:  # the user's to fix: the message names the file, row or key
         print(f"agentrl {stage}: error: {exc}", file=sys.stderr)
         return 2
+    except StageInterrupted as exc:  # stopped on purpose, nothing lost: a rerun goes on
+        print(f"agentrl {stage}: {exc}", file=sys.stderr)
+        return exc.exit_code
 
 
 if __name__ == "__main__":

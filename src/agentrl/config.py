@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import types
 import typing
@@ -92,6 +93,14 @@ class EmbeddedModelConfig:
     head_dim: int
     intermediate_size: int
     max_position_embeddings: int
+
+    def __post_init__(self) -> None:
+        # grouped-query attention shares each key/value head among num_heads / num_kv_heads query heads
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(
+                f"model.embedded.num_kv_heads ({self.num_kv_heads}) must divide model.embedded.num_heads "
+                f"({self.num_heads}): each key/value head serves a whole group of query heads"
+            )
 
 
 @dataclass(frozen=True)
@@ -462,10 +471,24 @@ def validate_and_fill(
     coerce_to_schema(raw, schema, schema)
     validator = _DefaultFillingValidator(schema)
     errors = sorted(validator.iter_errors(raw), key=lambda e: list(e.absolute_path))
-    if errors:
-        lines = "\n".join(f"  - {_source_prefix(e, source_of)}{_describe(e)}" for e in errors)
-        raise ConfigError(f"{origin}: invalid configuration\n{lines}")
+    lines = [f"  - {_source_prefix(e, source_of)}{_describe(e)}" for e in errors]
+    for path, value in _non_finite_numbers(raw, ()):
+        where = f"{source_of(path)}: " if source_of else ""
+        lines.append(f"  - {where}'{'.'.join(path)}' = {value!r}: not a finite number")
+    if lines:
+        raise ConfigError(f"{origin}: invalid configuration\n" + "\n".join(lines))
     return raw
+
+
+def _non_finite_numbers(value: Any, path: tuple[str, ...]) -> list[tuple[tuple[str, ...], float]]:
+    """(key path, value) of every NaN or infinity: JSON Schema's ranges pass NaN (it compares false)."""
+    if isinstance(value, float):
+        return [] if math.isfinite(value) else [(path, value)]
+    if isinstance(value, dict):
+        return [found for key, sub in value.items() for found in _non_finite_numbers(sub, (*path, str(key)))]
+    if isinstance(value, list):
+        return [found for i, sub in enumerate(value) for found in _non_finite_numbers(sub, (*path, str(i)))]
+    return []
 
 
 def _source_prefix(error: jsonschema.ValidationError, source_of: Callable[[tuple[str, ...]], str] | None) -> str:
@@ -630,16 +653,54 @@ def check_cross_keys(cfg: Config, origin: str = "config") -> None:
         raise ConfigError(f"{origin}: inconsistent settings\n" + "\n".join(f"  - {p}" for p in problems))
 
 
-def load_config_file(path: str | Path) -> Config:
+class _StrictYamlLoader(yaml.SafeLoader):
+    """YAML's safe loader refusing a key given twice in one mapping (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} given twice (first on line {seen[key]})", key_node.start_mark
+                )
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
+
+
+def read_config_yaml(path: str | Path) -> Any:
+    """The YAML value of a config file; an unreadable file (missing, a folder, not UTF-8), a syntax
+    error or a key given twice raises ConfigError naming the file and, for the YAML, the line."""
     path = Path(path)
     try:
-        with open(path, encoding="utf-8") as fh:
-            raw = yaml.safe_load(fh) or {}
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a folder, not a config file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        line = _line_of_byte(path, exc.start)
+        raise ConfigError(f"{path}: line {line}: not UTF-8 text (byte {exc.object[exc.start]:#04x})") from None
+    try:
+        return yaml.load(text, Loader=_StrictYamlLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{path}: not valid YAML{where}: {exc.problem or exc.context}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    return load_config(raw, origin=str(path))
+
+
+def _line_of_byte(path: Path, offset: int) -> int:
+    """The 1-based line holding byte ``offset`` of ``path``."""
+    with open(path, "rb") as fh:
+        return fh.read(offset).count(b"\n") + 1
+
+
+def load_config_file(path: str | Path) -> Config:
+    return load_config(read_config_yaml(path) or {}, origin=str(path))
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -670,11 +731,7 @@ def config_sources(configfiles: list[str | Path], overrides: dict[str, Any]) -> 
     sources = []
     for path in map(Path, configfiles):
         name = os.path.relpath(path) if path.is_absolute() and path.is_relative_to(Path.cwd()) else str(path)
-        try:
-            with open(path, encoding="utf-8") as fh:
-                sources.append((name, yaml.safe_load(fh) or {}))
-        except (OSError, yaml.YAMLError):
-            sources.append((name, {}))
+        sources.append((name, read_config_yaml(path) or {}))  # Snakemake's own read drops a key given twice
     if overrides:
         sources.append(("--config", dict(overrides)))
     return sources
@@ -708,4 +765,17 @@ def check_workflow_config(config: dict[str, Any], sources: list[tuple[str, dict[
     validate_and_fill(config, origin, _source_of(sources))
     cfg = load_config(config, origin)
     check_cross_keys(cfg, origin)
+    check_model_sources(cfg)
     return cfg
+
+
+def check_model_sources(cfg: Config) -> None:
+    """``sft.from`` and each ``eval.checkpoints`` entry that names an existing folder must be a
+    model folder (config.json, weights, tokenizer): else the link or the evaluation fails hours
+    later. A hub id or a folder still to be made is left to its rule. Raises ModelFolderError."""
+    from agentrl.model.folder import check_model_folder  # lazy: the folder module is not needed to load a config
+
+    sources = [("sft.from", cfg.sft.from_)] + [(f"eval.checkpoints.{k}", v) for k, v in cfg.eval.checkpoints.items()]
+    for key, source in sources:
+        if source is not None and Path(source.id).expanduser().is_dir():
+            check_model_folder(Path(source.id).expanduser(), key)

@@ -120,6 +120,9 @@ def coerce_to_schema(value: Any, node: dict[str, Any], root: dict[str, Any]) -> 
     elif isinstance(value, str):
         types_ = _declared_types(node, root)
         return _coerce_scalar(value, types_) if types_ else value
+    elif isinstance(value, float) and value.is_integer() and "integer" in _declared_types(node, root):
+        # YAML's 2.0 at an integer key: JSON Schema counts it an integer, but range(2.0) fails in a stage
+        return int(value)
     return value
 
 

@@ -29,6 +29,14 @@ class OutputPathError(UserInputError):
     """An output path cannot be written (checked before any work)."""
 
 
+class StageInterrupted(Exception):
+    """A stage that stopped before its end on purpose and can simply be run again: ``python -m
+    agentrl`` prints the message as one line and exits with ``exit_code`` (1: another process
+    holds its output; 75, EX_TEMPFAIL: stopped by a signal or its parent's exit, work kept)."""
+
+    exit_code = 1
+
+
 def read_json_file(path: str | Path) -> Any:
     """The JSON value in ``path``; a missing or malformed file raises DataFormatError naming the
     file and, for bad JSON, the line and column."""

@@ -14,17 +14,23 @@ from pathlib import Path
 from agentrl.errors import OutputPathError
 
 
-def check_writable(*outputs: tuple[str | Path | None, str]) -> None:
+def check_writable(*outputs: tuple[str | Path | None, str] | tuple[str | Path | None, str, str]) -> None:
     """Raise OutputPathError unless each ``(path, what)`` can be written: its folder can be made and
     a file created in it (``path`` itself when it is an existing folder, e.g. a checkpoint folder).
 
-    ``what`` names the argument (``--out``). ``None`` paths (an optional output not asked for) are
-    skipped. Only the missing parent folders are left behind.
+    ``what`` names the argument (``--out``). A third element, ``"file"`` or ``"folder"``, is what
+    the stage writes there: an existing path of the other kind is refused (a stage that found its
+    ``--out`` folder to be a file only at save would have trained for nothing). ``None`` paths
+    (an optional output not asked for) are skipped. Only the missing parent folders are left behind.
     """
-    for path, what in outputs:
+    for path, what, *kind in outputs:
         if path is None:
             continue
         path = Path(path)
+        if kind == ["folder"] and (path.exists() or path.is_symlink()) and not path.is_dir():
+            raise OutputPathError(f"{what} {path}: exists and is not a folder (this output is a folder)")
+        if kind == ["file"] and path.is_dir():
+            raise OutputPathError(f"{what} {path}: is an existing folder (this output is a file)")
         directory = path if path.is_dir() else path.parent
         try:
             directory.mkdir(parents=True, exist_ok=True)

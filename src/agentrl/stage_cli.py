@@ -61,6 +61,8 @@ def read_text(path: str | Path, what: str) -> str:
         return Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read {what} {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{what} {path}: not UTF-8 text (byte {exc.start})") from None
 
 
 def config_or_exit(
@@ -77,12 +79,28 @@ def config_or_exit(
     return cfg
 
 
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type``: an integer ``>= minimum``, else argparse's usage error naming the option."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is below {minimum}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
 def add_shard_arguments(parser: argparse.ArgumentParser, shards_key: str) -> None:
     """The arguments of a resumable shard job (scoring or evaluation): which range, where it goes."""
-    parser.add_argument("--shard", type=int, required=True, help="this shard, 0-based")
-    parser.add_argument("--shards", type=int, required=True, help=f"shards in all ({shards_key})")
+    parser.add_argument("--shard", type=at_least(0), required=True, help="this shard, 0-based")
+    parser.add_argument("--shards", type=at_least(1), required=True, help=f"shards in all ({shards_key})")
     parser.add_argument("--out", type=Path, required=True, help="output: the shard file (jsonl)")
     parser.add_argument(
-        "--problems-per-chunk", type=int, default=256, help="problems rolled out together (bounds memory)"
+        "--problems-per-chunk", type=at_least(1), default=256, help="problems rolled out together (bounds memory)"
     )
-    parser.add_argument("--threads", type=int, help="CPU threads for torch (the rule's threads)")
+    parser.add_argument("--threads", type=at_least(1), help="CPU threads for torch (the rule's threads)")

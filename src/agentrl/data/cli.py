@@ -8,7 +8,7 @@ from pathlib import Path
 
 from agentrl.config import Config, RewardConfig, add_config_arguments, config_from_args
 from agentrl.data import upstream
-from agentrl.data.records import write_records
+from agentrl.data.records import check_problems, write_records
 from agentrl.paths import check_writable
 from agentrl.stage_cli import setup_logging, stage_parser
 
@@ -72,7 +72,10 @@ def prepare(cfg: Config, sft_out: Path, rl_out: Path, eval_dir: Path) -> dict[st
             name: upstream.normalize_eval(name, upstream.read_rows(source), upstream.source_name(source))
             for name, source in up.eval.items()
         }
-    routes = route_sources({"rl_pool": rl_pool, **{f"eval/{k}": v for k, v in eval_sets.items()}}, cfg.reward)
+    problem_sets = {"rl_pool": rl_pool, **{f"eval/{k}": v for k, v in eval_sets.items()}}
+    for name, problems in problem_sets.items():
+        check_problems(problems, name)
+    routes = route_sources(problem_sets, cfg.reward)
     log.info("reward routing (data_source -> verifier family, rows): %s", json.dumps(routes, sort_keys=True))
     write_records(sft, sft_out)
     write_records(rl_pool, rl_out)
@@ -90,7 +93,9 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     setup_logging()
     cfg = config_from_args(args)
-    check_writable((args.sft, "--sft"), (args.rl_pool, "--rl-pool"), (args.eval_dir / "x.parquet", "--eval-dir"))
+    check_writable(
+        (args.sft, "--sft", "file"), (args.rl_pool, "--rl-pool", "file"), (args.eval_dir / "x.parquet", "--eval-dir")
+    )
     counts = prepare(cfg, args.sft, args.rl_pool, args.eval_dir)
     log.info("wrote %s", json.dumps(counts))
     return 0

@@ -29,6 +29,7 @@ from typing import Any
 from agentrl.config import add_config_arguments, config_from_args
 from agentrl.data.prompts import CODE_INTERPRETER_TOOL
 from agentrl.data.records import Message, Problem, read_problems, write_records
+from agentrl.errors import DataFormatError
 from agentrl.stage_cli import setup_logging, stage_parser
 
 log = logging.getLogger("agentrl.fit_prompts")
@@ -74,7 +75,7 @@ def fit_problems(
 def _fit_file(source: Path, out: Path, tokenizer, limit: int, with_tools: bool) -> dict[str, Any]:
     kept, counts = fit_problems(read_problems(source), tokenizer, limit, with_tools)
     if not kept:
-        raise ValueError(
+        raise DataFormatError(
             f"{source}: every prompt is over {limit} tokens (the longest has {counts['longest_prompt']}); "
             "raise the limit (rollout.max_prompt_tokens or eval.max_prompt_tokens)"
         )

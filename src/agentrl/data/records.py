@@ -193,7 +193,7 @@ class _Cells:
 
 
 def _problem(cells: _Cells) -> Problem:
-    return Problem(
+    problem = Problem(
         id=cells.text("id"),
         data_source=cells.text("data_source"),
         prompt=cells.messages("prompt"),
@@ -201,6 +201,39 @@ def _problem(cells: _Cells) -> Problem:
         ground_truth=cells.json("ground_truth", (str, dict, int, float)),
         extra=cells.json("extra", dict),
     )
+    fault = problem_fault(problem)
+    if fault is not None:
+        raise cells.error(fault[0], fault[1])
+    return problem
+
+
+def problem_fault(problem: Problem) -> tuple[str, str] | None:
+    """(column, what is wrong) when a problem cannot be rolled out or graded, else None: a prompt
+    without a non-empty user turn, an empty ground truth, code tests whose inputs and outputs
+    differ in number. Checked when the data is prepared and again when a stage reads it."""
+    users = [m.get("content") for m in problem.prompt if m.get("role") == "user"]
+    if not any(isinstance(content, str) and content.strip() for content in users):
+        return "prompt", "no user message with text (an empty prompt)"
+    truth = problem.ground_truth
+    if isinstance(truth, str) and not truth.strip():
+        return "ground_truth", "empty (nothing to grade against)"
+    if isinstance(truth, dict) and isinstance(truth.get("inputs"), list) and isinstance(truth.get("outputs"), list):
+        if len(truth["inputs"]) != len(truth["outputs"]):
+            return "ground_truth", (
+                f"{len(truth['inputs'])} test inputs but {len(truth['outputs'])} outputs (each input needs its output)"
+            )
+        if not truth["inputs"]:
+            return "ground_truth", "no test cases (empty inputs and outputs)"
+    return None
+
+
+def check_problems(problems: list[Problem], what: str) -> None:
+    """Raise DataFormatError naming the row and column of the first problem with a
+    :func:`problem_fault` (the prepare stage, before anything is written)."""
+    for index, problem in enumerate(problems):
+        fault = problem_fault(problem)
+        if fault is not None:
+            raise DataFormatError(f"{what}: row {index} (id {problem.id!r}), column '{fault[0]}': {fault[1]}")
 
 
 def _sft_example(cells: _Cells) -> SftExample:

@@ -38,7 +38,7 @@ from agentrl.evaluation.sampling import SamplingSetup
 from agentrl.evaluation.shards import gathered_rows, run_shard
 from agentrl.model.folder import check_model_folder
 from agentrl.paths import check_writable
-from agentrl.stage_cli import add_command, add_shard_arguments, setup_logging, stage_parser
+from agentrl.stage_cli import add_command, add_shard_arguments, at_least, setup_logging, stage_parser
 from agentrl.tools.health import log_tool_health
 from agentrl.tracking import Tracker, check_tracking
 
@@ -234,7 +234,9 @@ def main(argv: list[str]) -> int:
     p_run.add_argument("--metrics", type=Path, required=True, help="output: metrics.json")
     p_run.add_argument("--threads", type=int, help="CPU threads for torch (the rule's threads)")
     p_run.add_argument(
-        "--max-problems", type=int, help="evaluate only the first N problems (a smaller budget, e.g. the ablations')"
+        "--max-problems",
+        type=at_least(1),
+        help="evaluate only the first N problems (a smaller budget, e.g. the ablations')",
     )
     p_shard = add_command(commands, "shard", "one shard of a benchmark's problems -> its shard file (resumable)")
     p_shard.add_argument("--model", type=Path, required=True, help="Hugging Face model folder")
@@ -264,7 +266,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     setup_logging()
     if args.command == "shard":
-        check_writable((args.out, "--out"))
+        check_writable((args.out, "--out", "file"))
         check_model_folder(args.model, "--model")
         from agentrl.training.threads import set_torch_threads
 
@@ -282,7 +284,7 @@ def main(argv: list[str]) -> int:
             args.reasoning,
         )
     elif args.command in ("run", "gather"):
-        check_writable((args.samples, "--samples"), (args.metrics, "--metrics"))
+        check_writable((args.samples, "--samples", "file"), (args.metrics, "--metrics", "file"))
         cfg = config_from_args(args)
         benchmark = args.benchmark or args.problems.stem
         if args.command == "gather":

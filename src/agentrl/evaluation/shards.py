@@ -21,14 +21,18 @@ a run with another shard count: changing the count does not roll anything out ag
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
+import signal
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from agentrl.errors import DataFormatError, StageInterrupted, UserInputError
 from agentrl.model.folder import model_digest
 from agentrl.training.fingerprint import file_sha256
 
@@ -41,6 +45,8 @@ log = logging.getLogger("agentrl.shards")
 
 FORMAT = 1  # header key "agentrl_shard": the version of this layout
 PARTIAL_SUFFIX = ".partial"
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+ORPHAN_CHECK_S = 1.0  # how often a shard job looks at its parent processes
 
 Rows = list[dict[str, Any]]
 
@@ -48,7 +54,7 @@ Rows = list[dict[str, Any]]
 def shard_range(total: int, shard: int, shards: int) -> tuple[int, int]:
     """``[start, stop)`` of shard ``shard`` (0-based) of ``shards`` over ``total`` problems."""
     if not 0 <= shard < shards:
-        raise ValueError(f"shard {shard} is not in 0..{shards - 1}")
+        raise UserInputError(f"--shard {shard} is not in 0..{shards - 1} (--shards {shards})")
     return total * shard // shards, total * (shard + 1) // shards
 
 
@@ -109,12 +115,12 @@ def index_shard_file(path: Path, expected: Mapping[str, Any] | None, *, finished
         for number, (offset, line, complete) in enumerate(lines, 2):
             if not complete:
                 if finished:
-                    raise ValueError(f"{path} line {number}: cut short in a finished shard file")
+                    raise DataFormatError(f"{path} line {number}: cut short in a finished shard file")
                 log.info("%s: dropping the half-written line %d (the job was killed while writing it)", path, number)
                 break
             problem_id = _parse(line, path, number)["problem_id"]
             if problem_id in offsets:
-                raise ValueError(f"{path} line {number}: problem {problem_id!r} is written twice")
+                raise DataFormatError(f"{path} line {number}: problem {problem_id!r} is written twice")
             offsets[problem_id] = offset
     return offsets
 
@@ -123,7 +129,7 @@ def _parse(line: bytes, path: Path, number: int) -> Any:
     try:
         return json.loads(line)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} line {number}: not valid JSON: {exc}") from None
+        raise DataFormatError(f"{path} line {number}: not valid JSON: {exc}") from None
 
 
 def read_rows(path: Path, offset: int) -> Rows:
@@ -137,7 +143,7 @@ def read_header(path: Path) -> dict[str, Any]:
     with open(path, "rb") as fh:
         header = _parse(fh.readline(), path, 1)
     if not isinstance(header, dict) or header.get("agentrl_shard") != FORMAT:
-        raise ValueError(f"{path}: not a shard file (no shard header on line 1)")
+        raise DataFormatError(f"{path}: not a shard file (no shard header on line 1)")
     return header
 
 
@@ -217,12 +223,43 @@ def run_shard(
     ``out.partial`` and takes finished problems over from the other shard files beside ``out``.
     """
     from agentrl.data.records import read_problems
-    from agentrl.evaluation.sampling import grade_problems
+    from agentrl.training.folder_lock import hold_shard_file
 
     problems = read_problems(problems_path)
     start, stop = shard_range(len(problems), shard, shards)
-    mine = problems[start:stop]
     expected = fingerprint(setup.seed_tag, setup.n, sampling, model_dir, problems_path)
+    with hold_shard_file(out, setup.seed_tag), stop_on_signal_or_orphaning():
+        if _finished_already(out, expected, [p.id for p in problems[start:stop]]):
+            log.info("%s: already finished by an earlier job with this config; kept as it is", out)
+            return
+        _write_shard(cfg, model_dir, problems, setup, expected, (shard, shards, start, stop), out)
+
+
+def _finished_already(out: Path, expected: Mapping[str, Any], wanted: Sequence[str]) -> bool:
+    """Whether ``out`` is a finished shard file of this fingerprint holding exactly ``wanted``: an
+    orphan that got its last problem in before it stopped. Never written over."""
+    if not out.is_file():
+        return False
+    try:
+        index = index_shard_file(out, expected, finished=True)
+    except DataFormatError:
+        return False
+    return index is not None and set(index) == set(wanted)
+
+
+def _write_shard(
+    cfg: Config,
+    model_dir: Path,
+    problems: Sequence[Problem],
+    setup: SamplingSetup,
+    expected: Mapping[str, Any],
+    where: tuple[int, int, int, int],
+    out: Path,
+) -> None:
+    from agentrl.evaluation.sampling import grade_problems
+
+    shard, shards, start, stop = where
+    mine = problems[start:stop]
     header = {
         "agentrl_shard": FORMAT,
         "fingerprint": expected,
@@ -252,6 +289,45 @@ def run_shard(
     os.replace(partial, out)
 
 
+class ShardStopped(StageInterrupted):
+    """A shard job stopped by SIGTERM, SIGUSR1 or its parent's exit; its finished problems are kept."""
+
+    exit_code = 75  # EX_TEMPFAIL, as a stopped trainer: the retry takes the finished problems over
+
+
+@contextlib.contextmanager
+def stop_on_signal_or_orphaning() -> Iterator[None]:
+    """Raise :class:`ShardStopped` in the job on SIGTERM or SIGUSR1, and within seconds of a parent
+    process's exit (``kill -9`` of Snakemake: nobody would collect the shard, and the rerun's job
+    waits for this one's lock). Every finished problem is on disk already, so stopping mid-chunk
+    loses only the problems in flight. Outside the main thread nothing is installed."""
+    from agentrl.training.parent_watch import watch_ancestors
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)  # a second signal kills at once
+        raise ShardStopped(
+            f"stopped by {signal.Signals(signum).name}: the finished problems are kept in the partial shard "
+            "file and running the same command again rolls out only the rest (exit code 75)"
+        )
+
+    def on_parent_exit(gone: Any) -> None:
+        log.warning("parent process %d (%s) exited: stopping this shard job", gone.pid, gone.name)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
+    try:
+        with watch_ancestors(on_parent_exit, ORPHAN_CHECK_S):
+            yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def gathered_rows(problems: Sequence[Problem], shard_paths: Sequence[Path], n: int) -> Iterator[dict[str, Any]]:
     """The sample rows of every problem, in problem order, from finished shard files of one fingerprint.
 
@@ -265,23 +341,25 @@ def gathered_rows(problems: Sequence[Problem], shard_paths: Sequence[Path], n: i
         if first is None:
             first = (path, header["fingerprint"])
         elif header["fingerprint"] != first[1]:
-            raise ValueError(
+            raise DataFormatError(
                 f"{path} and {first[0]} come from different runs: {_differences(header['fingerprint'], first[1])}"
             )
         for problem_id, offset in (index_shard_file(path, None, finished=True) or {}).items():
             if problem_id in where:
-                raise ValueError(f"problem {problem_id!r} is in both {where[problem_id][0]} and {path}")
+                raise DataFormatError(f"problem {problem_id!r} is in both {where[problem_id][0]} and {path}")
             where[problem_id] = (path, offset)
     missing = [p.id for p in problems if p.id not in where]
     if missing:
-        raise ValueError(
+        raise DataFormatError(
             f"{len(missing)} problems are in no shard file of {[str(p) for p in shard_paths]}: {missing[:5]}"
         )
     extra = set(where) - {p.id for p in problems}
     if extra:
-        raise ValueError(f"the shard files hold problems that are not in the problem file: {sorted(extra)[:5]}")
+        raise DataFormatError(f"the shard files hold problems that are not in the problem file: {sorted(extra)[:5]}")
     for problem in problems:
         rows = read_rows(*where[problem.id])
         if len(rows) != n:
-            raise ValueError(f"{where[problem.id][0]}: problem {problem.id!r} has {len(rows)} samples, expected {n}")
+            raise DataFormatError(
+                f"{where[problem.id][0]}: problem {problem.id!r} has {len(rows)} samples, expected {n}"
+            )
         yield from rows

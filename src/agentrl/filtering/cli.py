@@ -193,7 +193,9 @@ def main(argv: list[str]) -> int:
     setup_logging()
     cfg = config_from_args(args)
     if args.command in ("score", "score-shard"):
-        outputs = [(args.out, "--out")] + ([(args.samples, "--samples")] if args.command == "score" else [])
+        outputs = [(args.out, "--out", "file")] + (
+            [(args.samples, "--samples", "file")] if args.command == "score" else []
+        )
         check_writable(*outputs)
         check_model_folder(args.model, "--model")
         from agentrl.training.threads import set_torch_threads

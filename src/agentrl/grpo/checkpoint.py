@@ -51,11 +51,8 @@ def save_checkpoint(
     keep: int | None,
 ) -> Path:
     """Write the checkpoint of ``step`` (every rank calls this); returns its folder."""
-    folder = checkpoint_path(root, step)
-    if ctx.is_main:
-        export_model(folder)
     state = {**trainer_state, "fingerprint": dict(fingerprint), "metrics": [dict(record) for record in metrics]}
-    return dse.save_checkpoint(engine, Path(root), step, state, ctx, keep)
+    return dse.save_checkpoint(engine, Path(root), step, state, ctx, keep, also=export_model)
 
 
 def resume(

@@ -59,8 +59,18 @@ def main(argv: list[str]) -> int:
     setup_logging()
     cfg = config_or_exit(parser, args, _check)  # validate before launching any process
     # Every input and output checked before DeepSpeed starts and long before the first rollout.
-    check_writable((args.out, "--out"), (args.metrics, "--metrics"), (args.checkpoint_dir, "--checkpoint-dir"))
+    check_writable(
+        (args.out, "--out", "folder"),
+        (args.metrics, "--metrics", "file"),
+        (args.checkpoint_dir, "--checkpoint-dir", "folder"),
+    )
     check_model_folder(args.model, "--model")
+    from agentrl.training.checkpoint_files import choose_checkpoint
+    from agentrl.training.deepspeed_engine import load_deepspeed_config
+
+    choose_checkpoint(args.checkpoint_dir, repair=False)  # no intact checkpoint among some: refused here
+
+    load_deepspeed_config(deepspeed_config(args, cfg.grpo.deepspeed.zero_stage), cfg.grpo.deepspeed.zero_stage)
     for problems in (args.train, *args.eval):
         read_problems(problems)
     launch(parser, "grpo", argv, args)

@@ -35,6 +35,7 @@ from agentrl.grpo.trainer import Components, GrpoStep
 from agentrl.grpo.validation import EvalSet, fit_eval_sets, limit_problems, validate
 from agentrl.grpo.variants import AlgorithmSettings, resolve_algorithm
 from agentrl.model.folder import stamp_model_digest
+from agentrl.model.tokenizer import load_chat_tokenizer, pad_token_id
 from agentrl.precision import resolve_dtype
 from agentrl.progress import progress
 from agentrl.rollout.memory_plan import TrainerMemory, trainer_growth_bytes
@@ -154,18 +155,14 @@ def build_engine(
 
 def build_components(cfg: Config, paths: GrpoPaths, ctx: dse.DistributedContext, sandbox, steps: int):
     """The DeepSpeed actor, the reference (KL variants), the rollout engine, agent loop and reward."""
-    from transformers import AutoTokenizer
-
     from agentrl.rewards import RewardFunction
     from agentrl.rollout import AgentLoop, make_engine
     from agentrl.tools.code_interpreter import CodeInterpreter
     from agentrl.tools.health import InfraFailureBound
 
     settings = resolve_algorithm(cfg.grpo)
-    tokenizer = AutoTokenizer.from_pretrained(str(paths.model))
-    if not tokenizer.chat_template:
-        raise ValueError(f"{paths.model}: the tokenizer has no chat template; the agent loop needs one")
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    tokenizer = load_chat_tokenizer(paths.model)
+    pad_id = pad_token_id(tokenizer)
     dtype = resolve_dtype(cfg.grpo.deepspeed.dtype, ctx.device)
     model = load_causal_lm(
         paths.model, device=ctx.device, gradient_checkpointing=cfg.grpo.deepspeed.gradient_checkpointing

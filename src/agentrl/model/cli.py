@@ -39,7 +39,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     setup_logging()
     cfg = config_from_args(args)
-    check_writable((args.out, "--out"))
+    check_writable((args.out, "--out", "folder"))
 
     from agentrl.model import build
 

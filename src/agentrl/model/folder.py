@@ -58,7 +58,7 @@ def model_digest(folder: str | Path) -> str:
     folder = Path(folder)
     entries = [p for p in folder.iterdir() if p.is_file()]
     if not any(p.name.endswith(WEIGHT_SUFFIXES) for p in entries):
-        raise FileNotFoundError(f"{folder}: no weight files ({', '.join('*' + s for s in WEIGHT_SUFFIXES)})")
+        raise ModelFolderError(f"{folder}: no weight files ({', '.join('*' + s for s in WEIGHT_SUFFIXES)})")
     files = sorted(p for p in entries if p.name.endswith(WEIGHT_SUFFIXES) or p.name in MODEL_FILE_NAMES)
     digest = hashlib.sha256()
     for path in files:
@@ -76,7 +76,7 @@ def stamp_model_digest(folder: str | Path) -> str:
     try:
         config = json.loads(config_path.read_text())
     except FileNotFoundError:
-        raise FileNotFoundError(f"{folder}: no config.json; is it a Hugging Face model folder?") from None
+        raise ModelFolderError(f"{folder}: no config.json; is it a Hugging Face model folder?") from None
     config.pop("agentrl_weights_sha256", None)  # the key of earlier versions (weights only)
     config[MODEL_DIGEST_KEY] = model_digest(folder)
     tmp = config_path.with_name(config_path.name + ".tmp")
@@ -128,8 +128,7 @@ def resolve_pretrained(base: str, out_dir: str | Path, revision: str | None = No
     if source.is_dir():
         if revision is not None:
             raise ModelFolderError(f"{key}={base!r} is a local folder: a revision ({revision!r}) pins a hub id only")
-        if not (source / "config.json").exists():
-            raise ModelFolderError(f"{key}={base!r}: the folder has no config.json; is it a Hugging Face model folder?")
+        check_model_folder(source, key)  # config.json, weights and tokenizer: the stages after it read all three
         record = {"id": str(source.resolve()), "revision": None, "commit": None}
         source = source.resolve()
     elif is_hub_id(base) and source.parent.is_dir():

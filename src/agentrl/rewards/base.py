@@ -15,11 +15,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from agentrl.errors import UserInputError
+
 if TYPE_CHECKING:  # the sandbox module is only needed for the type of the results
     from agentrl.tools.sandbox import ExecutionResult
 
 
-class InvalidGroundTruthError(ValueError):
+class InvalidGroundTruthError(UserInputError):
     """A ground truth a verifier cannot grade against (wrong type or shape); says what it expected."""
 
 

@@ -24,13 +24,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from agentrl.config import RewardConfig
+from agentrl.errors import UserInputError
 from agentrl.rewards.base import Verifier
 from agentrl.rewards.choice_verifier import ChoiceVerifier
 from agentrl.rewards.code_verifier import CodeVerifier
 from agentrl.rewards.math_verifier import MathVerifier
 
 
-class UnknownDataSourceError(ValueError):
+class UnknownDataSourceError(UserInputError):
     """No routing rule matches a data source; the message names it and the known families."""
 
 

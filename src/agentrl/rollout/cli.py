@@ -68,7 +68,7 @@ def main(argv: list[str]) -> int:
         cfg = config_from_args(args)
     except ConfigError as exc:
         parser.error(str(exc))
-    check_writable((args.out, "--out"))
+    check_writable((args.out, "--out", "file"))
     check_model_folder(args.model, "--model")
 
     from agentrl.data.records import read_problems

@@ -22,6 +22,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
+from agentrl.errors import ModelFolderError
+from agentrl.model.tokenizer import load_chat_tokenizer, pad_token_id
 from agentrl.precision import resolve_dtype
 
 if TYPE_CHECKING:
@@ -194,14 +196,12 @@ def load_policy(model_dir: str, *, dtype: str = "auto", device: str | None = Non
     """
     from pathlib import Path
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     if not (Path(model_dir) / "config.json").exists():
-        raise FileNotFoundError(f"{model_dir}: not a Hugging Face model folder (no config.json)")
+        raise ModelFolderError(f"{model_dir}: not a Hugging Face model folder (no config.json)")
     device = device or default_device()
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    if not tokenizer.chat_template:
-        raise ValueError(f"{model_dir}: the tokenizer has no chat template; the agent loop needs one")
+    tokenizer = load_chat_tokenizer(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=resolve_dtype(dtype, device))
     model.to(device).eval()
     return model, tokenizer
@@ -233,18 +233,10 @@ def make_engine(
         if model is None:
             model, tokenizer = load_policy(model_dir, dtype=cfg.dtype)
         elif tokenizer is None:
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        return HFEngine(model, pad_token_id=_pad_id(tokenizer), batch_size=cfg.batch_size)
+            tokenizer = load_chat_tokenizer(model_dir)
+        return HFEngine(model, pad_token_id=pad_token_id(tokenizer), batch_size=cfg.batch_size)
     if cfg.engine == "vllm":
         from agentrl.rollout.vllm_engine import VllmEngine
 
         return VllmEngine(model_dir, cfg, seed=seed, colocated=colocated, trainer_memory=trainer_memory)
     raise ValueError(f"rollout.engine = {cfg.engine!r} is not known; choose one of: hf, vllm")
-
-
-def _pad_id(tokenizer) -> int:
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    assert pad is not None, "the tokenizer has neither a pad nor an eos token; cannot left-pad batches"
-    return int(pad)

@@ -31,7 +31,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from agentrl.config import ConfigError
 from agentrl.data.records import SftExample
+from agentrl.errors import DataFormatError
 from agentrl.sft.masking import render_with_assistant_mask
 
 log = logging.getLogger("agentrl.sft")
@@ -85,10 +87,10 @@ def tokenize_examples(
         try:
             input_ids, loss_mask = render_with_assistant_mask(tokenizer, example.messages, example.tools)
         except (ValueError, TypeError, KeyError) as exc:
-            raise ValueError(f"{source}: row {row} (id {example.id!r}): {exc}") from exc
+            raise DataFormatError(f"{source}: row {row} (id {example.id!r}): {exc}") from None
         if len(input_ids) > max_length:
             if truncation == "error":
-                raise ValueError(
+                raise DataFormatError(
                     f"{source}: row {row} (id {example.id!r}) has {len(input_ids)} tokens, more "
                     f"than sft.max_length={max_length} (sft.truncation: error)"
                 )
@@ -104,10 +106,20 @@ def tokenize_examples(
     return out
 
 
+def check_trained_tokens(examples: Sequence[TokenizedExample], source: str) -> None:
+    """Raise DataFormatError when no example has a trained token: the run would save its base model
+    as if trained (an SFT set without assistant turns, or every one cut off by ``sft.max_length``)."""
+    if not any(e.trained_targets for e in examples):
+        raise DataFormatError(
+            f"{source}: none of the {len(examples)} conversations has a trained token (an assistant turn "
+            "within sft.max_length); SFT would save an untrained model"
+        )
+
+
 def steps_per_epoch(num_examples: int, global_batch_size: int) -> int:
     steps = num_examples // global_batch_size
     if steps == 0:
-        raise ValueError(
+        raise ConfigError(
             f"sft.global_batch_size={global_batch_size} is larger than the data set "
             f"({num_examples} conversations): not one optimizer step fits"
         )
@@ -201,7 +213,7 @@ def pack_micro_batches(
     """
     assert micro_batch_size >= 1 and num_ranks >= 1, "micro_batch_size and num_ranks must be >= 1"
     if len(lengths) % num_ranks:
-        raise ValueError(
+        raise ConfigError(
             f"{len(lengths)} sequences per step cannot be split over {num_ranks} processes; "
             "make sft.global_batch_size a multiple of the process count"
         )

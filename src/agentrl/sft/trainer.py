@@ -47,6 +47,7 @@ from agentrl.precision import resolve_dtype
 from agentrl.progress import progress as make_progress
 from agentrl.sft.batching import (
     TokenizedExample,
+    check_trained_tokens,
     collate,
     pack_micro_batches,
     step_indices,
@@ -246,6 +247,7 @@ def _train_sft(cfg: SftConfig, seed: int, paths: SftPaths, stop, tracking: Track
         source=str(paths.data),
         loss_mask_alignment=cfg.loss_mask_alignment,
     )
+    check_trained_tokens(examples, str(paths.data))
     plan = plan_steps(cfg, len(examples), ctx.world_size)
     dtype = resolve_dtype(cfg.deepspeed.dtype, ctx.device)
     lm = load_causal_lm(paths.model_dir, dtype=dtype, gradient_checkpointing=cfg.deepspeed.gradient_checkpointing)

@@ -549,7 +549,8 @@ def make_sandbox(cfg: SandboxConfig) -> Sandbox:
     if cfg.backend == "local":
         return LocalSandbox(cfg)
     if cfg.backend == "sandbox_fusion":
-        from agentrl.tools.sandbox_fusion import SandboxFusionSandbox
+        from agentrl.tools.sandbox_fusion import SandboxFusionSandbox, probe_service
 
+        probe_service(cfg)  # a URL nothing answers at stops the stage here, naming the key
         return SandboxFusionSandbox(cfg)
     raise ValueError(f"sandbox.backend = {cfg.backend!r} is not one of 'local', 'sandbox_fusion'")

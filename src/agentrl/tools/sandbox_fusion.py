@@ -28,6 +28,7 @@ import urllib.request
 from typing import Any
 
 from agentrl.config import SandboxConfig
+from agentrl.errors import UserInputError
 from agentrl.tools.sandbox import ExecutionResult, Sandbox, lost_result
 
 logger = logging.getLogger(__name__)
@@ -49,6 +50,37 @@ def _cap(text: str | None, max_bytes: int) -> tuple[str, bool]:
     if len(data) <= max_bytes:
         return text or "", False
     return data[:max_bytes].decode("utf-8", "replace"), True
+
+
+class SandboxFusionUnreachable(UserInputError):
+    """``sandbox.sandbox_fusion_url`` does not answer at all when a stage starts."""
+
+
+_PROBE_TIMEOUT_S = 10.0
+
+
+def probe_service(cfg: SandboxConfig) -> None:
+    """Raise SandboxFusionUnreachable unless something answers at ``sandbox.sandbox_fusion_url``.
+
+    Run when a stage makes its sandbox: a wrong URL or a service not started would otherwise turn
+    every tool call into an infrastructure failure, and the URL would show only in retry warnings.
+    Any HTTP answer (an error status too) means the service is there; later losses stay
+    infrastructure failures of the calls they hit (:mod:`agentrl.tools.health`).
+    """
+    url = run_code_url(cfg.sandbox_fusion_url)
+    body = json.dumps({"code": "print(1)", "language": "python", "run_timeout": 5, "compile_timeout": 5})
+    request = urllib.request.Request(url, data=body.encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=_PROBE_TIMEOUT_S) as response:
+            response.read()
+    except urllib.error.HTTPError:
+        return
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise SandboxFusionUnreachable(
+            f"sandbox.sandbox_fusion_url = {cfg.sandbox_fusion_url!r}: no SandboxFusion service answers at {url} "
+            f"({reason}); start the service or fix the URL (or use sandbox.backend: local)"
+        ) from None
 
 
 class SandboxFusionSandbox(Sandbox):

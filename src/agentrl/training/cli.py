@@ -95,7 +95,7 @@ def deepspeed_config(args: argparse.Namespace, zero_stage: int) -> Path:
 
 def run_trainer(train: Callable[[], Any], log: logging.Logger) -> int:
     """Run ``train``; the stage's exit status: 0, EXIT_CODE after a stop request (the rerun
-    resumes), 1 when another trainer holds the checkpoint folder, 2 for a config error found
+    resumes), 1 when another trainer holds the checkpoint folder, 2 for an input error found
     once the processes started (batch sizes against the process count).
 
     After a run that ended the same way on every rank (done, or stopped at a step boundary the
@@ -104,7 +104,7 @@ def run_trainer(train: Callable[[], Any], log: logging.Logger) -> int:
     without an active exception", SIGABRT), which fails a finished stage. After an error it is
     left alone, since destroying it while another rank sits in a collective can hang.
     """
-    from agentrl.config import ConfigError
+    from agentrl.errors import UserInputError
     from agentrl.training.deepspeed_engine import close_distributed
     from agentrl.training.folder_lock import CheckpointFolderInUse
     from agentrl.training.preemption import EXIT_CODE, StoppedForRetry
@@ -118,7 +118,7 @@ def run_trainer(train: Callable[[], Any], log: logging.Logger) -> int:
     except CheckpointFolderInUse as busy:
         log.error("%s", busy)
         return 1
-    except ConfigError as exc:  # a check that needs the process count, known once the ranks started
+    except UserInputError as exc:  # e.g. a check that needs the process count, known once the ranks started
         log.error("%s", exc)
         return 2
     close_distributed()

@@ -34,7 +34,7 @@ import os
 import random
 import shutil
 import socket
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,11 +44,11 @@ import torch
 
 from agentrl.config import ConfigError
 from agentrl.model.folder import stamp_model_digest
+from agentrl.training import checkpoint_files
+from agentrl.training.checkpoint_files import LATEST, PARTIAL_SUFFIX, TRAINER_STATE
 
 log = logging.getLogger("agentrl.training")
 
-LATEST = "latest"
-TRAINER_STATE = "trainer_state.json"
 SOURCE_CONFIG_DIR = Path(__file__).resolve().parents[3] / "configs" / "deepspeed"
 
 
@@ -176,7 +176,7 @@ def find_deepspeed_config(zero_stage: int) -> Path:
     for path in candidates:
         if path.is_file():
             return path
-    raise FileNotFoundError(
+    raise ConfigError(
         f"no DeepSpeed config for ZeRO stage {zero_stage}: looked for " + ", ".join(str(p) for p in candidates)
     )
 
@@ -186,12 +186,16 @@ def load_deepspeed_config(path: str | Path, zero_stage: int) -> dict[str, Any]:
     try:
         template = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise FileNotFoundError(f"DeepSpeed config not found: {path}") from None
+        raise ConfigError(f"--deepspeed-config {path}: not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--deepspeed-config {path}: cannot be read ({exc})") from None
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON: {exc}") from None
+        raise ConfigError(f"{path}: line {exc.lineno}, column {exc.colno}: not valid JSON ({exc.msg})") from None
+    if not isinstance(template, dict):
+        raise ConfigError(f"{path}: a DeepSpeed config is a JSON object, got {type(template).__name__}")
     stage = template.get("zero_optimization", {}).get("stage", 0)
     if stage != zero_stage:
-        raise ValueError(
+        raise ConfigError(
             f"{path} sets zero_optimization.stage={stage} but the config asks for "
             f"zero_stage={zero_stage}; use configs/deepspeed/zero{zero_stage}.json"
         )
@@ -231,7 +235,7 @@ def fill_deepspeed_config(
                 fill(value, f"{path}.")
             elif value == "auto":
                 if path not in values:
-                    raise ValueError(
+                    raise ConfigError(
                         f"{origin}: '{path}' is \"auto\" but nothing fills it; set a value (fillable: {sorted(values)})"
                     )
                 node[key] = values[path]
@@ -343,17 +347,43 @@ def save_checkpoint(
     trainer_state: dict[str, Any],
     ctx: DistributedContext,
     keep: int | None,
+    also: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Save a resumable checkpoint after optimizer step ``step`` and point ``latest`` at it."""
+    """Save a resumable checkpoint after optimizer step ``step`` and point ``latest`` at it;
+    ``also(folder)`` writes more files into it on rank 0 (GRPO's Hugging Face export).
+
+    Written to ``step_<n>.partial`` and renamed when every rank is done, with each file's size
+    recorded (:mod:`agentrl.training.checkpoint_files`): a half-written step never exists under
+    its final name, and a full disk fails with a message naming the folder.
+    """
     checkpoint_dir = Path(checkpoint_dir)
     tag_dir = checkpoint_dir / _tag(step)
-    tag_dir.mkdir(parents=True, exist_ok=True)
-    torch.save(capture_rng_state(), tag_dir / f"rng_rank{ctx.rank}.pt")
+    partial_tag = _tag(step) + PARTIAL_SUFFIX
+    partial = checkpoint_dir / partial_tag
     if ctx.is_main:
-        (tag_dir / TRAINER_STATE).write_text(json.dumps({**trainer_state, "step": step}, indent=1))
-    engine.save_checkpoint(str(checkpoint_dir), tag=_tag(step), save_latest=False)
-    torch.distributed.barrier()  # every rank's files are written before the pointer moves
+        checkpoint_files.remove_partial(checkpoint_dir)
+    torch.distributed.barrier()  # no rank writes into a folder rank 0 is still removing
+    try:
+        with checkpoint_files.naming_a_full_disk(partial):
+            partial.mkdir(parents=True, exist_ok=True)
+            torch.save(capture_rng_state(), partial / f"rng_rank{ctx.rank}.pt")
+            if ctx.is_main:
+                if also is not None:
+                    also(partial)
+                (partial / TRAINER_STATE).write_text(json.dumps({**trainer_state, "step": step}, indent=1))
+            engine.save_checkpoint(str(checkpoint_dir), tag=partial_tag, save_latest=False)
+            torch.distributed.barrier()  # every rank's files are written before the folder is renamed
+            if ctx.is_main:
+                checkpoint_files.write_manifest(partial)
+    except checkpoint_files.CheckpointWriteFailed:
+        if ctx.is_main:
+            shutil.rmtree(partial, ignore_errors=True)
+        raise
     if ctx.is_main:
+        if tag_dir.exists():  # an earlier save of this step, from before a resume at an older one
+            shutil.rmtree(tag_dir)
+        partial.rename(tag_dir)
+        checkpoint_files.fsync_folder(checkpoint_dir)
         tmp = checkpoint_dir / f"{LATEST}.tmp"
         tmp.write_text(_tag(step))
         tmp.replace(checkpoint_dir / LATEST)
@@ -365,36 +395,17 @@ def save_checkpoint(
 def _prune(checkpoint_dir: Path, keep: int | None) -> None:
     if keep is None:
         return
-    tags = sorted(
-        (p for p in checkpoint_dir.glob("step_*") if p.name.removeprefix("step_").isdigit()),
-        key=lambda p: int(p.name.removeprefix("step_")),
-    )
-    for stale in tags[:-keep]:
+    for stale in checkpoint_files.step_folders(checkpoint_dir)[keep:]:
         shutil.rmtree(stale, ignore_errors=True)
 
 
-def read_latest_trainer_state(checkpoint_dir: str | Path) -> dict[str, Any] | None:
-    """The trainer state of the newest complete checkpoint, or None when there is none."""
-    pointer = Path(checkpoint_dir) / LATEST
-    if not pointer.is_file():
-        return None
-    state_file = Path(checkpoint_dir) / pointer.read_text().strip() / TRAINER_STATE
-    if not state_file.is_file():
-        raise FileNotFoundError(f"{pointer} names a checkpoint without {TRAINER_STATE}: {state_file}")
-    return json.loads(state_file.read_text())
-
-
-def load_checkpoint(engine, checkpoint_dir: str | Path, ctx: DistributedContext) -> dict[str, Any]:
-    """Restore model, optimizer, scheduler and this rank's RNG from the ``latest`` checkpoint."""
-    state = read_latest_trainer_state(checkpoint_dir)
-    assert state is not None, f"no checkpoint to resume in {checkpoint_dir}"
-    tag = _tag(state["step"])
+def load_checkpoint(engine, checkpoint_dir: str | Path, ctx: DistributedContext, tag: str) -> None:
+    """Restore model, optimizer, scheduler and this rank's RNG from the checkpoint ``tag``."""
     load_path, _ = engine.load_checkpoint(str(checkpoint_dir), tag=tag)
     if load_path is None:
         raise RuntimeError(f"DeepSpeed could not load checkpoint {Path(checkpoint_dir) / tag}")
     rng_file = Path(checkpoint_dir) / tag / f"rng_rank{ctx.rank}.pt"
     restore_rng_state(torch.load(rng_file, weights_only=False))
-    return state
 
 
 class CheckpointOfAnotherRun(ConfigError):
@@ -465,16 +476,21 @@ def resume_if_same_run(
     is in the fingerprint) would otherwise throw away days of GRPO. Rank 0 decides and tells the
     others, so the ranks cannot disagree (a model folder copied to each node has other mtimes there).
     """
-    decision = [("fresh", "")]
+    decision: list[tuple[str, str, dict[str, Any] | None]] = [("fresh", "", None)]
     if ctx.is_main:
-        state = read_latest_trainer_state(checkpoint_dir)
-        if state is not None:
+        # a damaged newer checkpoint is named in a warning and moved aside; the newest intact one is chosen
+        chosen = checkpoint_files.choose_checkpoint(checkpoint_dir, logger)
+        if chosen is not None:
+            tag, state = chosen
             reason = _discard_reason(state, fingerprint)
-            decision = [("resume", "") if reason is None else ("refuse", f"step {state['step']}: {reason}")]
+            decision = [
+                ("resume", tag, state) if reason is None else ("refuse", f"step {state['step']}: {reason}", None)
+            ]
     torch.distributed.broadcast_object_list(decision, src=0)
-    action, reason = decision[0]
+    action, reason, state = decision[0]
     if action == "resume":
-        return load_checkpoint(engine, checkpoint_dir, ctx)
+        load_checkpoint(engine, checkpoint_dir, ctx, tag=reason)
+        return state
     if action == "refuse":
         checkpoint_dir = Path(checkpoint_dir)
         step = reason.split(":", 1)[0].removeprefix("step ")

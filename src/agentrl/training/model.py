@@ -6,6 +6,8 @@ from pathlib import Path
 
 import torch
 
+from agentrl.errors import ModelFolderError
+
 
 def load_causal_lm(
     model_dir: str | Path,
@@ -24,7 +26,7 @@ def load_causal_lm(
 
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").exists():
-        raise FileNotFoundError(f"{model_dir}: not a Hugging Face model folder (no config.json)")
+        raise ModelFolderError(f"{model_dir}: not a Hugging Face model folder (no config.json)")
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

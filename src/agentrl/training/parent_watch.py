@@ -19,7 +19,7 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,9 +65,9 @@ def _exited(process: Process) -> bool:
 
 
 @contextlib.contextmanager
-def stop_when_orphaned(stop: StopRequest, every_s: float = CHECK_EVERY_S) -> Iterator[None]:
-    """Set ``stop`` when one of this process's ancestors exits, while the block runs (Linux: reads
-    ``/proc``; elsewhere nothing is watched)."""
+def watch_ancestors(on_exit: Callable[[Process], None], every_s: float = CHECK_EVERY_S) -> Iterator[None]:
+    """Call ``on_exit(process)`` once, from a daemon thread, when one of this process's ancestors
+    exits, while the block runs (Linux: reads ``/proc``; elsewhere nothing is watched)."""
     watched = ancestors() if Path("/proc/self/stat").exists() else []
     finished = threading.Event()
 
@@ -75,12 +75,7 @@ def stop_when_orphaned(stop: StopRequest, every_s: float = CHECK_EVERY_S) -> Ite
         while not finished.wait(every_s):
             gone = next((p for p in watched if _exited(p)), None)
             if gone is not None:
-                log.warning(
-                    "parent process %d (%s) exited: stopping after the running step, with a checkpoint",
-                    gone.pid,
-                    gone.name,
-                )
-                stop.request(f"the exit of parent process {gone.pid} ({gone.name})")
+                on_exit(gone)
                 return
 
     thread = threading.Thread(target=watch, name="agentrl-parent-watch", daemon=True)
@@ -92,3 +87,17 @@ def stop_when_orphaned(stop: StopRequest, every_s: float = CHECK_EVERY_S) -> Ite
         finished.set()
         if watched:
             thread.join()
+
+
+@contextlib.contextmanager
+def stop_when_orphaned(stop: StopRequest, every_s: float = CHECK_EVERY_S) -> Iterator[None]:
+    """Set ``stop`` when one of this process's ancestors exits, while the block runs."""
+
+    def on_exit(gone: Process) -> None:
+        log.warning(
+            "parent process %d (%s) exited: stopping after the running step, with a checkpoint", gone.pid, gone.name
+        )
+        stop.request(f"the exit of parent process {gone.pid} ({gone.name})")
+
+    with watch_ancestors(on_exit, every_s):
+        yield

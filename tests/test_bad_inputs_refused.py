@@ -1,0 +1,281 @@
+"""Mistakes a new user makes, refused in one line before any work: exit status 2, no traceback, the
+message naming the file, line, key or option, and no output left that looks complete.
+
+Each row of a table is a real input (a YAML file, a folder, an argument) given to a stage as users
+run it (``python -m agentrl ...``) or to the workflow's load-time check (``snakemake -n``).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+import test_sft_distributed
+from test_bad_inputs import PROBLEM, SFT, agentrl, assert_refused, fake_model, problems_file, sft_command
+from workflow_runs import ROOT, run_snakemake
+
+from agentrl.config import load_config, load_config_file
+from agentrl.data.records import Problem, SftExample, write_records
+from agentrl.errors import DataFormatError
+
+workspace = test_sft_distributed.workspace  # the fixture: a real tiny base model (slow tests only)
+
+# --------------------------------------------------------------------------- config files and values
+# name -> (file content as bytes, fragments the message must hold)
+CONFIG_FILES = {
+    "duplicate key": (
+        b"seed: 1\nrollout:\n  temperature: 0.7\nseed: 2\n",
+        ["bad.yaml", "line 4", "'seed' given twice"],
+    ),
+    "nested duplicate": (b"filter:\n  k: 4\n  low: 0.1\n  k: 8\n", ["bad.yaml", "line 4", "'k' given twice"]),
+    "syntax error": (b"seed: 1\nrollout: {temperature: 0.7\n", ["bad.yaml", "not valid YAML at line 3"]),
+    "not UTF-8": (b"seed: 1\n# caf\xe9\n", ["bad.yaml", "line 2", "not UTF-8"]),
+    "NaN": (b"sft:\n  lr: .nan\n", ["'sft.lr' = nan", "not a finite number"]),
+    "infinity": (b"rollout:\n  temperature: .inf\n", ["'rollout.temperature' = inf", "not a finite number"]),
+    "empty results_dir": (b'results_dir: ""\n', ["'results_dir'", "non-empty"]),
+    "kv heads": (
+        b"model:\n  embedded: {num_heads: 4, num_kv_heads: 3}\n",
+        ["model.embedded.num_kv_heads (3) must divide model.embedded.num_heads (4)"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONFIG_FILES))
+def test_a_bad_config_file_is_refused_before_the_model_is_built(tmp_path, case):
+    content, fragments = CONFIG_FILES[case]
+    (tmp_path / "bad.yaml").write_bytes(content)
+    completed = agentrl("base-model", "--config", "bad.yaml", "--out", tmp_path / "base", cwd=tmp_path)
+    assert_refused(completed, *fragments)
+    assert not (tmp_path / "base").exists(), "nothing built"
+
+
+def test_a_config_path_that_is_a_folder_or_missing_names_it(tmp_path):
+    (tmp_path / "cfg").mkdir()
+    assert_refused(agentrl("base-model", "--config", "cfg", "--out", "base", cwd=tmp_path), "cfg: is a folder")
+    assert_refused(agentrl("base-model", "--config", "nope.yaml", "--out", "base", cwd=tmp_path), "nope.yaml")
+    assert not (tmp_path / "base").exists()
+
+
+def test_an_integral_float_at_an_integer_key_reads_as_the_integer(tmp_path):
+    path = tmp_path / "k.yaml"
+    path.write_text("filter:\n  k: 2.0\ngrpo:\n  batch_prompts: 4.0\n")
+    cfg = load_config_file(path)
+    assert (cfg.filter.k, cfg.grpo.batch_prompts) == (2, 4)
+    assert type(cfg.filter.k) is int and list(range(cfg.filter.k)) == [0, 1]
+    with pytest.raises(ValueError, match="filter.k"):
+        load_config({"filter": {"k": 2.5}})  # not integral: refused, never rounded
+
+
+# --------------------------------------------------------------------------- stage arguments and paths
+def _dead_url() -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{probe.getsockname()[1]}"  # nothing listens once the probe is closed
+
+
+def _cases(tmp_path: Path) -> dict[str, tuple[list, list[str], list[Path]]]:
+    """name -> (agentrl arguments, fragments of the message, paths that must not exist after)."""
+    model = fake_model(tmp_path / "model")
+    data = problems_file(tmp_path / "sft.parquet", [SFT.to_row()])
+    problems = problems_file(tmp_path / "eval.parquet", [PROBLEM.to_row()])
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "a_folder").mkdir()
+    (tmp_path / "prog.py").write_text("print(1)\n")
+    fusion = tmp_path / "fusion.yaml"
+    fusion.write_text(f"sandbox: {{backend: sandbox_fusion, sandbox_fusion_url: '{_dead_url()}'}}\n")
+    metrics = tmp_path / "out/metrics.jsonl"
+    return {
+        "sft --out is a file": (
+            sft_command(tmp_path, model, data, out=tmp_path / "a_file"),
+            ["--out", "a_file", "not a folder"],
+            [metrics],
+        ),
+        "sft --metrics is a folder": (
+            sft_command(tmp_path, model, data, metrics=tmp_path / "a_folder"),
+            ["--metrics", "a_folder", "is an existing folder"],
+            [tmp_path / "out/sft"],
+        ),
+        "sft --deepspeed-config missing": (
+            [*sft_command(tmp_path, model, data), "--deepspeed-config", tmp_path / "ds.json"],
+            ["--deepspeed-config", "ds.json", "not found"],
+            [metrics, tmp_path / "out/sft"],
+        ),
+        "negative --max-problems": (
+            [
+                "evaluate",
+                "run",
+                "--model",
+                model,
+                "--problems",
+                problems,
+                "--samples",
+                tmp_path / "s.jsonl",
+                "--metrics",
+                tmp_path / "m.json",
+                "--max-problems",
+                "-1",
+            ],  # fmt: skip
+            ["--max-problems", "-1 is below 1"],
+            [tmp_path / "s.jsonl", tmp_path / "m.json"],
+        ),
+        "shard index out of range": (
+            [
+                "evaluate",
+                "shard",
+                "--model",
+                model,
+                "--problems",
+                problems,
+                "--benchmark",
+                "b",
+                "--shard",
+                "2",
+                "--shards",
+                "2",
+                "--out",
+                tmp_path / "shard.jsonl",
+            ],  # fmt: skip
+            ["--shard 2 is not in 0..1"],
+            [tmp_path / "shard.jsonl", tmp_path / "shard.jsonl.partial"],
+        ),
+        "negative --shard": (
+            [
+                "filter",
+                "score-shard",
+                "--model",
+                model,
+                "--pool",
+                problems,
+                "--shard",
+                "-1",
+                "--shards",
+                "2",
+                "--out",
+                tmp_path / "shard.jsonl",
+            ],  # fmt: skip
+            ["--shard", "-1 is below 0"],
+            [tmp_path / "shard.jsonl"],
+        ),
+        "sandbox_fusion URL nothing answers at": (
+            ["sandbox", "--config", fusion, tmp_path / "prog.py"],
+            ["sandbox.sandbox_fusion_url", "127.0.0.1", "no SandboxFusion service answers"],
+            [],
+        ),
+        "unknown data source": (
+            ["reward", "--data-source", "my_benchmark", "--ground-truth", "1", "--response-file", tmp_path / "prog.py"],
+            ["my_benchmark"],
+            [],
+        ),
+    }
+
+
+CASE_NAMES = [
+    "sft --out is a file",
+    "sft --metrics is a folder",
+    "sft --deepspeed-config missing",
+    "negative --max-problems",
+    "shard index out of range",
+    "negative --shard",
+    "sandbox_fusion URL nothing answers at",
+    "unknown data source",
+]
+
+
+@pytest.mark.parametrize("case", CASE_NAMES)
+def test_a_bad_argument_or_path_is_refused_before_any_work(tmp_path, case):
+    args, fragments, absent = _cases(tmp_path)[case]
+    completed = agentrl(*args, cwd=tmp_path)
+    assert_refused(completed, *fragments)
+    assert "Loading" not in completed.stderr and "step 1" not in completed.stderr, "refused before the model loaded"
+    for path in absent:
+        assert not path.exists(), path
+
+
+def test_the_case_table_is_complete(tmp_path):
+    assert sorted(_cases(tmp_path)) == sorted(CASE_NAMES)
+
+
+# --------------------------------------------------------------------------- the workflow's load-time check
+def _dry_run(workdir: Path, overlay: str):
+    (workdir / "overlay.yaml").write_text(overlay)
+    return run_snakemake(workdir, "-n", "--configfile", str(ROOT / "config.yaml"), "overlay.yaml")
+
+
+WORKFLOW_CASES = {
+    "duplicate key in an overlay": ("grpo:\n  lr: 1.0e-6\ngrpo:\n  kl_coef: 0.0\n", ["overlay.yaml", "line 3", "'grpo' given twice"]),
+    "sft.from without config.json": ("sft:\n  from: {released}\n", ["sft.from", "no config.json"]),
+    "eval.checkpoints without tokenizer": ("eval:\n  checkpoints: {{mine: {tokenless}}}\n", ["eval.checkpoints.mine", "no tokenizer"]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(WORKFLOW_CASES))
+def test_the_workflow_refuses_at_load(tmp_path, case):
+    released = tmp_path / "released"
+    released.mkdir()
+    (released / "weights.safetensors").write_bytes(b"")
+    tokenless = fake_model(tmp_path / "tokenless", tokenizer=False)
+    overlay, fragments = WORKFLOW_CASES[case]
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    done = _dry_run(workdir, overlay.format(released=released, tokenless=tokenless))
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert "Traceback" not in output, output[-3000:]
+    for fragment in fragments:
+        assert fragment in output, (fragment, output[-3000:])
+    assert "Job stats" not in output, "refused before any job was planned"
+    assert not (workdir / "results").exists()
+
+
+def test_a_model_folder_check_reads_json_as_json(tmp_path):
+    folder = fake_model(tmp_path / "m")
+    (folder / "config.json").write_text(json.dumps(["not", "an", "object"]))
+    problems = problems_file(tmp_path / "p.parquet", [PROBLEM.to_row()])
+    completed = agentrl("rollout", "--model", folder, "--problems", problems, "--out", "o.jsonl", cwd=tmp_path)
+    assert_refused(completed, "config.json", "expected a JSON object")
+
+
+# --------------------------------------------------------------------------- data rows
+# name -> (the row's changed columns, the column named)
+BAD_ROWS = {
+    "empty prompt": ({"prompt": "[]"}, "prompt"),
+    "blank user turn": ({"prompt": json.dumps([{"role": "system", "content": "sys"}, {"role": "user", "content": " "}])}, "prompt"),
+    "empty math ground truth": ({"ground_truth": json.dumps("")}, "ground_truth"),
+    "more inputs than outputs": ({"ground_truth": json.dumps({"inputs": ["1", "2"], "outputs": ["1"]})}, "ground_truth"),
+    "no test cases": ({"ground_truth": json.dumps({"inputs": [], "outputs": []})}, "ground_truth"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(BAD_ROWS))
+def test_a_row_that_cannot_be_rolled_out_or_graded_is_refused_when_read(tmp_path, case):
+    changes, column = BAD_ROWS[case]
+    rows = [PROBLEM.to_row(), PROBLEM.to_row(), {**PROBLEM.to_row(), **changes}]
+    problems = problems_file(tmp_path / "eval.parquet", rows)
+    completed = agentrl("evaluate", "export-livecodebench", "--problems", problems, "--samples", tmp_path / "s.jsonl",
+                        "--out", tmp_path / "lcb.json", cwd=tmp_path)  # fmt: skip
+    assert_refused(completed, "eval.parquet: row 2", f"column '{column}'")
+    assert not (tmp_path / "lcb.json").exists()
+
+
+def test_prepare_refuses_a_bad_row_before_writing_anything(tmp_path):
+    from agentrl.data.records import check_problems
+
+    bad = Problem("p9", "embedded-arith", [{"role": "user", "content": "hi"}], "math", "   ")
+    with pytest.raises(DataFormatError, match=r"rl_pool: row 1 \(id 'p9'\), column 'ground_truth': empty"):
+        check_problems([PROBLEM, bad], "rl_pool")
+
+
+@pytest.mark.slow
+def test_sft_refuses_a_set_without_a_trained_token_before_the_model_loads(workspace, tmp_path):
+    user_only = [SftExample(f"s{i}", [{"role": "user", "content": f"question {i}"}], []) for i in range(8)]
+    write_records(user_only, tmp_path / "sft.parquet")
+    args = ["sft", "--config-json", json.dumps({"sft": {"global_batch_size": 4, "micro_batch_size": 2}})]
+    args += ["--model", workspace / "base", "--data", tmp_path / "sft.parquet", "--out", tmp_path / "out/sft"]
+    args += ["--metrics", tmp_path / "out/metrics.jsonl", "--checkpoint-dir", tmp_path / "ck", "--nproc", "0"]
+    completed = agentrl(*args, cwd=tmp_path)
+    assert completed.returncode == 2 and "Traceback" not in completed.stderr, completed.stderr[-3000:]
+    assert "sft.parquet: none of the 8 conversations has a trained token" in completed.stderr
+    assert not (tmp_path / "out/sft").exists() and not (tmp_path / "out/metrics.jsonl").exists()
+    assert not list((tmp_path / "ck").glob("step_*"))

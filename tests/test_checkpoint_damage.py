@@ -1,0 +1,138 @@
+"""Damaged checkpoints of a real tiny SFT run: the newest intact one is resumed with a warning
+naming what was wrong, a folder with none intact is refused before any process starts, and a full
+disk during a save names the folder (agentrl.training.checkpoint_files).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import test_sft_distributed as sft_runs
+import torch
+from test_sft_distributed import BASE_SFT, _args, _env, _results, _train
+
+from agentrl.training.checkpoint_files import (
+    MANIFEST,
+    CheckpointsDamaged,
+    CheckpointWriteFailed,
+    choose_checkpoint,
+    naming_a_full_disk,
+)
+
+workspace = sft_runs.workspace  # the fixture: a tiny base model and 24 real tool-use conversations
+
+SFT = {**BASE_SFT, "epochs": 2, "save_every_steps": 4, "keep_checkpoints": 2}  # 12 steps; step_4, step_8 kept
+
+
+@pytest.fixture(scope="module")
+def reference(workspace):
+    """An uninterrupted run: its metrics, its final weights, its checkpoint folder."""
+    metrics, weights = _train(workspace, "reference", SFT)
+    checkpoints = workspace / "reference" / "ckpt"
+    assert sorted(p.name for p in checkpoints.glob("step_*")) == ["step_4", "step_8"]
+    assert all((checkpoints / tag / MANIFEST).is_file() for tag in ("step_4", "step_8")), "sizes recorded"
+    assert not list(checkpoints.glob("*.partial")), "no half-written folder left"
+    return metrics, weights, checkpoints
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _model_states(tag_dir: Path) -> Path:
+    (path,) = tag_dir.glob("*model_states.pt")
+    return path
+
+
+# name -> (how to damage the copy, the tag resumed, fragments of the warning)
+DAMAGES = {
+    "truncated model states": (lambda c: _truncate(_model_states(c / "step_8")), "step_4", ["model_states.pt", "truncated"]),
+    "truncated optimizer states": (lambda c: _truncate(next((c / "step_8").glob("*optim_states.pt"))), "step_4", ["optim_states.pt", "truncated"]),
+    "truncated trainer state": (lambda c: _truncate(c / "step_8" / "trainer_state.json"), "step_4", ["trainer_state.json"]),
+    "missing RNG file": (lambda c: (c / "step_8" / "rng_rank0.pt").unlink(), "step_4", ["rng_rank0.pt is missing"]),
+    "missing step folder": (lambda c: shutil.rmtree(c / "step_8"), "step_4", ["names step_8, which does not exist"]),
+    "latest pointing nowhere": (lambda c: (c / "latest").write_text("step_20"), "step_8", ["names step_20, which does not exist"]),
+}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(DAMAGES))
+def test_a_damaged_newest_checkpoint_falls_back_to_the_newest_intact_one(reference, tmp_path, case, caplog):
+    damage, resumed, fragments = DAMAGES[case]
+    checkpoints = shutil.copytree(reference[2], tmp_path / "ckpt")
+    damage(checkpoints)
+    with caplog.at_level(logging.WARNING):
+        tag, state = choose_checkpoint(checkpoints, logging.getLogger("test"))
+    assert (tag, state["step"]) == (resumed, int(resumed.removeprefix("step_")))
+    warning = caplog.text
+    for fragment in fragments:
+        assert fragment in warning, (fragment, warning)
+    assert (checkpoints / "latest").read_text() == resumed
+    if resumed == "step_4" and case != "missing step folder":
+        assert (checkpoints / "step_8.damaged").is_dir(), "moved aside: pruning never counts it"
+
+
+@pytest.mark.slow
+def test_a_truncated_newest_checkpoint_is_survived_and_the_run_ends_with_the_uninterrupted_model(workspace, reference):
+    metrics, weights, checkpoints = reference
+    run = workspace / "damaged"
+    shutil.copytree(checkpoints, run / "ckpt")
+    _truncate(_model_states(run / "ckpt" / "step_8"))
+    done = subprocess.run(_args(workspace, "damaged", SFT, 1), env=_env(), capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "damaged checkpoint" in done.stderr and "truncated" in done.stderr, done.stderr[-3000:]
+    resumed, resumed_weights = _results(run)
+    assert [m["step"] for m in resumed] == list(range(1, 13)), "steps 5-12 trained again, none twice"
+    torch.testing.assert_close(torch.tensor([m["loss"] for m in resumed]), torch.tensor([m["loss"] for m in metrics]))
+    for key in weights:
+        torch.testing.assert_close(resumed_weights[key], weights[key], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_a_folder_without_an_intact_checkpoint_is_refused_before_any_process_starts(workspace, reference):
+    run = workspace / "all-damaged"
+    shutil.copytree(reference[2], run / "ckpt")
+    for tag in ("step_4", "step_8"):
+        _truncate(_model_states(run / "ckpt" / tag))
+    with pytest.raises(CheckpointsDamaged, match="step_4.*truncated"):
+        choose_checkpoint(run / "ckpt", repair=False)
+    started = time.monotonic()
+    done = subprocess.run(_args(workspace, "all-damaged", SFT, 1), env=_env(), capture_output=True, text=True)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "no intact checkpoint to resume" in done.stderr and "step_8" in done.stderr
+    assert time.monotonic() - started < 60 and not (run / "metrics.jsonl").exists() and not (run / "model").exists()
+    assert sorted(p.name for p in (run / "ckpt").glob("step_*")) == ["step_4", "step_8"], "left as they were"
+
+
+def test_a_full_disk_names_the_checkpoint_folder(tmp_path):
+    folder = tmp_path / "ckpt" / "step_3.partial"
+    with pytest.raises(
+        CheckpointWriteFailed, match=r"writing the checkpoint .*step_3.partial failed: the disk is full"
+    ):
+        with naming_a_full_disk(folder), open("/dev/full", "wb", buffering=0) as device:
+            device.write(b"\0" * 4096)  # the kernel answers ENOSPC, as a full file system does
+    with pytest.raises(OSError) as other:  # another write error is not put down to the disk
+        with naming_a_full_disk(folder):
+            raise OSError(errno.EACCES, "Permission denied")
+    assert other.value.errno == errno.EACCES
+
+
+def test_a_manifest_records_every_file_size(tmp_path):
+    from agentrl.training.checkpoint_files import damage_of, write_manifest
+
+    tag = tmp_path / "step_5"
+    (tag / "sub").mkdir(parents=True)
+    (tag / "mp_rank_00_model_states.pt").write_bytes(b"x" * 100)
+    (tag / "sub" / "more.pt").write_bytes(b"y" * 10)
+    (tag / "trainer_state.json").write_text(json.dumps({"step": 5}))
+    write_manifest(tag)
+    assert damage_of(tag) is None
+    (tag / "sub" / "more.pt").write_bytes(b"y" * 9)
+    assert "more.pt has 9 bytes, 10 were written" in damage_of(tag)
