@@ -14,9 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-import test_sft_distributed as sft_runs
 import torch
-from test_sft_distributed import BASE_SFT, _args, _env, _results, _train
+from helpers.sft_runs import BASE_SFT, sft_env, sft_run_args, sft_run_results, sft_workspace, train_sft_run
 
 from agentrl.training.checkpoint_files import (
     MANIFEST,
@@ -26,7 +25,12 @@ from agentrl.training.checkpoint_files import (
     naming_a_full_disk,
 )
 
-workspace = sft_runs.workspace  # the fixture: a tiny base model and 24 real tool-use conversations
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    """A tiny base model and 24 real tool-use conversations."""
+    return sft_workspace(tmp_path_factory.mktemp("sft"))
+
 
 SFT = {**BASE_SFT, "epochs": 2, "save_every_steps": 4, "keep_checkpoints": 2}  # 12 steps; step_4, step_8 kept
 
@@ -34,7 +38,7 @@ SFT = {**BASE_SFT, "epochs": 2, "save_every_steps": 4, "keep_checkpoints": 2}  #
 @pytest.fixture(scope="module")
 def reference(workspace):
     """An uninterrupted run: its metrics, its final weights, its checkpoint folder."""
-    metrics, weights = _train(workspace, "reference", SFT)
+    metrics, weights = train_sft_run(workspace, "reference", SFT)
     checkpoints = workspace / "reference" / "ckpt"
     assert sorted(p.name for p in checkpoints.glob("step_*")) == ["step_4", "step_8"]
     assert all((checkpoints / tag / MANIFEST).is_file() for tag in ("step_4", "step_8")), "sizes recorded"
@@ -85,10 +89,12 @@ def test_a_truncated_newest_checkpoint_is_survived_and_the_run_ends_with_the_uni
     run = workspace / "damaged"
     shutil.copytree(checkpoints, run / "ckpt")
     _truncate(_model_states(run / "ckpt" / "step_8"))
-    done = subprocess.run(_args(workspace, "damaged", SFT, 1), env=_env(), capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        sft_run_args(workspace, "damaged", SFT, 1), env=sft_env(), capture_output=True, text=True, timeout=900
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     assert "damaged checkpoint" in done.stderr and "truncated" in done.stderr, done.stderr[-3000:]
-    resumed, resumed_weights = _results(run)
+    resumed, resumed_weights = sft_run_results(run)
     assert [m["step"] for m in resumed] == list(range(1, 13)), "steps 5-12 trained again, none twice"
     torch.testing.assert_close(torch.tensor([m["loss"] for m in resumed]), torch.tensor([m["loss"] for m in metrics]))
     for key in weights:
@@ -104,7 +110,7 @@ def test_a_folder_without_an_intact_checkpoint_is_refused_before_any_process_sta
     with pytest.raises(CheckpointsDamaged, match="step_4.*truncated"):
         choose_checkpoint(run / "ckpt", repair=False)
     started = time.monotonic()
-    done = subprocess.run(_args(workspace, "all-damaged", SFT, 1), env=_env(), capture_output=True, text=True)
+    done = subprocess.run(sft_run_args(workspace, "all-damaged", SFT, 1), env=sft_env(), capture_output=True, text=True)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert "no intact checkpoint to resume" in done.stderr and "step_8" in done.stderr
     assert time.monotonic() - started < 60 and not (run / "metrics.jsonl").exists() and not (run / "model").exists()

@@ -16,14 +16,19 @@ import time
 from pathlib import Path
 
 import pytest
-import test_shards
-from test_shards import CONFIG, ROOT, _gather, _problems, _score
+from helpers.rollout import random_policy
+from helpers.shard_runs import SHARD_CONFIG, gather_shards, score_shard, shard_problems
+from helpers.workflows import ROOT
 
 from agentrl.data.records import write_records
 from agentrl.evaluation.shards import PARTIAL_SUFFIX
 
-model_dir = test_shards.model_dir  # the fixtures: a random tiny policy, the pool scored in one job
-scored = test_shards.scored
+
+@pytest.fixture(scope="module")
+def model_dir() -> Path:
+    """A random tiny policy."""
+    return Path(random_policy())
+
 
 POOL_SIZE = 30  # enough that a job stopped within seconds of its parent's death is mid-pool
 
@@ -32,16 +37,16 @@ POOL_SIZE = 30  # enough that a job stopped within seconds of its parent's death
 def big(model_dir, tmp_path_factory):
     """A pool of POOL_SIZE problems and what one uninterrupted job gathers into."""
     root = tmp_path_factory.mktemp("big")
-    write_records(_problems(POOL_SIZE), root / "pool.parquet")
-    _score(model_dir, root / "pool.parquet", root / "shards/0-of-1.jsonl", 0, 1)
-    return root / "pool.parquet", _gather(root / "pool.parquet", [root / "shards/0-of-1.jsonl"], root)
+    write_records(shard_problems(POOL_SIZE), root / "pool.parquet")
+    score_shard(model_dir, root / "pool.parquet", root / "shards/0-of-1.jsonl", 0, 1)
+    return root / "pool.parquet", gather_shards(root / "pool.parquet", [root / "shards/0-of-1.jsonl"], root)
 
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
 
 
 def _command(model_dir: Path, pool: Path, out: Path) -> list[str]:
-    command = [sys.executable, "-m", "agentrl", "filter", "score-shard", "--config-json", json.dumps(CONFIG)]
+    command = [sys.executable, "-m", "agentrl", "filter", "score-shard", "--config-json", json.dumps(SHARD_CONFIG)]
     command += ["--model", str(model_dir), "--pool", str(pool), "--shard", "0", "--shards", "1"]
     return [*command, "--out", str(out), "--threads", "1", "--problems-per-chunk", "1"]
 
@@ -87,7 +92,7 @@ def test_an_orphaned_shard_job_stops_within_seconds_and_the_rerun_takes_its_prob
     again = subprocess.run(_command(model_dir, pool, out), env=ENV, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"{kept} already finished, {POOL_SIZE - kept} to roll out" in again.stderr, "none rolled out twice"
-    assert _gather(pool, [out], tmp_path) == one, "the result of an uninterrupted run"
+    assert gather_shards(pool, [out], tmp_path) == one, "the result of an uninterrupted run"
 
 
 @pytest.mark.slow  # two jobs on one shard file
@@ -112,7 +117,7 @@ def test_a_second_job_waits_for_the_first_and_a_sigterm_keeps_the_finished_probl
     assert second.wait(timeout=300) == 0
     stderr = second.stderr.read()
     assert f"{kept} already finished, {POOL_SIZE - kept} to roll out" in stderr, stderr[-3000:]
-    assert _gather(pool, [out], tmp_path) == one
+    assert gather_shards(pool, [out], tmp_path) == one
 
 
 def test_a_finished_shard_file_is_never_written_again(model_dir, scored, tmp_path):
@@ -121,6 +126,6 @@ def test_a_finished_shard_file_is_never_written_again(model_dir, scored, tmp_pat
     out.parent.mkdir()
     shutil.copy2(finished, out)  # what an orphan that got its last problem in left
     before = (out.read_bytes(), out.stat().st_mtime_ns)
-    _score(model_dir, pool, out, 0, 1)
+    score_shard(model_dir, pool, out, 0, 1)
     assert (out.read_bytes(), out.stat().st_mtime_ns) == before
     assert not out.with_name(out.name + PARTIAL_SUFFIX).exists()
