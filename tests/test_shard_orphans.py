@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from helpers.rollout import random_policy
-from helpers.shard_runs import SHARD_CONFIG, gather_shards, score_shard, shard_problems
+from helpers.shard_runs import SHARD_CONFIG, gather_shards, score_shard, scored_in_one_job, shard_problems
 from helpers.workflows import ROOT
 
 from agentrl.data.records import write_records
@@ -28,6 +28,12 @@ from agentrl.evaluation.shards import PARTIAL_SUFFIX
 def model_dir() -> Path:
     """A random tiny policy."""
     return Path(random_policy())
+
+
+@pytest.fixture(scope="module")
+def scored(model_dir, tmp_path_factory):
+    """The pool scored in one job: (pool path, the shard file, gathered pass rates and samples)."""
+    return scored_in_one_job(model_dir, tmp_path_factory.mktemp("one"))
 
 
 POOL_SIZE = 30  # enough that a job stopped within seconds of its parent's death is mid-pool
