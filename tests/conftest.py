@@ -43,3 +43,30 @@ def interpreter_and_sandbox():
     cfg = load_config({"sandbox": {"workers": 2}})
     with make_sandbox(cfg.sandbox) as sandbox:
         yield CodeInterpreter(sandbox, cfg.tool), sandbox
+
+
+@pytest.fixture(scope="module")
+def tiny_sft_workspace(tmp_path_factory):
+    """A folder with 24 tool-use conversations (sft.parquet) and a tiny base model trained on them
+    (base/), built once per module (helpers.sft_runs.sft_workspace)."""
+    from helpers.sft_runs import sft_workspace
+
+    return sft_workspace(tmp_path_factory.mktemp("sft"))
+
+
+@pytest.fixture(scope="module")
+def random_policy_dir():
+    """The folder of helpers.rollout's random tiny policy (built once per session)."""
+    from pathlib import Path
+
+    from helpers.rollout import random_policy
+
+    return Path(random_policy())
+
+
+@pytest.fixture(scope="module")
+def pool_scored_in_one_job(random_policy_dir, tmp_path_factory):
+    """9 problems scored as one shard: (pool path, the shard file, gathered pass rates and samples)."""
+    from helpers.shard_runs import scored_in_one_job
+
+    return scored_in_one_job(random_policy_dir, tmp_path_factory.mktemp("one"))

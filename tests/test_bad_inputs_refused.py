@@ -12,7 +12,6 @@ import socket
 from pathlib import Path
 
 import pytest
-from helpers.sft_runs import sft_workspace
 from helpers.stage_inputs import (
     CODE_PROBLEM,
     SFT_EXAMPLE,
@@ -27,13 +26,6 @@ from helpers.workflows import ROOT, run_snakemake
 from agentrl.config import load_config, load_config_file
 from agentrl.data.records import Problem, SftExample, write_records
 from agentrl.errors import DataFormatError
-
-
-@pytest.fixture(scope="module")
-def workspace(tmp_path_factory):
-    """A real tiny base model and its SFT data (slow tests only)."""
-    return sft_workspace(tmp_path_factory.mktemp("sft"))
-
 
 # --------------------------------------------------------------------------- config files and values
 # name -> (file content as bytes, fragments the message must hold)
@@ -281,11 +273,11 @@ def test_prepare_refuses_a_bad_row_before_writing_anything(tmp_path):
 
 
 @pytest.mark.slow
-def test_sft_refuses_a_set_without_a_trained_token_before_the_model_loads(workspace, tmp_path):
+def test_sft_refuses_a_set_without_a_trained_token_before_the_model_loads(tiny_sft_workspace, tmp_path):
     user_only = [SftExample(f"s{i}", [{"role": "user", "content": f"question {i}"}], []) for i in range(8)]
     write_records(user_only, tmp_path / "sft.parquet")
     args = ["sft", "--config-json", json.dumps({"sft": {"global_batch_size": 4, "micro_batch_size": 2}})]
-    args += ["--model", workspace / "base", "--data", tmp_path / "sft.parquet", "--out", tmp_path / "out/sft"]
+    args += ["--model", tiny_sft_workspace / "base", "--data", tmp_path / "sft.parquet", "--out", tmp_path / "out/sft"]
     args += ["--metrics", tmp_path / "out/metrics.jsonl", "--checkpoint-dir", tmp_path / "ck", "--nproc", "0"]
     completed = run_agentrl(*args, cwd=tmp_path)
     assert completed.returncode == 2 and "Traceback" not in completed.stderr, completed.stderr[-3000:]

@@ -21,7 +21,6 @@ from helpers.sft_runs import (
     sft_env,
     sft_run_args,
     sft_run_results,
-    sft_workspace,
     train_sft_run,
 )
 from safetensors.torch import load_file
@@ -31,20 +30,15 @@ from agentrl.data.prompts import CODE_INTERPRETER_TOOL
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def workspace(tmp_path_factory):
-    return sft_workspace(tmp_path_factory.mktemp("sft"))
-
-
-def test_two_processes_zero2_and_zero3_follow_the_single_process_loss_curve(workspace):
-    single, single_weights = train_sft_run(workspace, "one", {**BASE_SFT, "deepspeed": {"zero_stage": 2}})
+def test_two_processes_zero2_and_zero3_follow_the_single_process_loss_curve(tiny_sft_workspace):
+    single, single_weights = train_sft_run(tiny_sft_workspace, "one", {**BASE_SFT, "deepspeed": {"zero_stage": 2}})
     assert [m["step"] for m in single] == list(range(1, 13))
     assert single[-1]["loss"] < 0.8 * single[0]["loss"], "the model must learn"
-    base = load_file(workspace / "base" / "model.safetensors")
+    base = load_file(tiny_sft_workspace / "base" / "model.safetensors")
     assert any(not torch.equal(base[k], single_weights[k]) for k in base)
     for stage in (2, 3):
         double, weights = train_sft_run(
-            workspace, f"two-zero{stage}", {**BASE_SFT, "deepspeed": {"zero_stage": stage}}, 2
+            tiny_sft_workspace, f"two-zero{stage}", {**BASE_SFT, "deepspeed": {"zero_stage": stage}}, 2
         )
         losses = torch.tensor([m["loss"] for m in double])
         torch.testing.assert_close(losses, torch.tensor([m["loss"] for m in single]), rtol=1e-4, atol=1e-5)
@@ -59,11 +53,11 @@ def test_two_processes_zero2_and_zero3_follow_the_single_process_loss_curve(work
             torch.testing.assert_close(weights[key], single_weights[key], rtol=1e-3, atol=1e-4)
 
 
-def test_the_output_is_a_hugging_face_folder_the_rollout_engines_load(workspace):
+def test_the_output_is_a_hugging_face_folder_the_rollout_engines_load(tiny_sft_workspace):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    train_sft_run(workspace, "hf", {**BASE_SFT, "epochs": 1})
-    folder = workspace / "hf" / "model"
+    train_sft_run(tiny_sft_workspace, "hf", {**BASE_SFT, "epochs": 1})
+    folder = tiny_sft_workspace / "hf" / "model"
     assert {"config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja"} <= {
         p.name for p in folder.iterdir()
     }
@@ -95,14 +89,14 @@ def _wait_for_step(metrics: Path, step: int, proc: subprocess.Popen, timeout: fl
     raise TimeoutError(f"step {step} never appeared in {metrics}")
 
 
-def test_a_killed_run_resumes_from_its_last_checkpoint_and_ends_with_the_same_model(workspace):
+def test_a_killed_run_resumes_from_its_last_checkpoint_and_ends_with_the_same_model(tiny_sft_workspace):
     sft = {**BASE_SFT, "epochs": 4, "save_every_steps": 4, "keep_checkpoints": 2}
-    reference, reference_weights = train_sft_run(workspace, "uninterrupted", sft)
+    reference, reference_weights = train_sft_run(tiny_sft_workspace, "uninterrupted", sft)
     assert len(reference) == 24
 
-    run = workspace / "killed"
+    run = tiny_sft_workspace / "killed"
     proc = subprocess.Popen(
-        sft_run_args(workspace, "killed", sft, 1),
+        sft_run_args(tiny_sft_workspace, "killed", sft, 1),
         env=sft_env(),
         start_new_session=True,
         stdout=subprocess.DEVNULL,
@@ -122,7 +116,7 @@ def test_a_killed_run_resumes_from_its_last_checkpoint_and_ends_with_the_same_mo
 
     (run / "metrics.jsonl").unlink()  # as Snakemake removes a failed job's outputs: the checkpoint has them
     done = subprocess.run(
-        sft_run_args(workspace, "killed", sft, 1), env=sft_env(), capture_output=True, text=True, timeout=900
+        sft_run_args(tiny_sft_workspace, "killed", sft, 1), env=sft_env(), capture_output=True, text=True, timeout=900
     )
     assert done.returncode == 0, done.stderr[-4000:]
     assert f"after step {latest}" in done.stderr, done.stderr[-2000:]
@@ -136,12 +130,12 @@ def test_a_killed_run_resumes_from_its_last_checkpoint_and_ends_with_the_same_mo
         torch.testing.assert_close(resumed_weights[key], reference_weights[key], rtol=1e-5, atol=1e-6)
 
 
-def test_checkpoints_of_another_setup_are_kept_and_refused(workspace):
+def test_checkpoints_of_another_setup_are_kept_and_refused(tiny_sft_workspace):
     sft = {**BASE_SFT, "epochs": 1, "save_every_steps": 2}
-    train_sft_run(workspace, "setup", sft)
-    checkpoints = workspace / "setup" / "ckpt"
+    train_sft_run(tiny_sft_workspace, "setup", sft)
+    checkpoints = tiny_sft_workspace / "setup" / "ckpt"
     kept = sorted(p.relative_to(checkpoints) for p in checkpoints.rglob("*") if p.is_file())
-    args = sft_run_args(workspace, "setup", {**sft, "lr": 1e-3}, 1)
+    args = sft_run_args(tiny_sft_workspace, "setup", {**sft, "lr": 1e-3}, 1)
     done = subprocess.run(args, env=sft_env(), capture_output=True, text=True, timeout=900)
     assert done.returncode == 2, done.stderr[-4000:]
     # the message names what changed and how to start over; the folder is as it was
@@ -151,5 +145,5 @@ def test_checkpoints_of_another_setup_are_kept_and_refused(workspace):
     checkpoints.rename(checkpoints.with_name("ckpt.old"))
     done = subprocess.run(args, env=sft_env(), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0 and "resumed from" not in done.stderr, done.stderr[-4000:]
-    metrics, _ = sft_run_results(workspace / "setup")
+    metrics, _ = sft_run_results(tiny_sft_workspace / "setup")
     assert [m["step"] for m in metrics] == list(range(1, 7))

@@ -17,17 +17,12 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.sft_runs import sft_env, sft_run_args, sft_workspace
+from helpers.sft_runs import sft_env, sft_run_args
 
 pytestmark = pytest.mark.slow
 
 SFT = {"epochs": 1, "global_batch_size": 4, "micro_batch_size": 2, "lr": 1e-2, "max_length": 512}
 START_TIMEOUT_S = 240  # a hang on a build lock never ends; a healthy tiny run takes well under a minute
-
-
-@pytest.fixture(scope="module")
-def workspace(tmp_path_factory) -> Path:
-    return sft_workspace(tmp_path_factory.mktemp("sft-preempt"))
 
 
 def _env(extensions: Path) -> dict[str, str]:
@@ -48,10 +43,10 @@ def _processes_mentioning(text: str) -> list[str]:
     return found
 
 
-def _finish(workspace: Path, name: str, extensions: Path) -> subprocess.CompletedProcess:
+def _finish(tiny_sft_workspace: Path, name: str, extensions: Path) -> subprocess.CompletedProcess:
     try:
         return subprocess.run(
-            sft_run_args(workspace, name, SFT, 1),
+            sft_run_args(tiny_sft_workspace, name, SFT, 1),
             env=_env(extensions),
             capture_output=True,
             text=True,
@@ -69,12 +64,12 @@ def _steps(run: Path) -> list[int]:
     return [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
-def test_kills_in_the_first_minute_on_a_fresh_extensions_cache_then_a_restart_finishes(workspace, tmp_path):
+def test_kills_in_the_first_minute_on_a_fresh_extensions_cache_then_a_restart_finishes(tiny_sft_workspace, tmp_path):
     extensions = tmp_path / "torch_extensions"
     moments = sorted(random.Random(26).uniform(2.0, 60.0) for _ in range(3))
     for moment in moments:
         process = subprocess.Popen(
-            sft_run_args(workspace, "killed", SFT, 1),
+            sft_run_args(tiny_sft_workspace, "killed", SFT, 1),
             env=_env(extensions),
             start_new_session=True,
             stdout=subprocess.DEVNULL,
@@ -89,17 +84,17 @@ def test_kills_in_the_first_minute_on_a_fresh_extensions_cache_then_a_restart_fi
     time.sleep(1.0)
     assert _processes_mentioning(str(extensions)) == [], "a compiler outlived the job"
 
-    done = _finish(workspace, "killed", extensions)
+    done = _finish(tiny_sft_workspace, "killed", extensions)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert _steps(workspace / "killed") == list(range(1, 7)), "every step once"
+    assert _steps(tiny_sft_workspace / "killed") == list(range(1, 7)), "every step once"
     assert not list(extensions.rglob("lock")), "no build lock left"
 
 
-def test_a_stale_build_lock_in_the_extensions_cache_does_not_hold_a_start(workspace, tmp_path):
+def test_a_stale_build_lock_in_the_extensions_cache_does_not_hold_a_start(tiny_sft_workspace, tmp_path):
     extensions = tmp_path / "torch_extensions"
     for build in ("py311_cpu/deepspeed_shm_comm", "deepspeed_shm_comm"):  # with and without torch's prefix
         (extensions / build).mkdir(parents=True)
         (extensions / build / "lock").write_text("")  # what a build killed half-way leaves
-    done = _finish(workspace, "locked", extensions)
+    done = _finish(tiny_sft_workspace, "locked", extensions)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert _steps(workspace / "locked") == list(range(1, 7))
+    assert _steps(tiny_sft_workspace / "locked") == list(range(1, 7))
