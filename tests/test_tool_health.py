@@ -36,12 +36,7 @@ def sandbox_cfg(**overrides):
     return load_config({"sandbox": {**FAST, **overrides}}).sandbox
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
