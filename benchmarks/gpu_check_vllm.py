@@ -229,8 +229,9 @@ def part_engine(state: dict[str, Any], size: dict[str, Any]) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from agentrl.precision import resolve_dtype
     from agentrl.rollout import SamplingParams
-    from agentrl.rollout.engine import default_device, resolve_dtype
+    from agentrl.rollout.engine import default_device
     from agentrl.rollout.vllm_engine import VllmEngine
 
     cfg = rollout_config(size)
@@ -297,13 +298,14 @@ def part_long_sequence(state: dict[str, Any], size: dict[str, Any]) -> dict[str,
     import torch
     from transformers import AutoModelForCausalLM
 
+    from agentrl.precision import resolve_dtype
     from agentrl.training import deepspeed_engine as dse
 
     ctx = state["ctx"]
     engine = state.get("engine")  # None without vLLM: the step runs on the GPU alone
     if engine is not None:
         engine.sleep()
-    dtype = dse.resolve_dtype("auto", ctx.device)
+    dtype = resolve_dtype("auto", ctx.device)
     model = AutoModelForCausalLM.from_pretrained(state["model_dir"], dtype=torch.float32).to(ctx.device)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     ds_config = dse.fill_deepspeed_config(

@@ -40,7 +40,10 @@ def workdir(tmp_path_factory) -> Path:
         "results/filter/stats.json",
         "results/filter/pass_rate_hist.png",
         "results/filter/samples.jsonl",  # the scoring's tokens, for the report's cost table
+        # a released checkpoint is checked as a model folder at load: config, weights, tokenizer
         "ckpt/step_30/config.json",
+        "ckpt/step_30/pytorch_model.bin",
+        "ckpt/step_30/tokenizer.json",
     ]
     for source in sources:
         (root / source).parent.mkdir(parents=True, exist_ok=True)
