@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from workflow_runs import ROOT, job_counts, run_snakemake
+from helpers.workflows import ROOT, job_counts, run_snakemake
 
 pytestmark = pytest.mark.slow
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from preset_configs import AS_RELEASED, PAPER, resolved
-from workflow_runs import ROOT, jobs_in_listing, rules_of, run_snakemake
+from helpers.presets import AS_RELEASED, PAPER, resolved
+from helpers.workflows import ROOT, jobs_in_listing, rules_of, run_snakemake
 
 from agentrl.config import load_config
 

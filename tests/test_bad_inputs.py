@@ -10,16 +10,23 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from helpers.stage_inputs import (
+    CODE_PROBLEM,
+    SFT_EXAMPLE,
+    assert_refused,
+    fake_model,
+    problems_file,
+    run_agentrl,
+    sft_command,
+)
 
 from agentrl.config import ConfigError, check_cross_keys, cross_key_problems, load_config
-from agentrl.data.records import Problem, SftExample, read_problems, read_sft_examples, write_records
+from agentrl.data.records import read_problems, read_sft_examples, write_records
 from agentrl.data.upstream import read_rows
 from agentrl.errors import DataFormatError, ModelFolderError
 from agentrl.evaluation.samples import read_jsonl
@@ -27,77 +34,35 @@ from agentrl.model.folder import check_model_folder
 from agentrl.training.metrics import read_metrics
 
 
-def agentrl(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
-    command = [sys.executable, "-m", "agentrl", *map(str, args)]
-    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-
-
-def assert_refused(completed: subprocess.CompletedProcess, *fragments: str) -> None:
-    assert completed.returncode == 2, (completed.returncode, completed.stderr[-2000:])
-    assert "Traceback" not in completed.stderr, completed.stderr[-2000:]
-    for fragment in fragments:
-        assert fragment in completed.stderr, (fragment, completed.stderr[-2000:])
-
-
-PROBLEM = Problem(
-    "p0", "embedded-code", [{"role": "user", "content": "hi"}], "code", {"inputs": ["1"], "outputs": ["1"]}
-)
-SFT = SftExample("s0", [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}], [])
-
-
-def problems_file(path: Path, rows: list[dict]) -> Path:
-    pd.DataFrame(rows).to_parquet(path, index=False)
-    return path
-
-
-def fake_model(folder: Path, tokenizer: bool = True) -> Path:
-    """A folder that passes the cheap checks: config, a valid safetensors header, a tokenizer file."""
-    folder.mkdir(parents=True)
-    (folder / "config.json").write_text('{"model_type": "llama"}')
-    header = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
-    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 4)
-    if tokenizer:
-        (folder / "tokenizer.json").write_text("{}")
-    return folder
-
-
-def sft_command(tmp_path: Path, model: Path, data: Path, **outputs: Path) -> list:
-    paths = {"out": tmp_path / "out/sft", "metrics": tmp_path / "out/metrics.jsonl", "checkpoint_dir": tmp_path / "ck"}
-    paths.update(outputs)
-    return ["sft", "--model", model, "--data", data, "--out", paths["out"], "--metrics", paths["metrics"],
-            "--checkpoint-dir", paths["checkpoint_dir"], "--nproc", "0"]  # fmt: skip
-
-
 # --------------------------------------------------------------------------- missing column, wrong type, bad JSON
 def test_missing_column_names_the_file_and_the_column(tmp_path):
-    row = PROBLEM.to_row()
+    row = CODE_PROBLEM.to_row()
     del row["ground_truth"]
     path = problems_file(tmp_path / "eval.parquet", [row])
     with pytest.raises(DataFormatError, match=r"eval.parquet: column\(s\) \['ground_truth'\] missing"):
         read_problems(path)
-    sft_row = SFT.to_row()
+    sft_row = SFT_EXAMPLE.to_row()
     del sft_row["messages"]  # was KeyError: 'messages'
     with pytest.raises(DataFormatError, match=r"sft.parquet: column\(s\) \['messages'\] missing"):
         read_sft_examples(problems_file(tmp_path / "sft.parquet", [sft_row]))
-    completed = agentrl("evaluate", "export-livecodebench", "--problems", path, "--samples", tmp_path / "s.jsonl",
+    completed = run_agentrl("evaluate", "export-livecodebench", "--problems", path, "--samples", tmp_path / "s.jsonl",
                         "--out", tmp_path / "lcb.json", cwd=tmp_path)  # fmt: skip
     assert_refused(completed, "eval.parquet", "'ground_truth'")
     assert not (tmp_path / "lcb.json").exists()
 
 
 def test_wrong_type_and_bad_json_name_the_row_and_the_column(tmp_path):
-    rows = [PROBLEM.to_row() for _ in range(4)]
+    rows = [CODE_PROBLEM.to_row() for _ in range(4)]
     rows[2] = {**rows[2], "prompt": '[{"role": "user", "content": "hi"}'}  # unterminated: bad JSON in row 2
     with pytest.raises(DataFormatError, match=r"bad.parquet: row 2, column 'prompt': not JSON .*line 1 column 35"):
         read_problems(problems_file(tmp_path / "bad.parquet", rows))
-    rows[2] = {**PROBLEM.to_row(), "extra": "[1, 2]"}
+    rows[2] = {**CODE_PROBLEM.to_row(), "extra": "[1, 2]"}
     with pytest.raises(DataFormatError, match=r"row 2, column 'extra': expected dict, got list"):
         read_problems(problems_file(tmp_path / "bad.parquet", rows))
-    rows[2] = {**PROBLEM.to_row(), "prompt": '[{"content": "no role"}]'}
+    rows[2] = {**CODE_PROBLEM.to_row(), "prompt": '[{"content": "no role"}]'}
     with pytest.raises(DataFormatError, match=r"row 2, column 'prompt': message 0 is not an object with a 'role'"):
         read_problems(problems_file(tmp_path / "bad.parquet", rows))
-    sft_rows = [SFT.to_row(), {**SFT.to_row(), "tools": "{}"}]
+    sft_rows = [SFT_EXAMPLE.to_row(), {**SFT_EXAMPLE.to_row(), "tools": "{}"}]
     with pytest.raises(DataFormatError, match=r"row 1, column 'tools': expected list, got dict"):
         read_sft_examples(problems_file(tmp_path / "sft.parquet", sft_rows))
 
@@ -129,8 +94,8 @@ def test_corrupt_parquet_and_safetensors_name_the_file(tmp_path):
     with pytest.raises(ModelFolderError, match=r"model.safetensors: not a safetensors file"):
         check_model_folder(model)
     data = tmp_path / "sft.parquet"
-    write_records([SFT], data)
-    completed = agentrl(*sft_command(tmp_path, model, data), cwd=tmp_path)
+    write_records([SFT_EXAMPLE], data)
+    completed = run_agentrl(*sft_command(tmp_path, model, data), cwd=tmp_path)
     assert_refused(completed, str(model / "model.safetensors"))
     assert not (tmp_path / "out/sft").exists() and not (tmp_path / "out/metrics.jsonl").exists()
 
@@ -138,10 +103,10 @@ def test_corrupt_parquet_and_safetensors_name_the_file(tmp_path):
 def test_missing_tokenizer_and_missing_model_folder_say_so(tmp_path):
     model = fake_model(tmp_path / "model", tokenizer=False)
     data = tmp_path / "sft.parquet"
-    write_records([SFT], data)
-    completed = agentrl(*sft_command(tmp_path, model, data), cwd=tmp_path)
+    write_records([SFT_EXAMPLE], data)
+    completed = run_agentrl(*sft_command(tmp_path, model, data), cwd=tmp_path)
     assert_refused(completed, "no tokenizer (tokenizer.json")  # was "install sentencepiece or tiktoken"
-    missing = agentrl(*sft_command(tmp_path, tmp_path / "results/models/base", data), cwd=tmp_path)
+    missing = run_agentrl(*sft_command(tmp_path, tmp_path / "results/models/base", data), cwd=tmp_path)
     assert_refused(missing, "results/models/base does not exist")  # was a bad hub repo id
 
 
@@ -150,16 +115,16 @@ def test_an_unwritable_output_is_found_before_any_work(tmp_path):
     """--metrics under a regular file: refused at start, before the model, the data or DeepSpeed."""
     (tmp_path / "blocker").write_text("a file where a folder is needed")
     data = tmp_path / "sft.parquet"
-    write_records([SFT], data)
-    completed = agentrl(
+    write_records([SFT_EXAMPLE], data)
+    completed = run_agentrl(
         *sft_command(tmp_path, fake_model(tmp_path / "model"), data, metrics=tmp_path / "blocker/metrics.jsonl"),
         cwd=tmp_path,
     )
     assert_refused(completed, "--metrics", "blocker/metrics.jsonl", "cannot be written")
     assert not (tmp_path / "out/sft").exists() and not (tmp_path / "ck").exists()
     problems = tmp_path / "eval.parquet"
-    write_records([PROBLEM], problems)
-    evaluate = agentrl("evaluate", "run", "--model", tmp_path / "model", "--problems", problems,
+    write_records([CODE_PROBLEM], problems)
+    evaluate = run_agentrl("evaluate", "run", "--model", tmp_path / "model", "--problems", problems,
                        "--samples", tmp_path / "blocker/samples.jsonl", "--metrics", tmp_path / "m.json",
                        cwd=tmp_path)  # fmt: skip
     assert_refused(evaluate, "--samples")
@@ -169,13 +134,13 @@ def test_an_unwritable_output_is_found_before_any_work(tmp_path):
 # --------------------------------------------------------------------------- empty input
 def test_empty_inputs_are_errors(tmp_path):
     empty = problems_file(tmp_path / "empty.parquet", [])
-    pd.DataFrame({c: pd.Series(dtype=str) for c in PROBLEM.to_row()}).to_parquet(empty, index=False)
+    pd.DataFrame({c: pd.Series(dtype=str) for c in CODE_PROBLEM.to_row()}).to_parquet(empty, index=False)
     with pytest.raises(DataFormatError, match=r"empty.parquet: no rows"):
         read_problems(empty)
     out = tmp_path / "lcb.json"
     samples = tmp_path / "samples.jsonl"
     samples.write_text("")
-    completed = agentrl("evaluate", "export-livecodebench", "--problems", empty, "--samples", samples,
+    completed = run_agentrl("evaluate", "export-livecodebench", "--problems", empty, "--samples", samples,
                         "--out", out, cwd=tmp_path)  # fmt: skip
     assert_refused(completed, "empty.parquet: no rows")  # was exit 0 and an empty output
     assert not out.exists()
@@ -216,13 +181,13 @@ def test_cross_key_config_is_refused_at_load_with_every_key_named():
 def test_stage_clis_report_config_errors_without_a_traceback(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("grpo:\n  batch_prompts: 12\n  mini_batch_prompts: 8\n")
-    grpo = agentrl("grpo", "--config", bad, "--model", tmp_path / "m", "--train", tmp_path / "t.parquet",
+    grpo = run_agentrl("grpo", "--config", bad, "--model", tmp_path / "m", "--train", tmp_path / "t.parquet",
                    "--out", tmp_path / "o", "--metrics", tmp_path / "x.jsonl", "--checkpoint-dir", tmp_path / "c",
                    cwd=tmp_path)  # fmt: skip
     assert_refused(grpo, "grpo.batch_prompts (12) must be a multiple of grpo.mini_batch_prompts (8)")
     unknown = tmp_path / "unknown.yaml"
     unknown.write_text("sft:\n  epochz: 3\n")
-    sft = agentrl("sft", "--config", unknown, "--model", tmp_path / "m", "--data", tmp_path / "d.parquet",
+    sft = run_agentrl("sft", "--config", unknown, "--model", tmp_path / "m", "--data", tmp_path / "d.parquet",
                   "--out", tmp_path / "o", "--metrics", tmp_path / "x.jsonl", "--checkpoint-dir", tmp_path / "c",
                   cwd=tmp_path)  # fmt: skip
     assert_refused(sft, "epochz")  # was a traceback and exit 1
@@ -254,7 +219,7 @@ def upstream_config(tmp_path: Path, sft: Path, rl: Path) -> Path:
 
 def prepare_data(tmp_path: Path, config: Path) -> subprocess.CompletedProcess:
     out = tmp_path / "prepared"
-    return agentrl("prepare-data", "--config", config, "--sft", out / "sft.parquet", "--rl-pool",
+    return run_agentrl("prepare-data", "--config", config, "--sft", out / "sft.parquet", "--rl-pool",
                    out / "rl_pool.parquet", "--eval-dir", out / "eval", cwd=tmp_path)  # fmt: skip
 
 
@@ -283,15 +248,17 @@ def grpo_command(tmp_path: Path, model: Path, train: Path, out: Path | None = No
 
 def test_cli_wrong_type_in_a_column_names_the_file_row_and_column(tmp_path):
     """GRPO reads its problems before DeepSpeed starts; SFT its conversations."""
-    rows = [PROBLEM.to_row() for _ in range(3)]
+    rows = [CODE_PROBLEM.to_row() for _ in range(3)]
     rows[1] = {**rows[1], "extra": "[1, 2]"}  # valid JSON, wrong type: a list where a dict belongs
     train = problems_file(tmp_path / "rl_train.parquet", rows)
     model = fake_model(tmp_path / "model")
-    grpo = agentrl(*grpo_command(tmp_path, model, train), cwd=tmp_path)
+    grpo = run_agentrl(*grpo_command(tmp_path, model, train), cwd=tmp_path)
     assert_refused(grpo, "rl_train.parquet: row 1, column 'extra': expected dict, got list")
     assert_nothing_written(tmp_path / "out")
-    data = problems_file(tmp_path / "sft.parquet", [SFT.to_row(), SFT.to_row(), {**SFT.to_row(), "tools": "{}"}])
-    sft = agentrl(*sft_command(tmp_path, model, data), cwd=tmp_path)
+    data = problems_file(
+        tmp_path / "sft.parquet", [SFT_EXAMPLE.to_row(), SFT_EXAMPLE.to_row(), {**SFT_EXAMPLE.to_row(), "tools": "{}"}]
+    )
+    sft = run_agentrl(*sft_command(tmp_path, model, data), cwd=tmp_path)
     assert_refused(sft, "sft.parquet: row 2, column 'tools': expected list, got dict")
     assert_nothing_written(tmp_path / "out")
     assert not (tmp_path / "ck").exists()
@@ -322,9 +289,9 @@ def test_cli_corrupt_parquet_names_the_file(tmp_path):
     model = fake_model(tmp_path / "model")
     corrupt = tmp_path / "rl_train.parquet"
     corrupt.write_bytes(b"PAR1" + os.urandom(200) + b"PAR1")
-    grpo = agentrl(*grpo_command(tmp_path, model, corrupt), cwd=tmp_path)
+    grpo = run_agentrl(*grpo_command(tmp_path, model, corrupt), cwd=tmp_path)
     assert_refused(grpo, f"{corrupt}: not a readable parquet file")
-    sft = agentrl(*sft_command(tmp_path, model, corrupt), cwd=tmp_path)
+    sft = run_agentrl(*sft_command(tmp_path, model, corrupt), cwd=tmp_path)
     assert_refused(sft, f"{corrupt}: not a readable parquet file")
     assert_nothing_written(tmp_path / "out")
     assert not (tmp_path / "ck").exists() and not (tmp_path / "out/rl_ck").exists()
@@ -335,16 +302,16 @@ def test_cli_unwritable_out_of_grpo_and_filter_scoring_is_found_before_any_work(
     exist here) and before any data is read, with nothing written."""
     (tmp_path / "blocker").write_text("a file where a folder is needed")
     missing_model, missing_data = tmp_path / "no-model", tmp_path / "no-data.parquet"
-    grpo = agentrl(*grpo_command(tmp_path, missing_model, missing_data, out=tmp_path / "blocker/rl"), cwd=tmp_path)
+    grpo = run_agentrl(*grpo_command(tmp_path, missing_model, missing_data, out=tmp_path / "blocker/rl"), cwd=tmp_path)
     assert_refused(grpo, "--out", "blocker/rl", "cannot be written")
     assert "no-model" not in grpo.stderr and "no-data" not in grpo.stderr, grpo.stderr[-2000:]
     assert_nothing_written(tmp_path / "out")
     assert not (tmp_path / "out/rl_ck").exists()
     score = ["filter", "score", "--model", missing_model, "--pool", missing_data]
-    bad_out = agentrl(*score, "--out", tmp_path / "blocker/pass_rates.parquet", "--samples",
+    bad_out = run_agentrl(*score, "--out", tmp_path / "blocker/pass_rates.parquet", "--samples",
                       tmp_path / "filter/samples.jsonl", cwd=tmp_path)  # fmt: skip
     assert_refused(bad_out, "--out", "blocker/pass_rates.parquet", "cannot be written")
-    bad_samples = agentrl(*score, "--out", tmp_path / "filter/pass_rates.parquet", "--samples",
+    bad_samples = run_agentrl(*score, "--out", tmp_path / "filter/pass_rates.parquet", "--samples",
                           tmp_path / "blocker/samples.jsonl", cwd=tmp_path)  # fmt: skip
     assert_refused(bad_samples, "--samples", "blocker/samples.jsonl", "cannot be written")
     for completed in (bad_out, bad_samples):
@@ -354,8 +321,8 @@ def test_cli_unwritable_out_of_grpo_and_filter_scoring_is_found_before_any_work(
 
 def test_cli_empty_sft_file_is_an_error(tmp_path):
     empty = tmp_path / "sft.parquet"
-    pd.DataFrame({c: pd.Series(dtype=str) for c in SFT.to_row()}).to_parquet(empty, index=False)
-    sft = agentrl(*sft_command(tmp_path, fake_model(tmp_path / "model"), empty), cwd=tmp_path)
+    pd.DataFrame({c: pd.Series(dtype=str) for c in SFT_EXAMPLE.to_row()}).to_parquet(empty, index=False)
+    sft = run_agentrl(*sft_command(tmp_path, fake_model(tmp_path / "model"), empty), cwd=tmp_path)
     assert_refused(sft, "sft.parquet: no rows")
     assert_nothing_written(tmp_path / "out")
     assert not (tmp_path / "ck").exists()
@@ -370,7 +337,7 @@ def test_cli_empty_sft_file_is_an_error(tmp_path):
 
 def test_snakemake_dry_run_refuses_a_response_budget_below_the_overlong_length(tmp_path):
     """Was silent: the overlong penalty could never apply. Now `snakemake -n` names both keys."""
-    from workflow_runs import TINY, run_snakemake, write_config
+    from helpers.workflows import TINY, run_snakemake, write_config
 
     budget = {"rollout": {"max_response_tokens": 16}, "reward": {"overlong": {"enable": True}}}
     write_config(tmp_path, TINY, budget)  # TINY's overlong.max_response_length is 32

@@ -12,15 +12,20 @@ import socket
 from pathlib import Path
 
 import pytest
-import test_sft_distributed
-from test_bad_inputs import PROBLEM, SFT, agentrl, assert_refused, fake_model, problems_file, sft_command
-from workflow_runs import ROOT, run_snakemake
+from helpers.stage_inputs import (
+    CODE_PROBLEM,
+    SFT_EXAMPLE,
+    assert_refused,
+    fake_model,
+    problems_file,
+    run_agentrl,
+    sft_command,
+)
+from helpers.workflows import ROOT, run_snakemake
 
 from agentrl.config import load_config, load_config_file
 from agentrl.data.records import Problem, SftExample, write_records
 from agentrl.errors import DataFormatError
-
-workspace = test_sft_distributed.workspace  # the fixture: a real tiny base model (slow tests only)
 
 # --------------------------------------------------------------------------- config files and values
 # name -> (file content as bytes, fragments the message must hold)
@@ -46,15 +51,15 @@ CONFIG_FILES = {
 def test_a_bad_config_file_is_refused_before_the_model_is_built(tmp_path, case):
     content, fragments = CONFIG_FILES[case]
     (tmp_path / "bad.yaml").write_bytes(content)
-    completed = agentrl("base-model", "--config", "bad.yaml", "--out", tmp_path / "base", cwd=tmp_path)
+    completed = run_agentrl("base-model", "--config", "bad.yaml", "--out", tmp_path / "base", cwd=tmp_path)
     assert_refused(completed, *fragments)
     assert not (tmp_path / "base").exists(), "nothing built"
 
 
 def test_a_config_path_that_is_a_folder_or_missing_names_it(tmp_path):
     (tmp_path / "cfg").mkdir()
-    assert_refused(agentrl("base-model", "--config", "cfg", "--out", "base", cwd=tmp_path), "cfg: is a folder")
-    assert_refused(agentrl("base-model", "--config", "nope.yaml", "--out", "base", cwd=tmp_path), "nope.yaml")
+    assert_refused(run_agentrl("base-model", "--config", "cfg", "--out", "base", cwd=tmp_path), "cfg: is a folder")
+    assert_refused(run_agentrl("base-model", "--config", "nope.yaml", "--out", "base", cwd=tmp_path), "nope.yaml")
     assert not (tmp_path / "base").exists()
 
 
@@ -78,8 +83,8 @@ def _dead_url() -> str:
 def _cases(tmp_path: Path) -> dict[str, tuple[list, list[str], list[Path]]]:
     """name -> (agentrl arguments, fragments of the message, paths that must not exist after)."""
     model = fake_model(tmp_path / "model")
-    data = problems_file(tmp_path / "sft.parquet", [SFT.to_row()])
-    problems = problems_file(tmp_path / "eval.parquet", [PROBLEM.to_row()])
+    data = problems_file(tmp_path / "sft.parquet", [SFT_EXAMPLE.to_row()])
+    problems = problems_file(tmp_path / "eval.parquet", [CODE_PROBLEM.to_row()])
     (tmp_path / "a_file").write_text("x")
     (tmp_path / "a_folder").mkdir()
     (tmp_path / "prog.py").write_text("print(1)\n")
@@ -186,7 +191,7 @@ CASE_NAMES = [
 @pytest.mark.parametrize("case", CASE_NAMES)
 def test_a_bad_argument_or_path_is_refused_before_any_work(tmp_path, case):
     args, fragments, absent = _cases(tmp_path)[case]
-    completed = agentrl(*args, cwd=tmp_path)
+    completed = run_agentrl(*args, cwd=tmp_path)
     assert_refused(completed, *fragments)
     assert "Loading" not in completed.stderr and "step 1" not in completed.stderr, "refused before the model loaded"
     for path in absent:
@@ -232,8 +237,8 @@ def test_the_workflow_refuses_at_load(tmp_path, case):
 def test_a_model_folder_check_reads_json_as_json(tmp_path):
     folder = fake_model(tmp_path / "m")
     (folder / "config.json").write_text(json.dumps(["not", "an", "object"]))
-    problems = problems_file(tmp_path / "p.parquet", [PROBLEM.to_row()])
-    completed = agentrl("rollout", "--model", folder, "--problems", problems, "--out", "o.jsonl", cwd=tmp_path)
+    problems = problems_file(tmp_path / "p.parquet", [CODE_PROBLEM.to_row()])
+    completed = run_agentrl("rollout", "--model", folder, "--problems", problems, "--out", "o.jsonl", cwd=tmp_path)
     assert_refused(completed, "config.json", "expected a JSON object")
 
 
@@ -251,9 +256,9 @@ BAD_ROWS = {
 @pytest.mark.parametrize("case", sorted(BAD_ROWS))
 def test_a_row_that_cannot_be_rolled_out_or_graded_is_refused_when_read(tmp_path, case):
     changes, column = BAD_ROWS[case]
-    rows = [PROBLEM.to_row(), PROBLEM.to_row(), {**PROBLEM.to_row(), **changes}]
+    rows = [CODE_PROBLEM.to_row(), CODE_PROBLEM.to_row(), {**CODE_PROBLEM.to_row(), **changes}]
     problems = problems_file(tmp_path / "eval.parquet", rows)
-    completed = agentrl("evaluate", "export-livecodebench", "--problems", problems, "--samples", tmp_path / "s.jsonl",
+    completed = run_agentrl("evaluate", "export-livecodebench", "--problems", problems, "--samples", tmp_path / "s.jsonl",
                         "--out", tmp_path / "lcb.json", cwd=tmp_path)  # fmt: skip
     assert_refused(completed, "eval.parquet: row 2", f"column '{column}'")
     assert not (tmp_path / "lcb.json").exists()
@@ -264,17 +269,17 @@ def test_prepare_refuses_a_bad_row_before_writing_anything(tmp_path):
 
     bad = Problem("p9", "embedded-arith", [{"role": "user", "content": "hi"}], "math", "   ")
     with pytest.raises(DataFormatError, match=r"rl_pool: row 1 \(id 'p9'\), column 'ground_truth': empty"):
-        check_problems([PROBLEM, bad], "rl_pool")
+        check_problems([CODE_PROBLEM, bad], "rl_pool")
 
 
 @pytest.mark.slow
-def test_sft_refuses_a_set_without_a_trained_token_before_the_model_loads(workspace, tmp_path):
+def test_sft_refuses_a_set_without_a_trained_token_before_the_model_loads(tiny_sft_workspace, tmp_path):
     user_only = [SftExample(f"s{i}", [{"role": "user", "content": f"question {i}"}], []) for i in range(8)]
     write_records(user_only, tmp_path / "sft.parquet")
     args = ["sft", "--config-json", json.dumps({"sft": {"global_batch_size": 4, "micro_batch_size": 2}})]
-    args += ["--model", workspace / "base", "--data", tmp_path / "sft.parquet", "--out", tmp_path / "out/sft"]
+    args += ["--model", tiny_sft_workspace / "base", "--data", tmp_path / "sft.parquet", "--out", tmp_path / "out/sft"]
     args += ["--metrics", tmp_path / "out/metrics.jsonl", "--checkpoint-dir", tmp_path / "ck", "--nproc", "0"]
-    completed = agentrl(*args, cwd=tmp_path)
+    completed = run_agentrl(*args, cwd=tmp_path)
     assert completed.returncode == 2 and "Traceback" not in completed.stderr, completed.stderr[-3000:]
     assert "sft.parquet: none of the 8 conversations has a trained token" in completed.stderr
     assert not (tmp_path / "out/sft").exists() and not (tmp_path / "out/metrics.jsonl").exists()

@@ -14,9 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-import test_sft_distributed as sft_runs
 import torch
-from test_sft_distributed import BASE_SFT, _args, _env, _results, _train
+from helpers.sft_runs import BASE_SFT, sft_env, sft_run_args, sft_run_results, train_sft_run
 
 from agentrl.training.checkpoint_files import (
     MANIFEST,
@@ -26,16 +25,14 @@ from agentrl.training.checkpoint_files import (
     naming_a_full_disk,
 )
 
-workspace = sft_runs.workspace  # the fixture: a tiny base model and 24 real tool-use conversations
-
 SFT = {**BASE_SFT, "epochs": 2, "save_every_steps": 4, "keep_checkpoints": 2}  # 12 steps; step_4, step_8 kept
 
 
 @pytest.fixture(scope="module")
-def reference(workspace):
+def reference(tiny_sft_workspace):
     """An uninterrupted run: its metrics, its final weights, its checkpoint folder."""
-    metrics, weights = _train(workspace, "reference", SFT)
-    checkpoints = workspace / "reference" / "ckpt"
+    metrics, weights = train_sft_run(tiny_sft_workspace, "reference", SFT)
+    checkpoints = tiny_sft_workspace / "reference" / "ckpt"
     assert sorted(p.name for p in checkpoints.glob("step_*")) == ["step_4", "step_8"]
     assert all((checkpoints / tag / MANIFEST).is_file() for tag in ("step_4", "step_8")), "sizes recorded"
     assert not list(checkpoints.glob("*.partial")), "no half-written folder left"
@@ -80,15 +77,19 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_newest_intact_one(referen
 
 
 @pytest.mark.slow
-def test_a_truncated_newest_checkpoint_is_survived_and_the_run_ends_with_the_uninterrupted_model(workspace, reference):
+def test_a_truncated_newest_checkpoint_is_survived_and_the_run_ends_with_the_uninterrupted_model(
+    tiny_sft_workspace, reference
+):
     metrics, weights, checkpoints = reference
-    run = workspace / "damaged"
+    run = tiny_sft_workspace / "damaged"
     shutil.copytree(checkpoints, run / "ckpt")
     _truncate(_model_states(run / "ckpt" / "step_8"))
-    done = subprocess.run(_args(workspace, "damaged", SFT, 1), env=_env(), capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        sft_run_args(tiny_sft_workspace, "damaged", SFT, 1), env=sft_env(), capture_output=True, text=True, timeout=900
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     assert "damaged checkpoint" in done.stderr and "truncated" in done.stderr, done.stderr[-3000:]
-    resumed, resumed_weights = _results(run)
+    resumed, resumed_weights = sft_run_results(run)
     assert [m["step"] for m in resumed] == list(range(1, 13)), "steps 5-12 trained again, none twice"
     torch.testing.assert_close(torch.tensor([m["loss"] for m in resumed]), torch.tensor([m["loss"] for m in metrics]))
     for key in weights:
@@ -96,15 +97,17 @@ def test_a_truncated_newest_checkpoint_is_survived_and_the_run_ends_with_the_uni
 
 
 @pytest.mark.slow
-def test_a_folder_without_an_intact_checkpoint_is_refused_before_any_process_starts(workspace, reference):
-    run = workspace / "all-damaged"
+def test_a_folder_without_an_intact_checkpoint_is_refused_before_any_process_starts(tiny_sft_workspace, reference):
+    run = tiny_sft_workspace / "all-damaged"
     shutil.copytree(reference[2], run / "ckpt")
     for tag in ("step_4", "step_8"):
         _truncate(_model_states(run / "ckpt" / tag))
     with pytest.raises(CheckpointsDamaged, match="step_4.*truncated"):
         choose_checkpoint(run / "ckpt", repair=False)
     started = time.monotonic()
-    done = subprocess.run(_args(workspace, "all-damaged", SFT, 1), env=_env(), capture_output=True, text=True)
+    done = subprocess.run(
+        sft_run_args(tiny_sft_workspace, "all-damaged", SFT, 1), env=sft_env(), capture_output=True, text=True
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert "no intact checkpoint to resume" in done.stderr and "step_8" in done.stderr
     assert time.monotonic() - started < 60 and not (run / "metrics.jsonl").exists() and not (run / "model").exists()

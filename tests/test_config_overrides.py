@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from workflow_runs import ROOT, jobs_in_listing, rules_of, run_snakemake
+from helpers.workflows import ROOT, jobs_in_listing, rules_of, run_snakemake
 
 from agentrl.config import (
     ConfigError,

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from helpers.tiny_models import qwen3_bf16
 
 from agentrl.config import load_config
 from agentrl.training.deepspeed_engine import (
@@ -49,29 +50,12 @@ def _paper_section(name: str):
     return getattr(load_config(raw), name)
 
 
-def _tiny_qwen3() -> torch.nn.Module:
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen3Config(
-        vocab_size=128,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        max_position_embeddings=64,
-    )
-    return Qwen3ForCausalLM(config).to(torch.bfloat16)
-
-
 @pytest.mark.parametrize(("section", "stage"), [("sft", 3), ("grpo", 2)])
 def test_the_paper_preset_accumulates_and_reduces_bf16_gradients_in_fp32(process_group, section, stage):
     settings = _paper_section(section)
     assert (settings.deepspeed.zero_stage, settings.deepspeed.dtype) == (stage, "bfloat16")
     engine = build_stage_engine(
-        _tiny_qwen3(),
+        qwen3_bf16(),
         settings,
         find_deepspeed_config(stage),
         process_group,

@@ -8,22 +8,12 @@ from collections import Counter
 
 import pytest
 
-from agentrl.config import EmbeddedDataConfig, load_config
+from agentrl.config import EmbeddedDataConfig
 from agentrl.data import embedded
-from agentrl.tools.code_interpreter import CodeInterpreter
-from agentrl.tools.sandbox import make_sandbox
-
-CFG = load_config({"sandbox": {"workers": 2}})
 
 
-@pytest.fixture(scope="module")
-def interpreter():
-    with make_sandbox(CFG.sandbox) as sandbox:
-        yield CodeInterpreter(sandbox, CFG.tool), sandbox
-
-
-def _generate(interpreter, seed=0, per_family=12, share=0.5):
-    tool, sandbox = interpreter
+def _generate(interpreter_and_sandbox, seed=0, per_family=12, share=0.5):
+    tool, sandbox = interpreter_and_sandbox
     setup = EmbeddedDataConfig(
         families=("arith", "choice", "program"),
         sft_per_family=per_family,
@@ -42,15 +32,15 @@ def _generate(interpreter, seed=0, per_family=12, share=0.5):
 
 
 @pytest.fixture(scope="module")
-def dataset(interpreter):
-    return _generate(interpreter)
+def dataset(interpreter_and_sandbox):
+    return _generate(interpreter_and_sandbox)
 
 
-def test_deterministic_from_the_seed(interpreter, dataset):
-    again = _generate(interpreter)
+def test_deterministic_from_the_seed(interpreter_and_sandbox, dataset):
+    again = _generate(interpreter_and_sandbox)
     assert [e.to_row() for e in again.sft] == [e.to_row() for e in dataset.sft]
     assert [p.to_row() for p in again.rl_pool] == [p.to_row() for p in dataset.rl_pool]
-    other = _generate(interpreter, seed=1)
+    other = _generate(interpreter_and_sandbox, seed=1)
     assert [p.prompt for p in other.rl_pool] != [p.prompt for p in dataset.rl_pool]
 
 
@@ -94,8 +84,8 @@ def test_share_of_trajectories_recover_from_a_failed_attempt(dataset):
     assert any("NameError" in text for text in errors) or any(text == "" for text in errors)
 
 
-def test_trajectories_replayed_through_the_sandbox_reproduce_their_tool_outputs(interpreter, dataset):
-    tool, _ = interpreter
+def test_trajectories_replayed_through_the_sandbox_reproduce_their_tool_outputs(interpreter_and_sandbox, dataset):
+    tool, _ = interpreter_and_sandbox
     for example in dataset.sft:
         calls = [m["tool_calls"][0]["function"]["arguments"]["code"] for m in example.messages if m.get("tool_calls")]
         recorded = [m["content"] for m in example.messages if m["role"] == "tool"]

@@ -76,7 +76,7 @@ def test_exact_pins_say_why():
 
 # --------------------------------------------------------------------------- imports vs envs
 # What each rule's stage imports when it starts must be in that rule's conda env (--sdm conda):
-# tests/slurm_submissions.py lists every job's env and shell command, and each entry point is
+# tests/helpers/slurm_submissions.py lists every job's env and shell command, and each entry point is
 # imported in a fresh interpreter that can see only the env's distributions (its pip list and
 # what they require, read from the installed metadata) besides the standard library and agentrl.
 # An optional import inside try/except (pyarrow's cloudpickle) then fails as it would in the env.
@@ -153,7 +153,7 @@ def rule_entries() -> dict[tuple[str, str], set[str]]:
     entries: dict[tuple[str, str], set[str]] = {}
     for args in (["all", "ablations"], ["all", "--configfile", "presets/paper-qwen3-4b.yaml"]):
         done = subprocess.run(
-            [sys.executable, str(ROOT / "tests" / "slurm_submissions.py"), *args],
+            [sys.executable, str(ROOT / "tests" / "helpers" / "slurm_submissions.py"), *args],
             cwd=ROOT,
             env={**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{os.environ.get('PYTHONPATH', '')}"},
             capture_output=True,

@@ -13,22 +13,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from workflow_runs import ROOT, job_counts, snakemake
+from helpers.workflows import job_counts, rules_snakefile, snakemake
 
 pytestmark = pytest.mark.slow
 
-WRAPPER = f"""
-import sys
-sys.path.insert(0, "{ROOT}/src")
-from agentrl.config import check_workflow_config
-configfile: "{ROOT}/config.yaml"
-check_workflow_config(config, [])  # as workflow/Snakefile: coerce, validate, fill the defaults
-include: "{ROOT}/rules/common.smk"
-include: "{ROOT}/rules/eval.smk"
-include: "{ROOT}/rules/report.smk"
-rule all:
-    input: REPORT_TARGETS, LIVECODEBENCH_EXPORTS
-"""
+WRAPPER = rules_snakefile(
+    "eval.smk", "report.smk", extra="rule all:\n    input: REPORT_TARGETS, LIVECODEBENCH_EXPORTS\n"
+)
 
 
 def _dry_run(workdir: Path, *args: str) -> tuple[dict[str, int], str]:

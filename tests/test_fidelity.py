@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_metrics import _verl_style_reference
-from test_presets import resolved
+from helpers.presets import resolved
+from helpers.upstream_metrics import verl_style_bootstrap
 
 from agentrl.config import SourceConfig, load_config
 from agentrl.data import prompts, upstream
@@ -27,22 +27,12 @@ def paper():
 
 @pytest.fixture(scope="module")
 def policy():
-    """The rollout tests' tiny random Qwen3 (rollout_fixtures.random_policy) and its tokenizer."""
-    from rollout_fixtures import random_policy
+    """The rollout tests' tiny random Qwen3 (helpers.rollout.random_policy) and its tokenizer."""
+    from helpers.rollout import random_policy
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model_dir = random_policy()
     return AutoModelForCausalLM.from_pretrained(model_dir).eval(), AutoTokenizer.from_pretrained(model_dir)
-
-
-@pytest.fixture(scope="module")
-def interpreter():
-    from agentrl.tools.code_interpreter import CodeInterpreter
-    from agentrl.tools.sandbox import make_sandbox
-
-    cfg = load_config({"sandbox": {"workers": 2}})
-    with make_sandbox(cfg.sandbox) as sandbox:
-        yield CodeInterpreter(sandbox, cfg.tool)
 
 
 def rl_row(data_source: str, content: str) -> dict:
@@ -139,10 +129,10 @@ def test_item7_missing_and_empty_boxes_are_one_vote_in_the_upstream_bootstrap():
     upstream_preds = ["" if p is None else p for p in preds]  # compute_score: pred None -> ""
     for k in (2, 4, 6):
         ours = bootstrap_best_and_maj(correct, preds, k, n_boot=300, seed=42)
-        assert ours == _verl_style_reference(correct, upstream_preds, k, 300, 42), k
+        assert ours == verl_style_bootstrap(correct, upstream_preds, k, 300, 42), k
     # at k = 6 the merged vote ("" four times) beats "7" far more often than two separate ones would
     merged = bootstrap_best_and_maj(correct, preds, 6, n_boot=300, seed=42)[1]
-    separate = _verl_style_reference(correct, preds, 6, 300, 42)[1]
+    separate = verl_style_bootstrap(correct, preds, 6, 300, 42)[1]
     assert merged < separate
 
 
@@ -187,8 +177,7 @@ def test_item9_exact_mode_reports_the_box_as_pred():
 # --------------------------------------------------------------------------- 3. budget inside a tool response
 @pytest.mark.parametrize("room_after_call", [3, "exact"])
 def test_item3_a_tool_response_over_the_budget_is_not_appended(policy, interpreter, room_after_call):
-    from rollout_fixtures import arith_problems, call_turn
-    from test_rollout_loop import GREEDY, _loop
+    from helpers.rollout import GREEDY, arith_problems, call_turn, scripted_loop
 
     from agentrl.rollout.tool_parser import ToolTurnFormat
 
@@ -200,14 +189,14 @@ def test_item3_a_tool_response_over_the_budget_is_not_appended(policy, interpret
     # when the tool response would fill the budget exactly
     budget = len(turn) + (3 if room_after_call == 3 else len(response))
     problem = arith_problems(1)
-    [dropped] = _loop(
+    [dropped] = scripted_loop(
         policy, interpreter, [turn, turn], max_response_tokens=budget, tool_response_over_budget="drop"
     ).run(problem, 1, GREEDY, seed=0)
     assert dropped.finish_reason == "length" and dropped.num_turns == 1
     assert dropped.response_ids == [*turn, fmt.end_of_turn_id]  # ends at the call, closed by <|im_end|>
     assert dropped.loss_mask == [1] * len(turn) + [0]
     assert len(dropped.response_ids) == len(turn) + 1  # the length the overlong penalty sees
-    [cut] = _loop(policy, interpreter, [turn, turn], max_response_tokens=budget).run(problem, 1, GREEDY, seed=0)
+    [cut] = scripted_loop(policy, interpreter, [turn, turn], max_response_tokens=budget).run(problem, 1, GREEDY, seed=0)
     assert cut.finish_reason == "length" and len(cut.response_ids) == budget  # the project's cut fills it
     assert cut.response_ids[len(turn) :] == response[: budget - len(turn)]
 
@@ -241,24 +230,24 @@ def test_item4_prompts_over_the_limit_are_dropped_and_counted_per_source(policy)
 
 
 def test_item4_the_loop_measures_prompts_as_the_filter_did(policy, interpreter):
-    from test_rollout_loop import GREEDY, _loop
+    from helpers.rollout import GREEDY, scripted_loop
 
     from agentrl.data.prompt_fit import prompt_length
 
     _, tokenizer = policy
     problem = _problem(0, "math_dapo", 5)
     limit = prompt_length(tokenizer, problem.prompt, with_tools=False)  # the tool block puts it over
-    upstream_measure = _loop(policy, interpreter, [], max_prompt_tokens=limit, prompt_length_with_tools=False)
+    upstream_measure = scripted_loop(policy, interpreter, [], max_prompt_tokens=limit, prompt_length_with_tools=False)
     [trajectory] = upstream_measure.run([problem], 1, GREEDY, seed=0)
     assert len(trajectory.prompt_ids) > limit  # kept as upstream keeps it; the tool block on top
     with pytest.raises(ValueError, match="fit-prompts"):
-        _loop(policy, interpreter, [], max_prompt_tokens=limit).run([problem], 1, GREEDY, seed=0)
+        scripted_loop(policy, interpreter, [], max_prompt_tokens=limit).run([problem], 1, GREEDY, seed=0)
 
 
 def test_item4_fit_prompts_cli_writes_the_kept_problems_and_the_counts(tmp_path, policy):
     import json
 
-    from rollout_fixtures import random_policy
+    from helpers.rollout import random_policy
 
     from agentrl.__main__ import main
     from agentrl.data.prompt_fit import prompt_length

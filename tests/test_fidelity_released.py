@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from preset_configs import AS_RELEASED, PAPER, resolved
+from helpers.presets import AS_RELEASED, PAPER, resolved
 
 from agentrl.config import load_config
 from agentrl.data.records import Problem
@@ -177,7 +177,7 @@ def test_a_close_tag_without_an_open_one_ends_the_trajectory_upstream():
 
 @pytest.fixture(scope="module")
 def policy():
-    from rollout_fixtures import random_policy
+    from helpers.rollout import random_policy
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model_dir = random_policy()
@@ -185,14 +185,15 @@ def policy():
 
 
 @pytest.fixture(scope="module")
-def interpreter(sandbox, released):
+def released_interpreter(sandbox, released):
+    """The code interpreter with the as-released tool settings (tests/conftest.py's ``interpreter`` has the defaults)."""
     from agentrl.tools.code_interpreter import CodeInterpreter
 
     return CodeInterpreter(sandbox, released.tool)
 
 
-def _run_loop(policy, interpreter, scripts, **rollout):
-    from rollout_fixtures import ForceTurns, arith_problems
+def _run_loop(policy, released_interpreter, scripts, **rollout):
+    from helpers.rollout import ForceTurns, arith_problems
 
     from agentrl.rollout import AgentLoop, SamplingParams
     from agentrl.rollout.hf_engine import HFEngine
@@ -202,31 +203,31 @@ def _run_loop(policy, interpreter, scripts, **rollout):
     engine = HFEngine(
         model, pad_token_id=tokenizer.pad_token_id, batch_size=8, logits_processor=ForceTurns(tokenizer, scripts)
     )
-    [trajectory] = AgentLoop(engine, tokenizer, interpreter, cfg).run(
+    [trajectory] = AgentLoop(engine, tokenizer, released_interpreter, cfg).run(
         arith_problems(1), 1, SamplingParams(temperature=0), seed=0
     )
     return trajectory
 
 
-def test_a_malformed_call_ends_the_trajectory_as_released(policy, interpreter):
-    from rollout_fixtures import final_turn
+def test_a_malformed_call_ends_the_trajectory_as_released(policy, released_interpreter):
+    from helpers.rollout import final_turn
 
     from agentrl.rollout.tool_parser import ToolTurnFormat
 
     _, tokenizer = policy
     malformed = tokenizer.encode('<tool_call>\n{"name": "code_interpreter", "code": "1"}\n</tool_call>')
     scripts = [malformed, final_turn(tokenizer, "42")]
-    ended = _run_loop(policy, interpreter, scripts, tool_call_parsing="upstream")
+    ended = _run_loop(policy, released_interpreter, scripts, tool_call_parsing="upstream")
     end_of_turn = ToolTurnFormat(tokenizer).end_of_turn_id
     # upstream: no call parsed -> the loop breaks; the response is the turn (closed here, mask 0)
     assert ended.finish_reason == "stop" and ended.num_turns == 1 and ended.tool_calls == []
     assert ended.response_ids == [*malformed, end_of_turn] and ended.loss_mask == [1] * len(malformed) + [0]
-    retried = _run_loop(policy, interpreter, scripts)  # the project answers it and the model goes on
+    retried = _run_loop(policy, released_interpreter, scripts)  # the project answers it and the model goes on
     assert retried.num_turns == 2 and retried.tool_errors == [True] and "\\boxed{42}" in retried.text
 
 
-def test_tool_turns_follow_the_end_of_turn_token_without_a_newline_as_released(policy, interpreter):
-    from rollout_fixtures import call_turn, final_turn
+def test_tool_turns_follow_the_end_of_turn_token_without_a_newline_as_released(policy, released_interpreter):
+    from helpers.rollout import call_turn, final_turn
 
     from agentrl.rollout.tool_parser import ToolTurnFormat
 
@@ -242,8 +243,8 @@ def test_tool_turns_follow_the_end_of_turn_token_without_a_newline_as_released(p
     )
     assert len(template.response_ids("42\n")) == len(upstream.response_ids("42\n")) + 1
     scripts = [call_turn(tokenizer, "print(6 * 7)"), final_turn(tokenizer, "42")]
-    released = _run_loop(policy, interpreter, scripts, tool_turn_framing="upstream")
-    project = _run_loop(policy, interpreter, scripts)
+    released = _run_loop(policy, released_interpreter, scripts, tool_turn_framing="upstream")
+    project = _run_loop(policy, released_interpreter, scripts)
     assert len(project.response_ids) == len(released.response_ids) + 1
     assert "<|im_end|><|im_start|>user" in tokenizer.decode(released.response_ids)
 
@@ -252,7 +253,7 @@ def test_tool_turns_follow_the_end_of_turn_token_without_a_newline_as_released(p
 def test_sft_weighs_each_prediction_by_its_input_tokens_mask_as_released(policy):
     import torch
     import torch.nn.functional as F
-    from rollout_fixtures import sft_conversations
+    from helpers.rollout import sft_conversations
 
     from agentrl.data.prompts import CODE_INTERPRETER_TOOL
     from agentrl.data.records import SftExample
@@ -347,7 +348,7 @@ def test_grpo_update_weighs_micro_batches_as_upstreams_dp_actor(monkeypatch):
     """One micro-batch per response (a token budget of 20): the update's gradient is that of
     sum_i (1/4) token-mean_i, each response's policy loss averaged over its own tokens."""
     import torch
-    from rollout_fixtures import random_policy
+    from helpers.rollout import random_policy
 
     from agentrl.grpo import algorithm as alg
     from agentrl.grpo import trainer

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from workflow_runs import ROOT, job_counts, merged, snakemake
+from helpers.workflows import job_counts, merged, rules_snakefile, snakemake
 
 from agentrl.data.records import Problem, write_records
 from agentrl.filtering.pass_rates import pass_rate_table, write_pass_rates
@@ -30,15 +30,7 @@ TINY = {
     "reward": {"overlong": {"max_response_length": 24, "buffer_length": 8}},
     "sandbox": {"workers": 1, "preload_modules": []},
 }
-WRAPPER = f"""
-import sys
-sys.path.insert(0, "{ROOT}/src")
-from agentrl.config import check_workflow_config
-configfile: "{ROOT}/config.yaml"
-check_workflow_config(config, [])  # as workflow/Snakefile: coerce, validate, fill the defaults
-include: "{ROOT}/rules/common.smk"
-include: "{ROOT}/rules/filter.smk"
-"""
+WRAPPER = rules_snakefile("filter.smk")
 
 
 def _snakemake(workdir: Path, *args: str) -> str:

@@ -110,7 +110,7 @@ def _run(model_dir, rollout, mode, monkeypatch):
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_auto_on_the_fp32_hf_engine_skips_the_pass_with_the_same_update(temperature, monkeypatch):
-    from rollout_fixtures import random_policy
+    from helpers.rollout import random_policy
 
     from agentrl.grpo.metrics import TokenWeightedStats
 
@@ -140,7 +140,7 @@ def test_auto_on_the_fp32_hf_engine_skips_the_pass_with_the_same_update(temperat
 
 
 def test_auto_recomputes_under_top_p_where_the_engine_log_probs_are_not_the_policys(monkeypatch):
-    from rollout_fixtures import random_policy
+    from helpers.rollout import random_policy
 
     step, samples, old, *_, forwards, _ = _run(random_policy(), {"top_p": 0.5}, "auto", monkeypatch)
     assert step.parts.old_logprobs == "recompute" and forwards > 0

@@ -12,7 +12,8 @@ import copy
 
 import pytest
 import torch
-from test_grpo_trainer import _tiny_model, _update_with
+from helpers.grpo_updates import deepspeed_update
+from helpers.tiny_models import qwen3_for_updates
 
 from agentrl.config import ConfigError, check_cross_keys, load_config
 from agentrl.grpo import algorithm as alg
@@ -71,7 +72,7 @@ def test_shared_prompt_logprobs_entropies_and_gradients_equal_one_forward_per_sa
     samples = _grouped_samples(vocab=50)
     results = []
     for share in (False, True):
-        model = _tiny_model()
+        model = qwen3_for_updates()
         batch = collate(samples, pad_token_id=0, share_prompts=share)
         logp, entropy = ResponseLogProbs(model, logit_chunk_tokens=7, temperature=temperature)(
             batch, with_entropy=True, entropy_grad=True
@@ -95,16 +96,16 @@ def test_a_deepspeed_update_with_shared_prompts_equals_the_unshared_one(zero_sta
     """The trainer's own plan, micro-batches and DeepSpeed steps: the first optimizer step's
     gradients, the norms and the weights after one update, with budgets that keep the groups
     together and that cut them apart."""
-    from rollout_fixtures import random_policy
+    from helpers.rollout import random_policy
 
     model_dir = random_policy()
     every = _grouped_samples(vocab=300)
     samples = [every[0], every[1], every[3], every[4]]  # n = 2: prompt 6 (responses 9, 3), prompt 4 (14, 1)
     overrides = {"deepspeed": {"zero_stage": zero_stage}}
-    plain = _update_with(model_dir, copy.deepcopy(samples), 10_000, overrides, monkeypatch)
+    plain = deepspeed_update(model_dir, copy.deepcopy(samples), 10_000, overrides, monkeypatch)
     for budget in (10_000, 20):
         monkeypatch.undo()
-        shared = _update_with(
+        shared = deepspeed_update(
             model_dir, copy.deepcopy(samples), budget, {**overrides, "share_prompts": True}, monkeypatch
         )
         plan, stats, norms, params, cfg, grads = shared

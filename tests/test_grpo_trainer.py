@@ -3,11 +3,12 @@ prompt order, metrics, and the DeepSpeed update checked against a plain-torch re
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import pytest
 import torch
+from helpers.grpo_updates import deepspeed_update
+from helpers.tiny_models import qwen3_for_updates
 
 from agentrl.config import ConfigError, load_config, load_schema
 from agentrl.data.records import Problem
@@ -92,26 +93,9 @@ def test_collate_lays_out_the_response_frame():
     assert unpad_response(batch.sampling_logp, samples) == [[-1.0, -1.0], [-1.0, -1.0, -1.0]]
 
 
-def _tiny_model(seed=0):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(seed)
-    config = Qwen3Config(
-        vocab_size=50,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=8,
-        tie_word_embeddings=True,
-    )
-    return Qwen3ForCausalLM(config).float()
-
-
 @pytest.mark.parametrize("chunk", [1, 3, 1000])
 def test_actor_logprobs_equal_the_full_forward(chunk):
-    model = _tiny_model()
+    model = qwen3_for_updates()
     samples = [_sample([1, 2, 3], [4, 5, 6, 7], [1, 1, 0, 1]), _sample([9, 8], [7, 6], [1, 1])]
     batch = collate(samples, pad_token_id=0)
     actor = ResponseLogProbs(model, logit_chunk_tokens=chunk, temperature=0.7)
@@ -135,7 +119,7 @@ def test_actor_logprobs_equal_the_full_forward(chunk):
 def test_actor_gradients_through_checkpointed_chunks_equal_unchunked():
     grads = []
     for chunk in (2, 1000):
-        model = _tiny_model()
+        model = qwen3_for_updates()
         batch = collate([_sample([1, 2, 3], [4, 5, 6, 7], [1, 1, 0, 1])], pad_token_id=0)
         logp, _ = ResponseLogProbs(model, logit_chunk_tokens=chunk, temperature=1.0)(batch)
         alg.masked_sum(logp, batch.loss_mask).backward()
@@ -196,70 +180,6 @@ def test_token_weighted_stats_merge_over_ranks():
 
 
 # --------------------------------------------------------------------------- the update on DeepSpeed
-def _update_with(model_dir: Path, samples, budget: int, overrides: dict, monkeypatch=None):
-    """One GRPO update of ``samples`` on DeepSpeed; returns (plan, stats, grad norms, params, cfg,
-    the gradients of the first optimizer step as DeepSpeed is about to apply them)."""
-    from agentrl.grpo import trainer
-    from agentrl.grpo.runner import GrpoPaths, build_engine
-    from agentrl.grpo.trainer import Components, GrpoStep
-    from agentrl.training import deepspeed_engine as dse
-    from agentrl.training.model import load_causal_lm
-
-    first_grads = {}
-    if monkeypatch is not None:
-        real_step = trainer.step_with_grad_norm
-
-        def step_recording_grads(engine):
-            from deepspeed.utils import safe_get_full_grad  # reads ZeRO-partitioned gradients too
-
-            if not first_grads:
-                first_grads.update(
-                    {k: safe_get_full_grad(v).clone() for k, v in engine.module.model.named_parameters()}
-                )
-            return real_step(engine)
-
-        monkeypatch.setattr(trainer, "step_with_grad_norm", step_recording_grads)
-
-    cfg = load_config(
-        {
-            "grpo": {
-                "n": 2,
-                "batch_prompts": 2,
-                "mini_batch_prompts": 2,
-                "micro_batch_tokens": budget,
-                "lr": 1e-3,
-                **overrides,
-            }
-        }
-    )
-    ctx = dse.init_distributed()
-    paths = GrpoPaths(
-        model_dir,
-        Path("-"),
-        (),
-        Path("-"),
-        Path("-"),
-        Path("-"),
-        dse.find_deepspeed_config(cfg.grpo.deepspeed.zero_stage),
-    )
-    actor = ResponseLogProbs(load_causal_lm(model_dir, device=ctx.device), logit_chunk_tokens=7, temperature=1.0)
-    engine = build_engine(actor, cfg, paths, ctx, torch.float32, steps=1)
-    settings = resolve_algorithm(cfg.grpo)
-    reference = None
-    if settings.uses_reference:
-        reference = ResponseLogProbs(
-            load_causal_lm(model_dir, device=ctx.device).eval(), logit_chunk_tokens=7, temperature=1.0
-        )
-    parts = Components(cfg, settings, ctx, engine, reference, None, None, None, pad_token_id=0)
-    step = GrpoStep(parts)
-    samples = copy.deepcopy(samples)
-    plan = step.plan(len(samples) // cfg.grpo.n, samples)
-    step.recompute_logprobs(samples, plan)
-    stats, grad_norms, lrs = step.update(samples, plan)
-    params = {k: v.detach().clone() for k, v in engine.module.model.named_parameters()}
-    return plan, TokenWeightedStats.merge([stats]), grad_norms, params, cfg, first_grads
-
-
 def _reference_update(model_dir: Path, samples, cfg):
     """The same update in plain torch: one forward of the whole mini-batch, token mean, clip, AdamW."""
     from agentrl.training.model import load_causal_lm
@@ -304,15 +224,17 @@ def _random_samples(vocab: int, seed: int = 0):
 def test_deepspeed_update_equals_the_plain_torch_update_whatever_the_micro_batches(variant, zero_stage, monkeypatch):
     """Micro-batch losses divided by the mini-batch token count and summed (scale_wrt_gas=False)
     give the gradient of one forward over the whole mini-batch, however the batch is packed."""
-    from rollout_fixtures import random_policy
+    from helpers.rollout import random_policy
 
     model_dir = random_policy()
     samples = _random_samples(vocab=300)
     overrides = {"variant": variant, "deepspeed": {"zero_stage": zero_stage}}
-    one_plan, one_stats, one_norms, one_params, cfg, one_grads = _update_with(
+    one_plan, one_stats, one_norms, one_params, cfg, one_grads = deepspeed_update(
         model_dir, samples, 10_000, overrides, monkeypatch
     )
-    many_plan, _, many_norms, many_params, _, many_grads = _update_with(model_dir, samples, 20, overrides, monkeypatch)
+    many_plan, _, many_norms, many_params, _, many_grads = deepspeed_update(
+        model_dir, samples, 20, overrides, monkeypatch
+    )
     assert len(one_plan[0]) == 1 and len(many_plan[0]) == 4  # one micro-batch vs one per sample
     reference, reference_norm, reference_grads = _reference_update(model_dir, samples, cfg)
     for name, grad in reference_grads.items():
@@ -331,12 +253,12 @@ def test_deepspeed_update_equals_the_plain_torch_update_whatever_the_micro_batch
 
 
 def test_kl_variant_measures_the_distance_to_the_reference_model():
-    from rollout_fixtures import random_policy
+    from helpers.rollout import random_policy
 
     model_dir = random_policy()
     samples = _random_samples(vocab=300, seed=1)
     # Two mini-batches: the first starts at the reference (KL 0), the second after one update.
-    _, stats, norms, _, _, _ = _update_with(
+    _, stats, norms, _, _, _ = deepspeed_update(
         model_dir, samples, 10_000, {"variant": "grpo_t", "mini_batch_prompts": 1, "lr": 1e-2}
     )
     assert len(norms) == 2

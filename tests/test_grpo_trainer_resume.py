@@ -10,81 +10,25 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from helpers.grpo_runs import TINY_RUN, arith_split, grpo_command, grpo_paths, metric_records
 
 from agentrl.config import load_config
-from agentrl.data.records import Problem, write_records
-
-TINY_RUN = {
-    "rollout": {"max_response_tokens": 24, "max_turns": 2, "batch_size": 16},
-    "reward": {"overlong": {"max_response_length": 24, "buffer_length": 8}},
-    "sandbox": {"workers": 2},
-    "grpo": {
-        "batch_prompts": 2,
-        "n": 2,
-        "mini_batch_prompts": 1,
-        "max_steps": 4,
-        "save_freq": 1,
-        "keep_checkpoints": 2,
-        "test_freq": 2,
-        "val_before_train": True,
-        "micro_batch_tokens": 64,
-        "lr": 1e-3,
-        "validation": {"n": 1},
-    },
-}
-
-
-def _arith(count: int, split: str) -> list[Problem]:
-    return [
-        Problem(
-            f"{split}-{i}",
-            "embedded-arith",
-            [
-                {
-                    "role": "user",
-                    "content": f"Compute {i} + {i + 3}. Use the code tool, then give the answer in \\boxed{{}}.",
-                }
-            ],
-            "math",
-            str(2 * i + 3),
-        )
-        for i in range(count)
-    ]
+from agentrl.data.records import write_records
 
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
-    from rollout_fixtures import random_policy
+    from helpers.rollout import random_policy
 
     root = tmp_path_factory.mktemp("grpo-inputs")
-    write_records(_arith(9, "rl"), root / "rl_train.parquet")
-    write_records(_arith(3, "eval"), root / "arith.parquet")
+    write_records(arith_split(9, "rl"), root / "rl_train.parquet")
+    write_records(arith_split(3, "eval"), root / "arith.parquet")
     return random_policy(), root
-
-
-def _paths(model: Path, root: Path, run: Path):
-    from agentrl.grpo.runner import GrpoPaths
-    from agentrl.training.deepspeed_engine import find_deepspeed_config
-
-    return GrpoPaths(
-        model,
-        root / "rl_train.parquet",
-        (root / "arith.parquet",),
-        run / "rl",
-        run / "metrics.jsonl",
-        run / "checkpoints",
-        find_deepspeed_config(0),
-    )
-
-
-def _records(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -99,9 +43,9 @@ def test_grpo_stage_writes_model_metrics_and_checkpoints_and_a_rerun_resumes(inp
 
     model, root = inputs
     cfg = load_config({**TINY_RUN, "grpo": {**TINY_RUN["grpo"], "max_steps": 2}})
-    paths = _paths(model, root, tmp_path)
+    paths = grpo_paths(model, root, tmp_path)
     assert train(cfg, paths) == 2
-    records = _records(paths.metrics)
+    records = metric_records(paths.metrics)
     assert [r["step"] for r in records] == [0, 1, 2]
     assert "val/arith/avg@1" in records[0] and "val/mean/avg@1" in records[2]
     for key in (
@@ -138,7 +82,7 @@ def test_grpo_stage_writes_model_metrics_and_checkpoints_and_a_rerun_resumes(inp
     assert (paths.checkpoints / "step_2" / "config.json").exists()  # checkpoints are HF folders too
     # A rerun finds the last checkpoint and has nothing left to train; the metrics stay as they were.
     assert train(cfg, paths) == 0
-    assert _records(paths.metrics) == records
+    assert metric_records(paths.metrics) == records
 
 
 def _overlay(section: str, **values) -> dict:
@@ -153,7 +97,7 @@ def test_the_run_fingerprint_changes_with_what_shapes_training_and_not_with_wher
     model = Path(shutil.copytree(model, tmp_path / "model"))  # its mtimes change below
     shutil.copy(root / "rl_train.parquet", tmp_path / "rl_train.parquet")
     shutil.copy(root / "arith.parquet", tmp_path / "arith.parquet")
-    paths = _paths(model, tmp_path, tmp_path / "run")
+    paths = grpo_paths(model, tmp_path, tmp_path / "run")
     base = run_fingerprint(load_config(TINY_RUN), paths, world_size=1)
     assert run_fingerprint(load_config(TINY_RUN), paths, world_size=1) == base
     assert json.loads(json.dumps(base)) == base  # as a checkpoint's trainer_state.json gives it back
@@ -176,7 +120,7 @@ def test_the_run_fingerprint_changes_with_what_shapes_training_and_not_with_wher
     # Retrained upstream: a rewritten model file (same size) or other RL data.
     weights = model / "model.safetensors"
     os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 1))
-    write_records(_arith(8, "rl"), tmp_path / "rl_train.parquet")
+    write_records(arith_split(8, "rl"), tmp_path / "rl_train.parquet")
     assert changed(TINY_RUN) == ["model_files.model.safetensors", "train_sha256"]
 
 
@@ -206,15 +150,15 @@ def test_a_checkpoint_of_the_same_setup_is_resumed_and_one_of_another_setup_is_k
     model, root = inputs
     run = {"max_steps": 2, "test_freq": 0, "val_before_train": False}
     first, second = load_config(_overlay("grpo", **run)), load_config(_overlay("grpo", **run, lr=2e-3))
-    paths = _paths(model, root, tmp_path)
+    paths = grpo_paths(model, root, tmp_path)
     assert train(first, paths) == 2
-    first_records = _records(paths.metrics)
+    first_records = metric_records(paths.metrics)
     first_weights = _weights(paths.out)
 
     caplog.set_level(logging.INFO, logger="agentrl.grpo")
     assert train(first, paths) == 0, "the same setup resumes its final checkpoint"
     assert "resumed from" in caplog.text
-    assert _records(paths.metrics) == first_records
+    assert metric_records(paths.metrics) == first_records
 
     kept = sorted(p.relative_to(paths.checkpoints) for p in paths.checkpoints.rglob("*") if p.is_file())
     with pytest.raises(CheckpointOfAnotherRun) as refused:
@@ -224,13 +168,13 @@ def test_a_checkpoint_of_the_same_setup_is_resumed_and_one_of_another_setup_is_k
     aside = paths.checkpoints.with_name(f"{paths.checkpoints.name}.step_2")
     assert f"mv {paths.checkpoints} {aside}" in message and f"rm -r {paths.checkpoints}" in message
     assert sorted(p.relative_to(paths.checkpoints) for p in paths.checkpoints.rglob("*") if p.is_file()) == kept
-    assert _records(paths.metrics) == first_records
+    assert metric_records(paths.metrics) == first_records
 
     paths.checkpoints.rename(aside)  # the command the message names
     caplog.clear()
     assert train(second, paths) == 2, "another lr trains every step again"
     assert "resumed from" not in caplog.text
-    records = _records(paths.metrics)
+    records = metric_records(paths.metrics)
     assert [r["step"] for r in records] == [1, 2], "the old run's metric lines are gone"
     assert [r["actor/lr"] for r in records] == pytest.approx([2e-3, 2e-3])
     assert [r["actor/lr"] for r in first_records] == pytest.approx([1e-3, 1e-3])
@@ -240,33 +184,6 @@ def test_a_checkpoint_of_the_same_setup_is_resumed_and_one_of_another_setup_is_k
     state = json.loads((paths.checkpoints / "step_2" / "trainer_state.json").read_text())
     assert state["fingerprint"]["grpo"]["lr"] == 2e-3
     assert json.loads((aside / "step_2" / "trainer_state.json").read_text())["fingerprint"]["grpo"]["lr"] == 1e-3
-
-
-def _command(model: Path, root: Path, run: Path) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "agentrl",
-        "grpo",
-        "--config-json",
-        json.dumps(TINY_RUN),
-        "--model",
-        str(model),
-        "--train",
-        str(root / "rl_train.parquet"),
-        "--eval",
-        str(root / "arith.parquet"),
-        "--out",
-        str(run / "rl"),
-        "--metrics",
-        str(run / "metrics.jsonl"),
-        "--checkpoint-dir",
-        str(run / "checkpoints"),
-        "--nproc",
-        "0",
-        "--threads",
-        "1",
-    ]
 
 
 def _latest_step(checkpoints: Path) -> int:
@@ -280,11 +197,11 @@ def test_a_killed_run_resumes_from_its_last_checkpoint_without_repeating_or_skip
     model, root = inputs
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     straight = tmp_path / "straight"
-    subprocess.run(_command(model, root, straight), check=True, env=env, capture_output=True, timeout=600)
+    subprocess.run(grpo_command(model, root, straight), check=True, env=env, capture_output=True, timeout=600)
 
     killed = tmp_path / "killed"
     process = subprocess.Popen(
-        _command(model, root, killed),
+        grpo_command(model, root, killed),
         env=env,
         start_new_session=True,
         stdout=subprocess.DEVNULL,
@@ -298,9 +215,9 @@ def test_a_killed_run_resumes_from_its_last_checkpoint_without_repeating_or_skip
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
     assert not (killed / "rl" / "config.json").exists()
-    subprocess.run(_command(model, root, killed), check=True, env=env, capture_output=True, timeout=600)
+    subprocess.run(grpo_command(model, root, killed), check=True, env=env, capture_output=True, timeout=600)
 
-    a, b = _records(straight / "metrics.jsonl"), _records(killed / "metrics.jsonl")
+    a, b = metric_records(straight / "metrics.jsonl"), metric_records(killed / "metrics.jsonl")
     assert [r["step"] for r in b] == [0, 1, 2, 3, 4]
     for ra, rb in zip(a, b):  # the same prompts, rollouts, rewards and updates, step for step
         for key in ra:
@@ -317,11 +234,11 @@ def test_two_processes_share_the_batch_and_agree_on_micro_batches(inputs, tmp_pa
     counts are padded with empty ones, so the collective gradient reduction never hangs."""
     model, root = inputs
     run = {**TINY_RUN, "grpo": {**TINY_RUN["grpo"], "mini_batch_prompts": 2, "max_steps": 2, "micro_batch_tokens": 40}}
-    command = _command(model, root, tmp_path)
+    command = grpo_command(model, root, tmp_path)
     command[command.index("--config-json") + 1] = json.dumps(run)
     command[command.index("--nproc") + 1] = "2"
     subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, timeout=900)
-    records = _records(tmp_path / "metrics.jsonl")
+    records = metric_records(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in records] == [0, 1, 2]
     assert all(r["rollout/trajectories"] == 4 and r["actor/optimizer_steps"] == 1 for r in records[1:])
     assert (tmp_path / "checkpoints" / "step_2" / "rng_rank1.pt").exists()
@@ -345,7 +262,7 @@ def test_two_processes_refuse_the_checkpoint_of_a_one_process_run(inputs, tmp_pa
             "val_before_train": False,
         },
     }
-    command = _command(model, root, tmp_path)
+    command = grpo_command(model, root, tmp_path)
     command[command.index("--config-json") + 1] = json.dumps(run)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     subprocess.run(command, check=True, env=env, capture_output=True, timeout=600)

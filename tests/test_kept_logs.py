@@ -9,7 +9,7 @@ but is no model folder is refused when the workflow loads): it fails in seconds 
 from __future__ import annotations
 
 import pytest
-from workflow_runs import ROOT, run_snakemake
+from helpers.workflows import ROOT, run_snakemake
 
 
 @pytest.mark.slow

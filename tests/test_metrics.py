@@ -8,6 +8,7 @@ import random
 
 import numpy as np
 import pytest
+from helpers.upstream_metrics import verl_style_bootstrap
 
 from agentrl.evaluation.metrics import (
     SampleRecord,
@@ -107,27 +108,12 @@ def test_maj_at_k_uses_the_first_k_samples():
 
 
 # --------------------------------------------------------------------------- upstream bootstrap
-def _verl_style_reference(correct, preds, k, n_boot, seed):
-    """Straightforward loop over the global legacy RNG, as verl's metric_utils draws."""
-    np.random.seed(seed)
-    bests, majs = [], []
-    for _ in range(n_boot):
-        idx = np.random.choice(len(correct), size=k, replace=True)
-        bests.append(max(correct[i] for i in idx))
-        groups: dict = {}
-        for i in idx:
-            groups.setdefault(preds[i], []).append(correct[i])
-        winner = max(groups, key=lambda answer: len(groups[answer]))
-        majs.append(groups[winner][0])
-    return float(np.mean(bests)), float(np.mean(majs))
-
-
 def test_bootstrap_matches_the_upstream_draws_exactly():
     correct = [1, 0, 0, 1, 0, 0, 0, 1]
     preds = ["4", "5", None, "4", "5", "5", None, "4"]
     for k in (2, 4, 8):
         ours = bootstrap_best_and_maj(correct, preds, k, n_boot=300, seed=42)
-        assert ours == _verl_style_reference(correct, preds, k, 300, 42), k
+        assert ours == verl_style_bootstrap(correct, preds, k, 300, 42), k
 
 
 def test_bootstrap_is_deterministic_and_leaves_the_global_rng_alone():

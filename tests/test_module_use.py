@@ -19,7 +19,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _jobs(workdir: Path, *args: str) -> list[dict]:
     done = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "slurm_submissions.py"), "all", "--directory", str(workdir), *args],
+        [
+            sys.executable,
+            str(ROOT / "tests" / "helpers" / "slurm_submissions.py"),
+            "all",
+            "--directory",
+            str(workdir),
+            *args,
+        ],
         cwd=workdir,
         env={**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{os.environ.get('PYTHONPATH', '')}"},
         capture_output=True,

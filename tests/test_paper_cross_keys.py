@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from workflow_runs import ROOT, run_snakemake
+from helpers.workflows import ROOT, run_snakemake
 
 from agentrl.config import (
     ConfigError,

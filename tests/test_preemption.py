@@ -4,7 +4,6 @@ checkpoint interval. Real signals to real stage subprocesses on the tiny embedde
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -12,6 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.grpo_runs import GRPO_STEPS, TINY_RUN, arith_split, grpo_paths, metric_records_so_far, unsaved_grpo_command
+from helpers.sft_runs import BASE_SFT, sft_env, sft_run_args, sft_run_results, sft_workspace, train_sft_run
 
 from agentrl.training.preemption import EXIT_CODE, CheckpointClock, StepBoundary, StopRequest, stop_on_signals
 
@@ -57,25 +58,9 @@ def test_a_boundary_saves_on_any_reason_and_stops_only_before_the_last_step():
 
 
 # --------------------------------------------------------------------------- GRPO
-GRPO_STEPS = 8
-
-
-def _grpo_command(model: Path, root: Path, run: Path, **grpo) -> list[str]:
-    from test_grpo_trainer_resume import TINY_RUN, _command
-
-    command = _command(model, root, run)
-    config = {**TINY_RUN, "grpo": {**TINY_RUN["grpo"], "max_steps": GRPO_STEPS, "save_freq": 0, **grpo}}
-    command[command.index("--config-json") + 1] = json.dumps(config)
-    return command
-
-
-def _records(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-
-
 def _signal_after(process: subprocess.Popen, metrics: Path, step: int, signum: int, timeout: float = 600) -> None:
     deadline = time.monotonic() + timeout
-    while not any(r["step"] >= step for r in _records(metrics)):
+    while not any(r["step"] >= step for r in metric_records_so_far(metrics)):
         assert process.poll() is None, "the run ended before the signal"
         assert time.monotonic() < deadline, f"step {step} not reached in {timeout} s"
         time.sleep(0.005)
@@ -84,14 +69,13 @@ def _signal_after(process: subprocess.Popen, metrics: Path, step: int, signum: i
 
 @pytest.fixture(scope="module")
 def grpo_inputs(tmp_path_factory):
-    from rollout_fixtures import random_policy
-    from test_grpo_trainer_resume import _arith
+    from helpers.rollout import random_policy
 
     from agentrl.data.records import write_records
 
     root = tmp_path_factory.mktemp("preempt-inputs")
-    write_records(_arith(9, "rl"), root / "rl_train.parquet")
-    write_records(_arith(3, "eval"), root / "arith.parquet")
+    write_records(arith_split(9, "rl"), root / "rl_train.parquet")
+    write_records(arith_split(3, "eval"), root / "arith.parquet")
     return random_policy(), root
 
 
@@ -102,16 +86,16 @@ def test_a_stop_signal_checkpoints_the_running_step_exits_and_the_rerun_resumes(
     model, root = grpo_inputs
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     straight = tmp_path / "straight"
-    subprocess.run(_grpo_command(model, root, straight), check=True, env=env, capture_output=True, timeout=600)
+    subprocess.run(unsaved_grpo_command(model, root, straight), check=True, env=env, capture_output=True, timeout=600)
 
     run = tmp_path / "stopped"
     process = subprocess.Popen(
-        _grpo_command(model, root, run), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        unsaved_grpo_command(model, root, run), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
     _signal_after(process, run / "metrics.jsonl", 1, signum)
     _, stderr = process.communicate(timeout=600)
     assert process.returncode == EXIT_CODE, stderr[-3000:]
-    stopped_at = _records(run / "metrics.jsonl")[-1]["step"]
+    stopped_at = metric_records_so_far(run / "metrics.jsonl")[-1]["step"]
     assert 1 <= stopped_at < GRPO_STEPS
     name = signal.Signals(signum).name
     assert f"stopped on {name} after step {stopped_at}" in stderr and "resumes from it" in stderr, stderr[-3000:]
@@ -119,10 +103,10 @@ def test_a_stop_signal_checkpoints_the_running_step_exits_and_the_rerun_resumes(
     assert (run / "checkpoints" / "latest").read_text() == f"step_{stopped_at}"
     assert not (run / "rl" / "config.json").exists()
 
-    done = subprocess.run(_grpo_command(model, root, run), env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(unsaved_grpo_command(model, root, run), env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"step {stopped_at} of {GRPO_STEPS} done" in done.stderr
-    a, b = _records(straight / "metrics.jsonl"), _records(run / "metrics.jsonl")
+    a, b = metric_records_so_far(straight / "metrics.jsonl"), metric_records_so_far(run / "metrics.jsonl")
     assert [r["step"] for r in b] == list(range(GRPO_STEPS + 1)), "no step repeated or skipped"
     for ra, rb in zip(a, b):  # the same prompts, rollouts and updates as the uninterrupted run
         for key in ra:
@@ -132,15 +116,13 @@ def test_a_stop_signal_checkpoints_the_running_step_exits_and_the_rerun_resumes(
 
 @pytest.mark.timeout(1800)  # several training runs: over the global 600 s on a loaded 2-core machine
 def test_the_wall_time_interval_checkpoints_without_a_step_interval(grpo_inputs, tmp_path):
-    from test_grpo_trainer_resume import TINY_RUN, _paths
-
     from agentrl.config import load_config
     from agentrl.grpo.runner import train
 
     model, root = grpo_inputs
     overlay = {"max_steps": 3, "save_freq": 0, "save_every_minutes": 1e-6, "keep_checkpoints": None}
     cfg = load_config({**TINY_RUN, "grpo": {**TINY_RUN["grpo"], **overlay, "test_freq": 0}})
-    paths = _paths(model, root, tmp_path)
+    paths = grpo_paths(model, root, tmp_path)
     assert train(cfg, paths) == 3
     # due after every step but the last (the final model is written then)
     assert sorted(p.name for p in paths.checkpoints.glob("step_*")) == ["step_1", "step_2"]
@@ -151,43 +133,30 @@ def test_the_wall_time_interval_checkpoints_without_a_step_interval(grpo_inputs,
 @pytest.mark.slow
 def test_sft_stops_on_sigusr1_with_a_checkpoint_and_the_rerun_ends_as_an_uninterrupted_run(tmp_path_factory):
     import torch
-    from test_sft_distributed import BASE_SFT, _args, _env, _results, _train
 
-    root = _sft_workspace(tmp_path_factory)
+    root = sft_workspace(tmp_path_factory.mktemp("sft-preempt"))
     sft = {**BASE_SFT, "epochs": 4}  # 24 steps, no step interval
-    reference, reference_weights = _train(root, "straight", sft)
+    reference, reference_weights = train_sft_run(root, "straight", sft)
     process = subprocess.Popen(
-        _args(root, "stopped", sft, 1), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        sft_run_args(root, "stopped", sft, 1),
+        env=sft_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     _signal_after(process, root / "stopped" / "metrics.jsonl", 3, signal.SIGUSR1)
     _, stderr = process.communicate(timeout=600)
     assert process.returncode == EXIT_CODE, stderr[-3000:]
-    stopped_at = _records(root / "stopped" / "metrics.jsonl")[-1]["step"]
+    stopped_at = metric_records_so_far(root / "stopped" / "metrics.jsonl")[-1]["step"]
     assert 3 <= stopped_at < 24 and f"stopped on SIGUSR1 after step {stopped_at}" in stderr
     resumed_run = subprocess.run(
-        _args(root, "stopped", sft, 1), env=_env(), capture_output=True, text=True, timeout=900
+        sft_run_args(root, "stopped", sft, 1), env=sft_env(), capture_output=True, text=True, timeout=900
     )
     assert resumed_run.returncode == 0, resumed_run.stderr[-3000:]
-    resumed, weights = _results(root / "stopped")
+    resumed, weights = sft_run_results(root / "stopped")
     assert [m["step"] for m in resumed] == list(range(1, 25)), "no step repeated or skipped"
     torch.testing.assert_close(
         torch.tensor([m["loss"] for m in resumed]), torch.tensor([m["loss"] for m in reference]), rtol=1e-5, atol=1e-6
     )
     for key in reference_weights:
         torch.testing.assert_close(weights[key], reference_weights[key], rtol=1e-5, atol=1e-6)
-
-
-def _sft_workspace(tmp_path_factory) -> Path:
-    """The 24 tool-use conversations and tiny base model of tests/test_sft_distributed.py."""
-    from test_sft_distributed import TINY, _conversation
-
-    from agentrl.data.records import write_records
-    from agentrl.model.build import save_embedded_model, train_tokenizer
-
-    root = tmp_path_factory.mktemp("sft-preempt")
-    examples = [_conversation(i) for i in range(24)]
-    write_records(examples, root / "sft.parquet")
-    renderer = train_tokenizer(["0123456789"], 300)
-    corpus = [renderer.apply_chat_template(e.messages, tools=e.tools, tokenize=False) for e in examples]
-    save_embedded_model(corpus, TINY, seed=0, out_dir=root / "base")
-    return root

@@ -5,26 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
-
-from agentrl.config import load_config
+from helpers.presets import resolved
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _merge(base: dict, overlay: dict) -> dict:
-    out = dict(base)
-    for key, value in overlay.items():
-        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
-
-
-def resolved(*presets: str):
-    """What Snakemake resolves for `--configfile <presets...>` on top of config.yaml."""
-    raw = yaml.safe_load((ROOT / "config.yaml").read_text())
-    for preset in presets:
-        raw = _merge(raw, yaml.safe_load((ROOT / "presets" / preset).read_text()))
-    return load_config(raw, origin=" + ".join(presets))
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """What the cluster profiles ask for, read from the SLURM executor plugin's own submission code.
 
-tests/slurm_submissions.py builds the paper preset's DAG under the site profile profiles/slurm and
+tests/helpers/slurm_submissions.py builds the paper preset's DAG under the site profile profiles/slurm and
 the workflow profile workflow/profiles/default (which Snakemake adds by itself, sized by
 AGENTRL_GPUS_PER_NODE) and hands each job to snakemake-executor-plugin-slurm's sbatch builder and
 to the job-step plugin's srun settings.
@@ -36,7 +36,7 @@ def _env(gpus: int | None = 8) -> dict[str, str]:
 
 def _submissions(*args: str, gpus: int | None = 8) -> dict[str, list[dict]]:
     done = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "slurm_submissions.py"), *args],
+        [sys.executable, str(ROOT / "tests" / "helpers" / "slurm_submissions.py"), *args],
         cwd=ROOT,
         env=_env(gpus),
         capture_output=True,

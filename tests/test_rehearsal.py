@@ -108,7 +108,7 @@ def test_the_as_released_overlay_runs_end_to_end_on_the_fitted_pool(as_released_
 
 
 def test_the_overlay_validates_and_its_fixtures_exist_relative_to_the_repository():
-    from test_presets import resolved
+    from helpers.presets import resolved
 
     cfg = resolved("paper-qwen3-4b.yaml", "rehearsal.yaml")
     up = cfg.data.upstream

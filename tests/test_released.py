@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from released_fixtures import build_fixture_model
+from helpers.released import build_fixture_model
 
 from agentrl.config import ConfigError, ModelSourceConfig, load_config
 from agentrl.model.folder import MODEL_DIGEST_KEY, MODEL_SOURCE_KEY, model_digest

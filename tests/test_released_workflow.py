@@ -1,6 +1,6 @@
 """The released-model presets through Snakemake, with local folders standing in for the hub ids.
 
-No network here: tiny models built by the package's own builder (tests/released_fixtures.py)
+No network here: tiny models built by the package's own builder (tests/helpers/released.py)
 take the place of Gen-Verse/DemyAgent-4B, Qwen/Qwen3-4B-Instruct-2507 and
 Gen-Verse/Qwen3-4B-RA-SFT, and the upstream data sources are the fixture files (tests/fixtures).
 What the issue asks of the presets: the dry run of each lists exactly its jobs (no sft job with
@@ -19,8 +19,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from released_fixtures import build_fixture_model
-from workflow_runs import TINY, jobs_in_listing, merged, models_of, planned, rules_of, snakemake, write_config
+from helpers.released import build_fixture_model
+from helpers.workflows import TINY, jobs_in_listing, merged, models_of, planned, rules_of, snakemake, write_config
 
 pytestmark = pytest.mark.slow
 

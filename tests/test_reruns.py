@@ -22,7 +22,7 @@ import signal
 
 import pytest
 import yaml
-from workflow_runs import (
+from helpers.workflows import (
     TINY,
     UPSTREAM_OF_EVAL,
     jobs_in_listing,

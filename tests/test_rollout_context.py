@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from rollout_fixtures import ForceTurns, arith_problems, call_turn, random_policy, trained_policy
+from helpers.rollout import ForceTurns, arith_problems, call_turn, random_policy, trained_policy
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.config import load_config
@@ -42,13 +42,6 @@ def policy():
     torch.set_num_threads(1)
     model_dir = random_policy()
     return AutoModelForCausalLM.from_pretrained(model_dir).eval(), AutoTokenizer.from_pretrained(model_dir)
-
-
-@pytest.fixture(scope="module")
-def interpreter():
-    cfg = load_config({"sandbox": {"workers": 2}})
-    with make_sandbox(cfg.sandbox) as sandbox:
-        yield CodeInterpreter(sandbox, cfg.tool)
 
 
 def _rollout_cfg(**rollout):

@@ -6,21 +6,14 @@ import math
 
 import pytest
 import torch
-from rollout_fixtures import random_policy
+from helpers.rollout import random_policy
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.config import load_config
 from agentrl.rollout import SamplingParams, make_engine
 from agentrl.rollout.hf_engine import HFEngine, filter_logits, sample_tokens
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny matmuls on a shared 2-core machine: intra-op threads only add barrier waits.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,15 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
-from rollout_fixtures import ForceTurns, arith_problems, call_turn, final_turn, random_policy, trained_policy
+from helpers.rollout import (
+    GREEDY,
+    arith_problems,
+    call_turn,
+    final_turn,
+    random_policy,
+    scripted_loop,
+    trained_policy,
+)
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.config import load_config
@@ -20,40 +27,17 @@ from agentrl.data.records import Trajectory, write_records
 from agentrl.rollout import AgentLoop, SamplingParams
 from agentrl.rollout.hf_engine import HFEngine
 from agentrl.rollout.tool_parser import ERROR_PREFIX, ToolTurnFormat, parse_tool_call
-from agentrl.tools.code_interpreter import CodeInterpreter
-from agentrl.tools.sandbox import make_sandbox
 
 CFG = load_config({"sandbox": {"workers": 2}, "rollout": {"max_turns": 4, "max_response_tokens": 400}})
-GREEDY = SamplingParams(temperature=0)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matmuls on a shared CPU: intra-op threads only add waits
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def interpreter():
-    with make_sandbox(CFG.sandbox) as sandbox:
-        yield CodeInterpreter(sandbox, CFG.tool)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
 def policy():
     model_dir = random_policy()
     return AutoModelForCausalLM.from_pretrained(model_dir).eval(), AutoTokenizer.from_pretrained(model_dir)
-
-
-def _loop(policy, interpreter, scripts, **rollout) -> AgentLoop:
-    model, tokenizer = policy
-    cfg = load_config({"rollout": {"max_turns": 4, "max_response_tokens": 400, **rollout}}).rollout
-    engine = HFEngine(
-        model, pad_token_id=tokenizer.pad_token_id, batch_size=8, logits_processor=ForceTurns(tokenizer, scripts)
-    )
-    return AgentLoop(engine, tokenizer, interpreter, cfg)
 
 
 def _spans(trajectory: Trajectory) -> list[tuple[int, list[int]]]:
@@ -119,7 +103,7 @@ def test_masks_line_up_with_sampled_and_inserted_text(policy, interpreter):
     malformed = tokenizer.encode('<tool_call>\n{"name": "code_interpreter", "arguments": {"cod": 1}}\n</tool_call>')
     scripts = [spelled, malformed, final_turn(tokenizer, "42")]
     problems = arith_problems(2)
-    [first, *_] = trajectories = _loop(policy, interpreter, scripts).run(problems, 2, GREEDY, seed=0)
+    [first, *_] = trajectories = scripted_loop(policy, interpreter, scripts).run(problems, 2, GREEDY, seed=0)
 
     assert [(t.problem_id, t.sample_index) for t in trajectories] == [(p.id, i) for p in problems for i in range(2)]
     for trajectory in trajectories:
@@ -147,7 +131,7 @@ def test_max_turns_ends_a_trajectory_that_keeps_calling(policy, interpreter):
     _, tokenizer = policy
     fmt = ToolTurnFormat(tokenizer)
     scripts = [call_turn(tokenizer, f"print({k} + 1)") for k in range(10)]
-    [trajectory] = _loop(policy, interpreter, scripts, max_turns=3).run(arith_problems(1), 1, GREEDY, seed=0)
+    [trajectory] = scripted_loop(policy, interpreter, scripts, max_turns=3).run(arith_problems(1), 1, GREEDY, seed=0)
     assert trajectory.finish_reason == "max_turns" and trajectory.num_turns == 3
     assert trajectory.tool_calls == ["print(0 + 1)", "print(1 + 1)"], "the call of the last turn is not run"
     assert trajectory.tool_errors == [False, False]
@@ -161,7 +145,7 @@ def test_the_response_budget_ends_a_trajectory_with_length(policy, interpreter, 
     turn = call_turn(tokenizer, "print(123456789)")
     response = ToolTurnFormat(tokenizer).response_ids("123456789\n")
     budget = len(turn) + len(response) + 5 if budget_cut == "in_generation" else len(turn) + 3
-    loop = _loop(policy, interpreter, [turn, turn], max_response_tokens=budget)
+    loop = scripted_loop(policy, interpreter, [turn, turn], max_response_tokens=budget)
     [trajectory] = loop.run(arith_problems(1), 1, GREEDY, seed=0)
     assert trajectory.finish_reason == "length"
     assert len(trajectory.response_ids) == budget, "the budget counts tool tokens and is never exceeded"
@@ -175,7 +159,7 @@ def test_the_response_budget_ends_a_trajectory_with_length(policy, interpreter, 
 def test_free_running_sampling_is_reproducible_and_within_budget(policy, interpreter):
     _, tokenizer = policy
     fmt = ToolTurnFormat(tokenizer)
-    loop = _loop(policy, interpreter, [], max_response_tokens=40)  # no script: the model samples freely
+    loop = scripted_loop(policy, interpreter, [], max_response_tokens=40)  # no script: the model samples freely
     params = SamplingParams(temperature=1.0)
     trajectories = loop.run(arith_problems(3), 2, params, seed=1)
     for trajectory in trajectories:
@@ -193,7 +177,7 @@ def test_free_running_sampling_is_reproducible_and_within_budget(policy, interpr
 def test_an_overlong_prompt_is_refused_with_the_problem_id(policy, interpreter):
     problem = arith_problems(1)[0]
     with pytest.raises(ValueError, match=f"problem '{problem.id}'.*max_prompt_tokens=16"):
-        _loop(policy, interpreter, [], max_prompt_tokens=16).run([problem], 1, GREEDY, seed=0)
+        scripted_loop(policy, interpreter, [], max_prompt_tokens=16).run([problem], 1, GREEDY, seed=0)
 
 
 def test_cli_writes_scored_trajectories(tmp_path):

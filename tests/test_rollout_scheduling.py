@@ -12,7 +12,7 @@ import time
 
 import pytest
 import torch
-from rollout_fixtures import arith_problems, random_policy, trained_policy
+from helpers.rollout import arith_problems, random_policy, trained_policy
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.config import load_config
@@ -20,23 +20,8 @@ from agentrl.rollout import AgentLoop, SamplingParams
 from agentrl.rollout.engine import Request
 from agentrl.rollout.hf_engine import HFEngine
 from agentrl.tools.code_interpreter import CodeInterpreter, ToolResult
-from agentrl.tools.sandbox import make_sandbox
 
-SANDBOX = load_config({"sandbox": {"workers": 2}})
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def interpreter():
-    with make_sandbox(SANDBOX.sandbox) as sandbox:
-        yield CodeInterpreter(sandbox, SANDBOX.tool)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -68,7 +68,7 @@ def run_vllm(spec: dict, out: Path) -> None:
 )
 def test_vllm_and_hf_engines_agree(tmp_path):
     import torch
-    from rollout_fixtures import arith_problems, random_policy, trained_policy
+    from helpers.rollout import arith_problems, random_policy, trained_policy
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from agentrl.config import load_config

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from rollout_fixtures import arith_problems, random_policy
+from helpers.rollout import arith_problems, random_policy
 from transformers import AutoTokenizer
 
 from agentrl.config import load_config

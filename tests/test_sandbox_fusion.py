@@ -14,7 +14,7 @@ import threading
 import time
 
 import pytest
-from sandbox_fusion_fixtures import FakeSandboxFusion
+from helpers.sandbox_fusion import FakeSandboxFusion
 
 from agentrl.config import load_config
 from agentrl.tools import sandbox_fusion

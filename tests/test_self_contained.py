@@ -4,7 +4,7 @@ The model card's table has a no-tool half; its rows are produced here by the sam
 with the tool taken away: the prompt is the plain chat template without the tool block and
 without the prompts' tool sentences, generation stops only at the end of the turn, and a
 ``<tool_call>`` the model writes stays text of its answer. The model is real (the tiny Qwen3 of
-tests/rollout_fixtures.py through the ``hf`` engine), made to write a tool call by
+tests/helpers/rollout.py through the ``hf`` engine), made to write a tool call by
 :class:`ForceTurns`, or trained to write them by itself.
 """
 
@@ -13,8 +13,7 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
-from rollout_fixtures import ForceTurns, arith_problems, call_turn, final_turn, random_policy, trained_policy
+from helpers.rollout import ForceTurns, arith_problems, call_turn, final_turn, random_policy, trained_policy
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.config import load_config
@@ -30,12 +29,7 @@ CFG = load_config({"sandbox": {"workers": 1}, "rollout": {"max_turns": 4, "max_r
 GREEDY = SamplingParams(temperature=0)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

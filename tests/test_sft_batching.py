@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.tiny_models import SFT_PACKING
 
-from agentrl.config import ConfigError, EmbeddedModelConfig, load_config, load_config_file
+from agentrl.config import ConfigError, load_config, load_config_file
 from agentrl.data.records import SftExample
 from agentrl.model.build import build_tiny_qwen3, train_tokenizer
 from agentrl.sft.batching import (
@@ -82,17 +83,7 @@ def _tiny_lm_and_examples():
             )
         )
     tokenizer = train_tokenizer(["Add and It is Please Done"] * 5, 300)
-    cfg = EmbeddedModelConfig(
-        vocab_size=300,
-        hidden_size=32,
-        num_layers=2,
-        num_heads=2,
-        num_kv_heads=1,
-        head_dim=16,
-        intermediate_size=64,
-        max_position_embeddings=256,
-    )
-    lm = build_tiny_qwen3(tokenizer, cfg, seed=0)
+    lm = build_tiny_qwen3(tokenizer, SFT_PACKING, seed=0)
     examples = tokenize_examples(conversations, tokenizer, max_length=256, truncation="right")
     return lm, tokenizer, examples
 
@@ -260,7 +251,7 @@ def test_length_grouping_keeps_every_sequence_of_the_step_with_equal_counts_per_
 
 def _varied_conversations(count: int) -> list[SftExample]:
     """Real tool-use conversations of the embedded arithmetic format, 1 to 3 tool calls each."""
-    from rollout_fixtures import sft_conversations
+    from helpers.rollout import sft_conversations
 
     from agentrl.data.prompts import CODE_INTERPRETER_TOOL
 
@@ -273,7 +264,7 @@ def _varied_conversations(count: int) -> list[SftExample]:
 
 
 def test_length_grouping_cuts_the_padding_of_a_real_step():
-    from rollout_fixtures import random_policy
+    from helpers.rollout import random_policy
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(random_policy())
@@ -292,7 +283,7 @@ def test_length_grouping_cuts_the_padding_of_a_real_step():
 def test_a_two_step_sft_run_has_the_same_losses_grouped_or_not(tmp_path):
     """The same conversations per step, split otherwise: the loss (a sum over the same tokens)
     and the trained weights agree to float precision, with less padding."""
-    from rollout_fixtures import random_policy
+    from helpers.rollout import random_policy
     from safetensors.torch import load_file
 
     from agentrl.data.records import write_records

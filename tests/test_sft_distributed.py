@@ -10,125 +10,36 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from helpers.sft_runs import (
+    BASE_SFT,
+    sft_conversation,
+    sft_env,
+    sft_run_args,
+    sft_run_results,
+    train_sft_run,
+)
 from safetensors.torch import load_file
 
-from agentrl.config import EmbeddedModelConfig
 from agentrl.data.prompts import CODE_INTERPRETER_TOOL
-from agentrl.data.records import SftExample, write_records
-from agentrl.model.build import save_embedded_model
 
 pytestmark = pytest.mark.slow
 
-TINY = EmbeddedModelConfig(
-    vocab_size=480,
-    hidden_size=48,
-    num_layers=2,
-    num_heads=2,
-    num_kv_heads=1,
-    head_dim=24,
-    intermediate_size=96,
-    max_position_embeddings=512,
-)
 
-
-def _conversation(index: int) -> SftExample:
-    a, b = 37 + 11 * index, 5 + 3 * index
-    code = f"print({a} * {b})"
-    messages = [
-        {"role": "user", "content": f"Compute {a} * {b}. Use the code tool, then give the answer in \\boxed{{}}."},
-        {
-            "role": "assistant",
-            "content": "Let me compute it with the tool.",
-            "tool_calls": [{"type": "function", "function": {"name": "code_interpreter", "arguments": {"code": code}}}],
-        },
-        {"role": "tool", "content": f"{a * b}\n"},
-        {
-            "role": "assistant",
-            "content": f"The result is {a * b}." + " I checked it." * (index % 4) + f"\n\\boxed{{{a * b}}}",
-        },
-    ]
-    return SftExample(id=f"arith-{index}", messages=messages, tools=[CODE_INTERPRETER_TOOL])
-
-
-@pytest.fixture(scope="module")
-def workspace(tmp_path_factory):
-    root = tmp_path_factory.mktemp("sft")
-    examples = [_conversation(i) for i in range(24)]
-    write_records(examples, root / "sft.parquet")
-    from agentrl.model.build import train_tokenizer
-
-    renderer = train_tokenizer(["0123456789"], 300)
-    corpus = [renderer.apply_chat_template(e.messages, tools=e.tools, tokenize=False) for e in examples]
-    save_embedded_model(corpus, TINY, seed=0, out_dir=root / "base")
-    return root
-
-
-def _args(root: Path, name: str, sft: dict, nproc: int) -> list[str]:
-    run = root / name
-    return [
-        sys.executable,
-        "-m",
-        "agentrl",
-        "sft",
-        "--config-json",
-        json.dumps({"seed": 3, "sft": sft}),
-        "--model",
-        str(root / "base"),
-        "--data",
-        str(root / "sft.parquet"),
-        "--out",
-        str(run / "model"),
-        "--metrics",
-        str(run / "metrics.jsonl"),
-        "--checkpoint-dir",
-        str(run / "ckpt"),
-        "--nproc",
-        str(nproc),
-    ]
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
-    env["OMP_NUM_THREADS"] = "1"  # identical arithmetic in every run, and no oversubscription
-    return env
-
-
-def _train(root: Path, name: str, sft: dict, nproc: int = 1) -> tuple[list[dict], dict[str, torch.Tensor]]:
-    done = subprocess.run(_args(root, name, sft, nproc), env=_env(), capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return _results(root / name)
-
-
-def _results(run: Path) -> tuple[list[dict], dict[str, torch.Tensor]]:
-    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return metrics, load_file(run / "model" / "model.safetensors")
-
-
-BASE_SFT = {
-    "epochs": 2,
-    "global_batch_size": 4,
-    "micro_batch_size": 2,
-    "lr": 1e-2,
-    "warmup_ratio": 0.2,
-    "max_length": 512,
-    "save_every_steps": 0,
-}
-
-
-def test_two_processes_zero2_and_zero3_follow_the_single_process_loss_curve(workspace):
-    single, single_weights = _train(workspace, "one", {**BASE_SFT, "deepspeed": {"zero_stage": 2}})
+def test_two_processes_zero2_and_zero3_follow_the_single_process_loss_curve(tiny_sft_workspace):
+    single, single_weights = train_sft_run(tiny_sft_workspace, "one", {**BASE_SFT, "deepspeed": {"zero_stage": 2}})
     assert [m["step"] for m in single] == list(range(1, 13))
     assert single[-1]["loss"] < 0.8 * single[0]["loss"], "the model must learn"
-    base = load_file(workspace / "base" / "model.safetensors")
+    base = load_file(tiny_sft_workspace / "base" / "model.safetensors")
     assert any(not torch.equal(base[k], single_weights[k]) for k in base)
     for stage in (2, 3):
-        double, weights = _train(workspace, f"two-zero{stage}", {**BASE_SFT, "deepspeed": {"zero_stage": stage}}, 2)
+        double, weights = train_sft_run(
+            tiny_sft_workspace, f"two-zero{stage}", {**BASE_SFT, "deepspeed": {"zero_stage": stage}}, 2
+        )
         losses = torch.tensor([m["loss"] for m in double])
         torch.testing.assert_close(losses, torch.tensor([m["loss"] for m in single]), rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(
@@ -142,18 +53,18 @@ def test_two_processes_zero2_and_zero3_follow_the_single_process_loss_curve(work
             torch.testing.assert_close(weights[key], single_weights[key], rtol=1e-3, atol=1e-4)
 
 
-def test_the_output_is_a_hugging_face_folder_the_rollout_engines_load(workspace):
+def test_the_output_is_a_hugging_face_folder_the_rollout_engines_load(tiny_sft_workspace):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    _train(workspace, "hf", {**BASE_SFT, "epochs": 1})
-    folder = workspace / "hf" / "model"
+    train_sft_run(tiny_sft_workspace, "hf", {**BASE_SFT, "epochs": 1})
+    folder = tiny_sft_workspace / "hf" / "model"
     assert {"config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja"} <= {
         p.name for p in folder.iterdir()
     }
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder)
     prompt = tokenizer.apply_chat_template(
-        _conversation(0).messages[:1],
+        sft_conversation(0).messages[:1],
         tools=[CODE_INTERPRETER_TOOL],
         add_generation_prompt=True,
         return_tensors="pt",
@@ -178,15 +89,15 @@ def _wait_for_step(metrics: Path, step: int, proc: subprocess.Popen, timeout: fl
     raise TimeoutError(f"step {step} never appeared in {metrics}")
 
 
-def test_a_killed_run_resumes_from_its_last_checkpoint_and_ends_with_the_same_model(workspace):
+def test_a_killed_run_resumes_from_its_last_checkpoint_and_ends_with_the_same_model(tiny_sft_workspace):
     sft = {**BASE_SFT, "epochs": 4, "save_every_steps": 4, "keep_checkpoints": 2}
-    reference, reference_weights = _train(workspace, "uninterrupted", sft)
+    reference, reference_weights = train_sft_run(tiny_sft_workspace, "uninterrupted", sft)
     assert len(reference) == 24
 
-    run = workspace / "killed"
+    run = tiny_sft_workspace / "killed"
     proc = subprocess.Popen(
-        _args(workspace, "killed", sft, 1),
-        env=_env(),
+        sft_run_args(tiny_sft_workspace, "killed", sft, 1),
+        env=sft_env(),
         start_new_session=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -204,10 +115,12 @@ def test_a_killed_run_resumes_from_its_last_checkpoint_and_ends_with_the_same_mo
     assert kept == [latest - 4, latest], "keep_checkpoints: 2"
 
     (run / "metrics.jsonl").unlink()  # as Snakemake removes a failed job's outputs: the checkpoint has them
-    done = subprocess.run(_args(workspace, "killed", sft, 1), env=_env(), capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        sft_run_args(tiny_sft_workspace, "killed", sft, 1), env=sft_env(), capture_output=True, text=True, timeout=900
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     assert f"after step {latest}" in done.stderr, done.stderr[-2000:]
-    resumed, resumed_weights = _results(run)
+    resumed, resumed_weights = sft_run_results(run)
     assert [m["step"] for m in resumed] == list(range(1, 25)), "no step repeated or missing"
     torch.testing.assert_close(
         torch.tensor([m["loss"] for m in resumed]), torch.tensor([m["loss"] for m in reference]), rtol=1e-5, atol=1e-6
@@ -217,20 +130,20 @@ def test_a_killed_run_resumes_from_its_last_checkpoint_and_ends_with_the_same_mo
         torch.testing.assert_close(resumed_weights[key], reference_weights[key], rtol=1e-5, atol=1e-6)
 
 
-def test_checkpoints_of_another_setup_are_kept_and_refused(workspace):
+def test_checkpoints_of_another_setup_are_kept_and_refused(tiny_sft_workspace):
     sft = {**BASE_SFT, "epochs": 1, "save_every_steps": 2}
-    _train(workspace, "setup", sft)
-    checkpoints = workspace / "setup" / "ckpt"
+    train_sft_run(tiny_sft_workspace, "setup", sft)
+    checkpoints = tiny_sft_workspace / "setup" / "ckpt"
     kept = sorted(p.relative_to(checkpoints) for p in checkpoints.rglob("*") if p.is_file())
-    args = _args(workspace, "setup", {**sft, "lr": 1e-3}, 1)
-    done = subprocess.run(args, env=_env(), capture_output=True, text=True, timeout=900)
+    args = sft_run_args(tiny_sft_workspace, "setup", {**sft, "lr": 1e-3}, 1)
+    done = subprocess.run(args, env=sft_env(), capture_output=True, text=True, timeout=900)
     assert done.returncode == 2, done.stderr[-4000:]
     # the message names what changed and how to start over; the folder is as it was
     assert "kept and not resumed" in done.stderr and "differs in sft.lr" in done.stderr, done.stderr[-2000:]
     assert f"rm -r {checkpoints}" in done.stderr
     assert sorted(p.relative_to(checkpoints) for p in checkpoints.rglob("*") if p.is_file()) == kept
     checkpoints.rename(checkpoints.with_name("ckpt.old"))
-    done = subprocess.run(args, env=_env(), capture_output=True, text=True, timeout=900)
+    done = subprocess.run(args, env=sft_env(), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0 and "resumed from" not in done.stderr, done.stderr[-4000:]
-    metrics, _ = _results(workspace / "setup")
+    metrics, _ = sft_run_results(tiny_sft_workspace / "setup")
     assert [m["step"] for m in metrics] == list(range(1, 7))

@@ -16,33 +16,30 @@ import time
 from pathlib import Path
 
 import pytest
-import test_shards
-from test_shards import CONFIG, ROOT, _gather, _problems, _score
+from helpers.shard_runs import SHARD_CONFIG, gather_shards, score_shard, shard_problems
+from helpers.workflows import ROOT
 
 from agentrl.data.records import write_records
 from agentrl.evaluation.shards import PARTIAL_SUFFIX
-
-model_dir = test_shards.model_dir  # the fixtures: a random tiny policy, the pool scored in one job
-scored = test_shards.scored
 
 POOL_SIZE = 30  # enough that a job stopped within seconds of its parent's death is mid-pool
 
 
 @pytest.fixture(scope="module")
-def big(model_dir, tmp_path_factory):
+def big(random_policy_dir, tmp_path_factory):
     """A pool of POOL_SIZE problems and what one uninterrupted job gathers into."""
     root = tmp_path_factory.mktemp("big")
-    write_records(_problems(POOL_SIZE), root / "pool.parquet")
-    _score(model_dir, root / "pool.parquet", root / "shards/0-of-1.jsonl", 0, 1)
-    return root / "pool.parquet", _gather(root / "pool.parquet", [root / "shards/0-of-1.jsonl"], root)
+    write_records(shard_problems(POOL_SIZE), root / "pool.parquet")
+    score_shard(random_policy_dir, root / "pool.parquet", root / "shards/0-of-1.jsonl", 0, 1)
+    return root / "pool.parquet", gather_shards(root / "pool.parquet", [root / "shards/0-of-1.jsonl"], root)
 
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
 
 
-def _command(model_dir: Path, pool: Path, out: Path) -> list[str]:
-    command = [sys.executable, "-m", "agentrl", "filter", "score-shard", "--config-json", json.dumps(CONFIG)]
-    command += ["--model", str(model_dir), "--pool", str(pool), "--shard", "0", "--shards", "1"]
+def _command(random_policy_dir: Path, pool: Path, out: Path) -> list[str]:
+    command = [sys.executable, "-m", "agentrl", "filter", "score-shard", "--config-json", json.dumps(SHARD_CONFIG)]
+    command += ["--model", str(random_policy_dir), "--pool", str(pool), "--shard", "0", "--shards", "1"]
     return [*command, "--out", str(out), "--threads", "1", "--problems-per-chunk", "1"]
 
 
@@ -67,12 +64,14 @@ def _finished_problems(partial: Path) -> int:
 
 
 @pytest.mark.slow  # a job per problem chunk, twice: about a minute under load
-def test_an_orphaned_shard_job_stops_within_seconds_and_the_rerun_takes_its_problems_over(model_dir, big, tmp_path):
+def test_an_orphaned_shard_job_stops_within_seconds_and_the_rerun_takes_its_problems_over(
+    random_policy_dir, big, tmp_path
+):
     pool, one = big
     out = tmp_path / "shards/0-of-1.jsonl"
     partial = out.with_name(out.name + PARTIAL_SUFFIX)
     shell = subprocess.Popen(  # the job's shell, as Snakemake starts it; its death orphans the job
-        ["bash", "-c", shlex.join(_command(model_dir, pool, out)) + " & wait"], env=ENV, start_new_session=True
+        ["bash", "-c", shlex.join(_command(random_policy_dir, pool, out)) + " & wait"], env=ENV, start_new_session=True
     )
     _wait_for_lines(partial, 2, shell)
     (job,) = map(int, Path(f"/proc/{shell.pid}/task/{shell.pid}/children").read_text().split())
@@ -84,21 +83,21 @@ def test_an_orphaned_shard_job_stops_within_seconds_and_the_rerun_takes_its_prob
         time.sleep(0.1)
     kept = _finished_problems(partial)
     assert not out.exists() and 1 <= kept < POOL_SIZE, f"the orphan stopped after {kept} problems"
-    again = subprocess.run(_command(model_dir, pool, out), env=ENV, capture_output=True, text=True, timeout=300)
+    again = subprocess.run(_command(random_policy_dir, pool, out), env=ENV, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"{kept} already finished, {POOL_SIZE - kept} to roll out" in again.stderr, "none rolled out twice"
-    assert _gather(pool, [out], tmp_path) == one, "the result of an uninterrupted run"
+    assert gather_shards(pool, [out], tmp_path) == one, "the result of an uninterrupted run"
 
 
 @pytest.mark.slow  # two jobs on one shard file
-def test_a_second_job_waits_for_the_first_and_a_sigterm_keeps_the_finished_problems(model_dir, big, tmp_path):
+def test_a_second_job_waits_for_the_first_and_a_sigterm_keeps_the_finished_problems(random_policy_dir, big, tmp_path):
     pool, one = big
     out = tmp_path / "shards/0-of-1.jsonl"
     partial = out.with_name(out.name + PARTIAL_SUFFIX)
-    first = subprocess.Popen(_command(model_dir, pool, out), env=ENV, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(_command(random_policy_dir, pool, out), env=ENV, stderr=subprocess.PIPE, text=True)
     _wait_for_lines(partial, 3, first)
     first.send_signal(signal.SIGSTOP)  # holds the lock, writes nothing while the second one starts
-    second = subprocess.Popen(_command(model_dir, pool, out), env=ENV, stderr=subprocess.PIPE, text=True)
+    second = subprocess.Popen(_command(random_policy_dir, pool, out), env=ENV, stderr=subprocess.PIPE, text=True)
     time.sleep(5)
     assert second.poll() is None, "the second job waits for the lock"
     written_so_far = partial.read_bytes()
@@ -112,15 +111,15 @@ def test_a_second_job_waits_for_the_first_and_a_sigterm_keeps_the_finished_probl
     assert second.wait(timeout=300) == 0
     stderr = second.stderr.read()
     assert f"{kept} already finished, {POOL_SIZE - kept} to roll out" in stderr, stderr[-3000:]
-    assert _gather(pool, [out], tmp_path) == one
+    assert gather_shards(pool, [out], tmp_path) == one
 
 
-def test_a_finished_shard_file_is_never_written_again(model_dir, scored, tmp_path):
-    pool, finished, _ = scored
+def test_a_finished_shard_file_is_never_written_again(random_policy_dir, pool_scored_in_one_job, tmp_path):
+    pool, finished, _ = pool_scored_in_one_job
     out = tmp_path / "shards/0-of-1.jsonl"
     out.parent.mkdir()
     shutil.copy2(finished, out)  # what an orphan that got its last problem in left
     before = (out.read_bytes(), out.stat().st_mtime_ns)
-    _score(model_dir, pool, out, 0, 1)
+    score_shard(random_policy_dir, pool, out, 0, 1)
     assert (out.read_bytes(), out.stat().st_mtime_ns) == before
     assert not out.with_name(out.name + PARTIAL_SUFFIX).exists()

@@ -15,75 +15,19 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
-from rollout_fixtures import random_policy
+from helpers.shard_runs import SHARD_CONFIG, gather_shards, score_shard, shard_problems
+from helpers.workflows import ROOT
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from agentrl.data.records import Problem, write_records
+from agentrl.data.records import write_records
 from agentrl.evaluation import cli as eval_cli
 from agentrl.evaluation.shards import PARTIAL_SUFFIX, shard_range
 from agentrl.filtering import cli as filter_cli
 from agentrl.rollout import SamplingParams
 from agentrl.rollout.hf_engine import HFEngine
-
-ROOT = Path(__file__).resolve().parents[1]
-# Small budgets (an untrained model rambles to the budget); two turns so problems end apart.
-CONFIG = {
-    "seed": 5,
-    "rollout": {"max_response_tokens": 24, "max_turns": 2, "batch_size": 8},
-    "reward": {"overlong": {"max_response_length": 24, "buffer_length": 8}},
-    "sandbox": {"workers": 1, "preload_modules": []},
-    "filter": {"k": 3},
-    "eval": {"n": 3},
-}
-
-
-@pytest.fixture(scope="module")
-def model_dir() -> Path:
-    return Path(random_policy())
-
-
-def _problems(count: int) -> list[Problem]:
-    return [
-        Problem(
-            f"p{i:02d}",
-            "embedded-arith",
-            [{"role": "user", "content": f"Compute {i} + {i % 7}." + " Show it." * (i % 3)}],
-            "math",
-            str(i + i % 7),
-            {"family": "arith", "level": 1 + i % 3},
-        )
-        for i in range(count)
-    ]
-
-
-def _score(model_dir: Path, pool: Path, out: Path, shard: int, shards: int, config=CONFIG, chunk=256) -> None:
-    args = ["score-shard", "--config-json", json.dumps(config), "--model", str(model_dir), "--pool", str(pool)]
-    args += ["--shard", str(shard), "--shards", str(shards), "--out", str(out), "--threads", "1"]
-    assert filter_cli.main([*args, "--problems-per-chunk", str(chunk)]) == 0
-
-
-def _gather(pool: Path, shard_files: list[Path], out: Path) -> tuple[bytes, bytes]:
-    args = ["gather", "--config-json", json.dumps(CONFIG), "--pool", str(pool), "--shard-files"]
-    args += [*map(str, shard_files), "--out", str(out / "pass_rates.parquet"), "--samples", str(out / "samples.jsonl")]
-    assert filter_cli.main(args) == 0
-    return (out / "pass_rates.parquet").read_bytes(), (out / "samples.jsonl").read_bytes()
-
-
-@pytest.fixture(scope="module")
-def scored(model_dir, tmp_path_factory):
-    """The pool scored as one shard: (pool path, the shard file, gathered pass rates and samples)."""
-    root = tmp_path_factory.mktemp("one")
-    write_records(_problems(9), root / "pool.parquet")
-    _score(model_dir, root / "pool.parquet", root / "shards/0-of-1.jsonl", 0, 1)
-    return (
-        root / "pool.parquet",
-        root / "shards/0-of-1.jsonl",
-        _gather(root / "pool.parquet", [root / "shards/0-of-1.jsonl"], root),
-    )
 
 
 def test_shard_ranges_cover_the_problems_once():
@@ -95,18 +39,18 @@ def test_shard_ranges_cover_the_problems_once():
         shard_range(10, 3, 3)
 
 
-def test_three_shards_gather_into_the_bytes_of_one(model_dir, scored, tmp_path):
-    pool, _, one = scored
+def test_three_shards_gather_into_the_bytes_of_one(random_policy_dir, pool_scored_in_one_job, tmp_path):
+    pool, _, one = pool_scored_in_one_job
     files = [tmp_path / f"shards/{i}-of-3.jsonl" for i in range(3)]
     for i, path in enumerate(files):
-        _score(model_dir, pool, path, i, 3)
-    assert _gather(pool, files, tmp_path) == one
+        score_shard(random_policy_dir, pool, path, i, 3)
+    assert gather_shards(pool, files, tmp_path) == one
     assert not list(tmp_path.glob("shards/*" + PARTIAL_SUFFIX)), "finished shards leave no partial file"
 
 
-def test_the_whole_pool_command_writes_what_the_shards_gather_into(model_dir, scored, tmp_path):
-    pool, _, (pass_rates, samples) = scored
-    args = ["score", "--config-json", json.dumps(CONFIG), "--model", str(model_dir), "--pool", str(pool)]
+def test_the_whole_pool_command_writes_what_the_shards_gather_into(random_policy_dir, pool_scored_in_one_job, tmp_path):
+    pool, _, (pass_rates, samples) = pool_scored_in_one_job
+    args = ["score", "--config-json", json.dumps(SHARD_CONFIG), "--model", str(random_policy_dir), "--pool", str(pool)]
     args += ["--out", str(tmp_path / "pass_rates.parquet"), "--samples", str(tmp_path / "samples.jsonl")]
     assert filter_cli.main([*args, "--threads", "1"]) == 0
     assert (tmp_path / "pass_rates.parquet").read_bytes() == pass_rates
@@ -114,12 +58,12 @@ def test_the_whole_pool_command_writes_what_the_shards_gather_into(model_dir, sc
 
 
 @pytest.mark.slow  # about 15 s on a quiet machine, 45 s under load: a job per problem chunk
-def test_a_sigkilled_shard_resumes_with_what_it_wrote(model_dir, scored, tmp_path):
-    pool, _, one = scored
+def test_a_sigkilled_shard_resumes_with_what_it_wrote(random_policy_dir, pool_scored_in_one_job, tmp_path):
+    pool, _, one = pool_scored_in_one_job
     out = tmp_path / "shards/0-of-1.jsonl"
     partial = out.with_name(out.name + PARTIAL_SUFFIX)
-    command = [sys.executable, "-m", "agentrl", "filter", "score-shard", "--config-json", json.dumps(CONFIG)]
-    command += ["--model", str(model_dir), "--pool", str(pool), "--shard", "0", "--shards", "1"]
+    command = [sys.executable, "-m", "agentrl", "filter", "score-shard", "--config-json", json.dumps(SHARD_CONFIG)]
+    command += ["--model", str(random_policy_dir), "--pool", str(pool), "--shard", "0", "--shards", "1"]
     command += ["--out", str(out), "--threads", "1", "--problems-per-chunk", "1"]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     job = subprocess.Popen(command, env=env, start_new_session=True, stderr=subprocess.PIPE, text=True)
@@ -135,11 +79,13 @@ def test_a_sigkilled_shard_resumes_with_what_it_wrote(model_dir, scored, tmp_pat
     again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
     assert f"{written} already finished, {9 - written} to roll out" in again.stderr
-    assert _gather(pool, [out], tmp_path) == one
+    assert gather_shards(pool, [out], tmp_path) == one
 
 
-def test_a_cut_last_line_is_dropped_and_its_problem_rolled_out_again(model_dir, scored, tmp_path, caplog):
-    pool, finished, one = scored
+def test_a_cut_last_line_is_dropped_and_its_problem_rolled_out_again(
+    random_policy_dir, pool_scored_in_one_job, tmp_path, caplog
+):
+    pool, finished, one = pool_scored_in_one_job
     out = tmp_path / "shards/0-of-1.jsonl"
     out.parent.mkdir()
     lines = finished.read_bytes().splitlines(keepends=True)
@@ -147,10 +93,10 @@ def test_a_cut_last_line_is_dropped_and_its_problem_rolled_out_again(model_dir, 
         b"".join(lines[:5]) + lines[5][:40]
     )  # header, 4 problems, a cut one
     with caplog.at_level(logging.INFO):
-        _score(model_dir, pool, out, 0, 1)
+        score_shard(random_policy_dir, pool, out, 0, 1)
     assert "dropping the half-written line 6" in caplog.text
     assert "4 already finished, 5 to roll out" in caplog.text
-    assert _gather(pool, [out], tmp_path) == one
+    assert gather_shards(pool, [out], tmp_path) == one
 
 
 @pytest.mark.parametrize(
@@ -159,69 +105,71 @@ def test_a_cut_last_line_is_dropped_and_its_problem_rolled_out_again(model_dir, 
     ids=["k", "seed", "pool", "model"],
 )
 def test_a_shard_file_of_another_config_is_discarded_with_the_reason(
-    model_dir, scored, tmp_path, caplog, change, named
+    random_policy_dir, pool_scored_in_one_job, tmp_path, caplog, change, named
 ):
-    pool, _, one = scored
-    foreign_model, foreign_pool, config = model_dir, pool, CONFIG
+    pool, _, one = pool_scored_in_one_job
+    foreign_model, foreign_pool, config = random_policy_dir, pool, SHARD_CONFIG
     if change == "pool":
         foreign_pool = tmp_path / "other_pool.parquet"
-        write_records(_problems(10), foreign_pool)  # the same first nine problems and one more
+        write_records(shard_problems(10), foreign_pool)  # the same first nine problems and one more
     elif change == "model":
         foreign_model = tmp_path / "other_model"
-        model = AutoModelForCausalLM.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(random_policy_dir)
         with torch.no_grad():
             next(model.parameters()).add_(0.01)
         model.save_pretrained(foreign_model)
-        AutoTokenizer.from_pretrained(model_dir).save_pretrained(foreign_model)
+        AutoTokenizer.from_pretrained(random_policy_dir).save_pretrained(foreign_model)
     else:
-        config = json.loads(json.dumps(CONFIG))
+        config = json.loads(json.dumps(SHARD_CONFIG))
         for section, values in change.items():
             config[section] = {**config[section], **values} if isinstance(values, dict) else values
     out = tmp_path / "shards/0-of-1.jsonl"
-    _score(foreign_model, foreign_pool, tmp_path / "foreign/0-of-1.jsonl", 0, 1, config=config)
+    score_shard(foreign_model, foreign_pool, tmp_path / "foreign/0-of-1.jsonl", 0, 1, config=config)
     out.parent.mkdir()
     (tmp_path / "foreign/0-of-1.jsonl").rename(out.with_name(out.name + PARTIAL_SUFFIX))
     with caplog.at_level(logging.INFO):
-        _score(model_dir, pool, out, 0, 1)
+        score_shard(random_policy_dir, pool, out, 0, 1)
     assert "written for another config" in caplog.text and named in caplog.text, caplog.text
     assert "0 already finished, 9 to roll out" in caplog.text
-    assert _gather(pool, [out], tmp_path) == one
+    assert gather_shards(pool, [out], tmp_path) == one
 
 
-def test_another_shard_count_takes_the_finished_problems_over(model_dir, scored, tmp_path, caplog):
-    pool, finished, one = scored
+def test_another_shard_count_takes_the_finished_problems_over(
+    random_policy_dir, pool_scored_in_one_job, tmp_path, caplog
+):
+    pool, finished, one = pool_scored_in_one_job
     folder = tmp_path / "shards"
     folder.mkdir()
     (folder / "0-of-1.jsonl").write_bytes(finished.read_bytes())  # left by a run with filter.shards 1
     with caplog.at_level(logging.INFO):
         for i in range(2):
-            _score(model_dir, pool, folder / f"{i}-of-2.jsonl", i, 2)
+            score_shard(random_policy_dir, pool, folder / f"{i}-of-2.jsonl", i, 2)
     assert caplog.text.count(" already finished, 0 to roll out") == 2, "a shard rolled out a finished problem"
-    assert _gather(pool, [folder / f"{i}-of-2.jsonl" for i in range(2)], tmp_path) == one
+    assert gather_shards(pool, [folder / f"{i}-of-2.jsonl" for i in range(2)], tmp_path) == one
 
 
-def test_the_gather_refuses_missing_problems_and_mixed_runs(model_dir, scored, tmp_path):
-    pool, finished, _ = scored
+def test_the_gather_refuses_missing_problems_and_mixed_runs(random_policy_dir, pool_scored_in_one_job, tmp_path):
+    pool, finished, _ = pool_scored_in_one_job
     lines = finished.read_bytes().splitlines(keepends=True)
     short = tmp_path / "short.jsonl"
     short.write_bytes(b"".join(lines[:-1]))
     with pytest.raises(ValueError, match=r"1 problems are in no shard file.*p0"):
-        _gather(pool, [short], tmp_path)
+        gather_shards(pool, [short], tmp_path)
     header = json.loads(lines[0])
     header["fingerprint"]["n"] = 2
     other = tmp_path / "other.jsonl"
     other.write_bytes(json.dumps(header).encode() + b"\n" + lines[-1])
     with pytest.raises(ValueError, match="come from different runs: n 2"):
-        _gather(pool, [short, other], tmp_path)
+        gather_shards(pool, [short, other], tmp_path)
 
 
-def test_evaluation_in_two_shards_gives_the_metrics_of_one(model_dir, tmp_path):
-    write_records(_problems(5), tmp_path / "bench.parquet")
+def test_evaluation_in_two_shards_gives_the_metrics_of_one(random_policy_dir, tmp_path):
+    write_records(shard_problems(5), tmp_path / "bench.parquet")
     common = [
         "--config-json",
-        json.dumps(CONFIG),
+        json.dumps(SHARD_CONFIG),
         "--model",
-        str(model_dir),
+        str(random_policy_dir),
         "--problems",
         str(tmp_path / "bench.parquet"),
     ]
@@ -237,9 +185,9 @@ def test_evaluation_in_two_shards_gives_the_metrics_of_one(model_dir, tmp_path):
     assert (tmp_path / "two/samples.jsonl").read_text() == (tmp_path / "one/samples.jsonl").read_text()
 
 
-def test_each_sequence_samples_from_its_own_seed_whatever_shares_its_batch(model_dir):
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+def test_each_sequence_samples_from_its_own_seed_whatever_shares_its_batch(random_policy_dir):
+    model = AutoModelForCausalLM.from_pretrained(random_policy_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(random_policy_dir)
     prompts = [tokenizer.encode(t) for t in ["Compute 12 + 30.", "Hi", "What is 7 * 8? Use the tool.", "print(1)"]]
     params = SamplingParams(temperature=1.0, max_tokens=16)
     seeds = [11, 22, 33, 44]

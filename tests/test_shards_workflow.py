@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers.workflows import rules_snakefile
 
 pytestmark = pytest.mark.slow
 
@@ -31,15 +32,7 @@ SMALL = {
     "reward": {"overlong": {"max_response_length": 64, "buffer_length": 16}},
     "sandbox": {"workers": 1, "preload_modules": []},
 }
-WRAPPER = f"""
-import sys
-sys.path.insert(0, "{ROOT}/src")
-from agentrl.config import check_workflow_config
-configfile: "{ROOT}/config.yaml"
-check_workflow_config(config, [])  # as workflow/Snakefile: coerce, validate, fill the defaults
-include: "{ROOT}/rules/common.smk"
-include: "{ROOT}/rules/filter.smk"
-"""
+WRAPPER = rules_snakefile("filter.smk")
 TARGET = "results/filter/rl_train.parquet"
 
 

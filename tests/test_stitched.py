@@ -14,21 +14,12 @@ from agentrl.data import embedded
 from agentrl.data.cli import prepare
 from agentrl.data.records import read_sft_examples
 from agentrl.data.stitched import StitchedSolver, hand_steps
-from agentrl.tools.code_interpreter import CodeInterpreter
-from agentrl.tools.sandbox import make_sandbox
 
-CFG = load_config({"sandbox": {"workers": 2}})
 SHARE = 0.5
 
 
-@pytest.fixture(scope="module")
-def interpreter():
-    with make_sandbox(CFG.sandbox) as sandbox:
-        yield CodeInterpreter(sandbox, CFG.tool), sandbox
-
-
-def _generate(interpreter, writer):
-    tool, sandbox = interpreter
+def _generate(interpreter_and_sandbox, writer):
+    tool, sandbox = interpreter_and_sandbox
     setup = EmbeddedDataConfig(
         families=("arith", "choice", "program"),
         sft_per_family=12,
@@ -48,9 +39,11 @@ def _generate(interpreter, writer):
 
 
 @pytest.fixture(scope="module")
-def pair(interpreter):
+def pair(interpreter_and_sandbox):
     """(real, stitched) datasets from the same seed."""
-    return _generate(interpreter, embedded.ScriptedSolver), _generate(interpreter, StitchedSolver)
+    return _generate(interpreter_and_sandbox, embedded.ScriptedSolver), _generate(
+        interpreter_and_sandbox, StitchedSolver
+    )
 
 
 def _calls(example):
@@ -168,8 +161,8 @@ def test_after_a_failed_call_the_text_goes_on_as_pre_written(pair):
     assert 0.2 < len(contradicted) / len(stitched.sft) < 0.8
 
 
-def test_spliced_outputs_are_the_real_outputs_of_their_code(interpreter, pair):
-    tool, _ = interpreter
+def test_spliced_outputs_are_the_real_outputs_of_their_code(interpreter_and_sandbox, pair):
+    tool, _ = interpreter_and_sandbox
     _, stitched = pair
     codes = [_calls(e)[0]["tool_calls"][0]["function"]["arguments"]["code"] for e in stitched.sft]
     assert [r.text for r in tool.execute_many(codes)] == [_tool_outputs(e)[0] for e in stitched.sft]

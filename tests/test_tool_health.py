@@ -3,7 +3,7 @@
 The cases are real: programs run in the real local sandbox, a worker is killed from outside with
 SIGKILL while it runs a program, and the SandboxFusion backend talks HTTP to a local server
 (tests/test_sandbox_fusion.py's) that refuses requests; the rollouts are a tiny real model's
-(:class:`rollout_fixtures.ForceTurns` scripts the turns).
+(:class:`helpers.rollout.ForceTurns` scripts the turns).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import threading
 
 import pytest
 import torch
-from rollout_fixtures import ForceTurns, arith_problems, call_turn, final_turn, random_policy
-from sandbox_fusion_fixtures import FakeSandboxFusion
+from helpers.rollout import ForceTurns, arith_problems, call_turn, final_turn, random_policy
+from helpers.sandbox_fusion import FakeSandboxFusion
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.config import load_config
@@ -36,12 +36,7 @@ def sandbox_cfg(**overrides):
     return load_config({"sandbox": {**FAST, **overrides}}).sandbox
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -113,7 +113,7 @@ def test_tracker_writes_tensorboard_events_without_torch(tmp_path):
 
 def test_an_evaluation_shard_with_a_missing_tracking_package_stops_before_sampling(sft_inputs, tmp_path):
     """Not only at the gather job, after every shard has sampled its problems."""
-    from rollout_fixtures import arith_problems
+    from helpers.rollout import arith_problems
 
     write_records(arith_problems(2), tmp_path / "arith.parquet")
     shadow = shadow_packages(tmp_path / "shadow", "wandb")
@@ -130,7 +130,7 @@ def test_an_evaluation_shard_with_a_missing_tracking_package_stops_before_sampli
 
 
 def test_the_workflow_with_a_missing_tracking_package_stops_at_load(tmp_path):
-    from workflow_runs import snakemake_command
+    from helpers.workflows import snakemake_command
 
     (tmp_path / "config.yaml").write_text((ROOT / "config.yaml").read_text())
     shadow = shadow_packages(tmp_path / "shadow", "wandb")
@@ -164,7 +164,8 @@ def _conversation(index: int) -> SftExample:
 
 @pytest.fixture(scope="module")
 def sft_inputs(tmp_path_factory):
-    from agentrl.config import EmbeddedModelConfig
+    from helpers.tiny_models import SFT_TRACKING
+
     from agentrl.model.build import save_embedded_model, train_tokenizer
 
     root = tmp_path_factory.mktemp("sft-tracking")
@@ -172,8 +173,7 @@ def sft_inputs(tmp_path_factory):
     write_records(examples, root / "sft.parquet")
     renderer = train_tokenizer(["0123456789"], 300)
     corpus = [renderer.apply_chat_template(e.messages, tools=e.tools, tokenize=False) for e in examples]
-    tiny = EmbeddedModelConfig(480, 32, 1, 2, 1, 16, 64, 512)
-    save_embedded_model(corpus, tiny, seed=0, out_dir=root / "base")
+    save_embedded_model(corpus, SFT_TRACKING, seed=0, out_dir=root / "base")
     return root
 
 

@@ -19,6 +19,9 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.grpo_runs import arith_split, metric_records_so_far, unsaved_grpo_command
+from helpers.sft_runs import BASE_SFT, sft_env, sft_run_args, sft_workspace
+from helpers.stage_inputs import CODE_PROBLEM, fake_model
 
 from agentrl.training.folder_lock import LOCK_FILE, CheckpointFolderInUse, hold_checkpoint_folder
 from agentrl.training.parent_watch import ancestors
@@ -98,13 +101,12 @@ def test_grpo_refuses_a_held_checkpoint_folder_naming_the_holder_before_deepspee
     """The real ``agentrl grpo`` CLI on a folder whose lock another process holds: exit 1, the
     holder's pid in the message, no traceback; the lock is taken before DeepSpeed's distributed
     init (its log line never appears) and nothing is written."""
-    from test_bad_inputs import PROBLEM, fake_model
 
     from agentrl.data.records import write_records
 
     folder = tmp_path / "checkpoints"
     train = tmp_path / "rl_train.parquet"
-    write_records([PROBLEM], train)
+    write_records([CODE_PROBLEM], train)
     command = [sys.executable, "-m", "agentrl", "grpo", "--model", fake_model(tmp_path / "model"),
                "--train", train, "--out", tmp_path / "rl", "--metrics", tmp_path / "metrics.jsonl",
                "--checkpoint-dir", folder, "--nproc", "0"]  # fmt: skip
@@ -134,21 +136,17 @@ def _steps(metrics: Path) -> list[int]:
 
 @pytest.mark.slow
 def test_a_second_trainer_on_the_same_checkpoint_folder_refuses_naming_the_first(tmp_path_factory):
-    from test_preemption import _sft_workspace
-    from test_sft_distributed import BASE_SFT, _args
-    from test_sft_distributed import _env as sft_env
-
-    root = _sft_workspace(tmp_path_factory)
+    root = sft_workspace(tmp_path_factory.mktemp("sft-preempt"))
     sft = {**BASE_SFT, "epochs": 200, "save_every_steps": 4}  # 1200 steps: running while the second starts
     first = subprocess.Popen(
-        _args(root, "run", sft, 1), env=sft_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        sft_run_args(root, "run", sft, 1), env=sft_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
     metrics = root / "run" / "metrics.jsonl"
     deadline = time.monotonic() + 600
     while not (metrics.exists() and _steps(metrics)):
         assert first.poll() is None and time.monotonic() < deadline, "the first trainer did not start"
         time.sleep(0.1)
-    second_args = _args(root, "run", sft, 1)
+    second_args = sft_run_args(root, "run", sft, 1)
     second_args[second_args.index("--out") + 1] = str(root / "second-model")
     second_args[second_args.index("--metrics") + 1] = str(root / "second-metrics.jsonl")
     second = subprocess.run(second_args, env=sft_env(), capture_output=True, text=True, timeout=600)
@@ -177,16 +175,14 @@ TRAINER_PARENT = (
 
 @pytest.mark.slow
 def test_an_orphaned_grpo_trainer_stops_at_its_next_step_boundary_with_a_checkpoint(tmp_path):
-    from rollout_fixtures import random_policy
-    from test_grpo_trainer_resume import _arith
-    from test_preemption import _grpo_command, _records
+    from helpers.rollout import random_policy
 
     from agentrl.data.records import write_records
 
-    write_records(_arith(9, "rl"), tmp_path / "rl_train.parquet")
-    write_records(_arith(3, "eval"), tmp_path / "arith.parquet")
+    write_records(arith_split(9, "rl"), tmp_path / "rl_train.parquet")
+    write_records(arith_split(3, "eval"), tmp_path / "arith.parquet")
     run, total = tmp_path / "run", 200  # far more steps than run before the watch (every 2 s) notices
-    command = _grpo_command(random_policy(), tmp_path, run, max_steps=total, test_freq=0, val_before_train=False)
+    command = unsaved_grpo_command(random_policy(), tmp_path, run, max_steps=total, test_freq=0, val_before_train=False)
     log = tmp_path / "grpo.log"
     env = {**_env(), "OMP_NUM_THREADS": "1"}
     parent = subprocess.Popen(
@@ -195,7 +191,7 @@ def test_an_orphaned_grpo_trainer_stops_at_its_next_step_boundary_with_a_checkpo
     trainer = int(parent.stdout.readline())
     try:
         deadline = time.monotonic() + 600
-        while not any(r["step"] >= 1 for r in _records(run / "metrics.jsonl")):
+        while not any(r["step"] >= 1 for r in metric_records_so_far(run / "metrics.jsonl")):
             assert time.monotonic() < deadline, "no GRPO step within 600 s"
             assert Path(f"/proc/{trainer}").exists(), log.read_text()[-3000:]
             time.sleep(0.05)
@@ -211,7 +207,7 @@ def test_an_orphaned_grpo_trainer_stops_at_its_next_step_boundary_with_a_checkpo
     assert stopped, text[-3000:]
     step = int(stopped[1])
     assert 1 <= step < total, text[-3000:]
-    assert [r["step"] for r in _records(run / "metrics.jsonl")][-1] == step
+    assert [r["step"] for r in metric_records_so_far(run / "metrics.jsonl")][-1] == step
     assert (run / "checkpoints" / "latest").read_text() == f"step_{step}", "the stop wrote its step's checkpoint"
     assert not (run / "rl" / "config.json").exists(), "a stopped run exports no final policy"
 
@@ -230,7 +226,7 @@ def _lock_is_free(folder: Path) -> bool:
 
 @pytest.mark.slow
 def test_kill_9_of_snakemake_alone_then_the_recovery_recipe_holds_every_step_once(tmp_path):
-    from workflow_runs import TINY, planned, snakemake, start_snakemake, wait_for, write_config
+    from helpers.workflows import TINY, planned, snakemake, start_snakemake, wait_for, write_config
 
     # 4 conversations x 2 families, 2 per step: 4 steps an epoch, 200 steps; a checkpoint every 10.
     # Long enough (seconds on an idle machine) that the parent watch, polling every 2 s, sees the kill.

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.sft_runs import sft_env, sft_run_args
 
 pytestmark = pytest.mark.slow
 
@@ -24,16 +25,7 @@ SFT = {"epochs": 1, "global_batch_size": 4, "micro_batch_size": 2, "lr": 1e-2, "
 START_TIMEOUT_S = 240  # a hang on a build lock never ends; a healthy tiny run takes well under a minute
 
 
-@pytest.fixture(scope="module")
-def workspace(tmp_path_factory) -> Path:
-    from test_preemption import _sft_workspace
-
-    return _sft_workspace(tmp_path_factory)
-
-
 def _env(extensions: Path) -> dict[str, str]:
-    from test_sft_distributed import _env as sft_env
-
     return {**sft_env(), "TORCH_EXTENSIONS_DIR": str(extensions)}
 
 
@@ -51,12 +43,10 @@ def _processes_mentioning(text: str) -> list[str]:
     return found
 
 
-def _finish(workspace: Path, name: str, extensions: Path) -> subprocess.CompletedProcess:
-    from test_sft_distributed import _args
-
+def _finish(tiny_sft_workspace: Path, name: str, extensions: Path) -> subprocess.CompletedProcess:
     try:
         return subprocess.run(
-            _args(workspace, name, SFT, 1),
+            sft_run_args(tiny_sft_workspace, name, SFT, 1),
             env=_env(extensions),
             capture_output=True,
             text=True,
@@ -74,14 +64,12 @@ def _steps(run: Path) -> list[int]:
     return [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
-def test_kills_in_the_first_minute_on_a_fresh_extensions_cache_then_a_restart_finishes(workspace, tmp_path):
-    from test_sft_distributed import _args
-
+def test_kills_in_the_first_minute_on_a_fresh_extensions_cache_then_a_restart_finishes(tiny_sft_workspace, tmp_path):
     extensions = tmp_path / "torch_extensions"
     moments = sorted(random.Random(26).uniform(2.0, 60.0) for _ in range(3))
     for moment in moments:
         process = subprocess.Popen(
-            _args(workspace, "killed", SFT, 1),
+            sft_run_args(tiny_sft_workspace, "killed", SFT, 1),
             env=_env(extensions),
             start_new_session=True,
             stdout=subprocess.DEVNULL,
@@ -96,17 +84,17 @@ def test_kills_in_the_first_minute_on_a_fresh_extensions_cache_then_a_restart_fi
     time.sleep(1.0)
     assert _processes_mentioning(str(extensions)) == [], "a compiler outlived the job"
 
-    done = _finish(workspace, "killed", extensions)
+    done = _finish(tiny_sft_workspace, "killed", extensions)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert _steps(workspace / "killed") == list(range(1, 7)), "every step once"
+    assert _steps(tiny_sft_workspace / "killed") == list(range(1, 7)), "every step once"
     assert not list(extensions.rglob("lock")), "no build lock left"
 
 
-def test_a_stale_build_lock_in_the_extensions_cache_does_not_hold_a_start(workspace, tmp_path):
+def test_a_stale_build_lock_in_the_extensions_cache_does_not_hold_a_start(tiny_sft_workspace, tmp_path):
     extensions = tmp_path / "torch_extensions"
     for build in ("py311_cpu/deepspeed_shm_comm", "deepspeed_shm_comm"):  # with and without torch's prefix
         (extensions / build).mkdir(parents=True)
         (extensions / build / "lock").write_text("")  # what a build killed half-way leaves
-    done = _finish(workspace, "locked", extensions)
+    done = _finish(tiny_sft_workspace, "locked", extensions)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert _steps(workspace / "locked") == list(range(1, 7))
+    assert _steps(tiny_sft_workspace / "locked") == list(range(1, 7))

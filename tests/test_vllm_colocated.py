@@ -199,7 +199,7 @@ def _torchrun_env() -> dict[str, str]:
 @pytest.mark.timeout(1200)  # one torchrun job of 2 ranks (DeepSpeed + vLLM each) on a loaded CI machine
 @NEEDS_VLLM
 def test_two_ranks_each_run_their_own_external_launcher_engine(tmp_path):
-    from rollout_fixtures import random_policy
+    from helpers.rollout import random_policy
 
     model_dir = random_policy()
     done = subprocess.run(
@@ -255,7 +255,7 @@ VLLM_GRPO = {
 
 def _vllm_grpo_config(**grpo) -> dict:
     """The tiny GRPO run of test_grpo_trainer_resume on vLLM engines, with ``grpo`` on top."""
-    from test_grpo_trainer_resume import TINY_RUN
+    from helpers.grpo_runs import TINY_RUN
 
     return {
         **TINY_RUN,
@@ -377,14 +377,14 @@ def run_grpo_rank(model_dir: str, data: Path, out_dir: Path) -> None:
 @pytest.mark.timeout(1200)
 @NEEDS_VLLM
 def test_a_grpo_step_splits_prompts_over_ranks_and_sleeps_the_engine_through_the_update(tmp_path):
-    from rollout_fixtures import random_policy
-    from test_grpo_trainer_resume import _arith
+    from helpers.grpo_runs import arith_split
+    from helpers.rollout import random_policy
 
     from agentrl.data.records import read_problems, write_records
     from agentrl.grpo.prompts import PromptSampler
     from agentrl.training.seeds import derived_seed
 
-    write_records(_arith(9, "rl"), tmp_path / "rl_train.parquet")
+    write_records(arith_split(9, "rl"), tmp_path / "rl_train.parquet")
     done = subprocess.run(
         [*TORCHRUN_2, "grpo-calls", str(random_policy()), str(tmp_path), str(tmp_path)],
         env=_torchrun_env(),
@@ -456,16 +456,16 @@ def test_a_resumed_grpo_run_samples_its_first_rollout_from_the_resumed_policy(tm
     to be at least 100 times the tolerance)."""
     import shutil
 
-    from rollout_fixtures import random_policy
-    from test_grpo_trainer_resume import _arith, _command, _records
+    from helpers.grpo_runs import arith_split, grpo_command, metric_records
+    from helpers.rollout import random_policy
 
     from agentrl.data.records import read_problems, write_records
 
-    write_records(_arith(9, "rl"), tmp_path / "rl_train.parquet")
-    write_records(_arith(3, "eval"), tmp_path / "arith.parquet")
+    write_records(arith_split(9, "rl"), tmp_path / "rl_train.parquet")
+    write_records(arith_split(3, "eval"), tmp_path / "arith.parquet")
     config = _vllm_grpo_config(**RESUME_GRPO)
     model = random_policy()
-    command = _command(model, tmp_path, tmp_path / "run")
+    command = grpo_command(model, tmp_path, tmp_path / "run")
     command[command.index("--config-json") + 1] = json.dumps(config)
     command[command.index("--nproc") + 1] = "2"
     env = _torchrun_env()
@@ -473,7 +473,7 @@ def test_a_resumed_grpo_run_samples_its_first_rollout_from_the_resumed_policy(tm
     def run() -> list[dict]:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stderr[-5000:]
-        return _records(tmp_path / "run" / "metrics.jsonl")
+        return metric_records(tmp_path / "run" / "metrics.jsonl")
 
     straight = run()
     checkpoints = tmp_path / "run" / "checkpoints"

@@ -124,7 +124,7 @@ def run_vllm(spec: dict, out: Path) -> None:
 
 @pytest.fixture(scope="module")
 def vllm_runs(tmp_path_factory):
-    from rollout_fixtures import arith_problems, trained_policy
+    from helpers.rollout import arith_problems, trained_policy
 
     from agentrl.data.records import write_records
 

@@ -13,7 +13,7 @@ import re
 
 import pytest
 import yaml
-from workflow_runs import UPSTREAM_OF_EVAL, run_snakemake, snakemake, write_config
+from helpers.workflows import UPSTREAM_OF_EVAL, run_snakemake, snakemake, write_config
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""Real small models for the rollout tests (imported by tests/test_rollout*.py).
+"""Real small models for the rollout tests (imported through ``helpers.rollout``).
 
 - :func:`random_policy`: a tokenizer trained on a few rendered tool-use conversations and a
   randomly initialised tiny Qwen3 (built in about a second). It never emits a tool call by
@@ -25,17 +25,8 @@ import torch
 
 from agentrl.data.prompts import CODE_INTERPRETER_TOOL, COMPACT_MATH
 from agentrl.data.records import Problem
-
-SMALL_MODEL = {  # faster than the embedded default; the same architecture
-    "vocab_size": 1024,
-    "hidden_size": 64,
-    "num_layers": 2,
-    "num_heads": 2,
-    "num_kv_heads": 1,
-    "head_dim": 32,
-    "intermediate_size": 128,
-    "max_position_embeddings": 2048,
-}
+from agentrl.rollout import AgentLoop, SamplingParams
+from helpers.tiny_models import ROLLOUT_POLICY
 
 
 def _call(code: str) -> dict:
@@ -93,13 +84,12 @@ def _corpus() -> list[str]:
 @functools.cache
 def random_policy(seed: int = 0) -> Path:
     """A folder with a random tiny Qwen3 and its tokenizer (chat template included)."""
-    from agentrl.config import EmbeddedModelConfig
     from agentrl.model.build import save_embedded_model
 
     root = tempfile.mkdtemp(prefix="agentrl-random-policy-")
     atexit.register(shutil.rmtree, root, True)  # cached for the session, removed when it ends
     out = Path(root) / "model"
-    return save_embedded_model(_corpus(), EmbeddedModelConfig(**SMALL_MODEL), seed, out)
+    return save_embedded_model(_corpus(), ROLLOUT_POLICY, seed, out)
 
 
 class ForceTurns:
@@ -211,3 +201,19 @@ def trained_policy(steps: int = 100) -> Path:
     )
     model.save_pretrained(model_dir)
     return model_dir
+
+
+GREEDY = SamplingParams(temperature=0)
+
+
+def scripted_loop(policy, interpreter, scripts, **rollout) -> AgentLoop:
+    """An agent loop on the ``hf`` engine whose turns follow ``scripts`` (:class:`ForceTurns`)."""
+    from agentrl.config import load_config
+    from agentrl.rollout.hf_engine import HFEngine
+
+    model, tokenizer = policy
+    cfg = load_config({"rollout": {"max_turns": 4, "max_response_tokens": 400, **rollout}}).rollout
+    engine = HFEngine(
+        model, pad_token_id=tokenizer.pad_token_id, batch_size=8, logits_processor=ForceTurns(tokenizer, scripts)
+    )
+    return AgentLoop(engine, tokenizer, interpreter, cfg)

@@ -9,19 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agentrl.config import EmbeddedModelConfig
 from agentrl.model.build import save_embedded_model
+from helpers.tiny_models import RELEASED_STAND_IN
 
-TINY_MODEL = EmbeddedModelConfig(
-    vocab_size=400,
-    hidden_size=32,
-    num_layers=2,
-    num_heads=2,
-    num_kv_heads=1,
-    head_dim=16,
-    intermediate_size=64,
-    max_position_embeddings=4096,
-)
 CORPUS = [
     "Solve the problem. Put the final answer in \\boxed{}.",
     '<tool_call>\n{"name": "code_interpreter", "arguments": {"code": "print(1 + 1)"}}\n</tool_call>',
@@ -31,4 +21,4 @@ CORPUS = [
 
 def build_fixture_model(folder: Path, seed: int = 0) -> Path:
     """A fresh tiny model in ``folder``; another seed gives other weights (and another digest)."""
-    return save_embedded_model(CORPUS, TINY_MODEL, seed, folder)
+    return save_embedded_model(CORPUS, RELEASED_STAND_IN, seed, folder)

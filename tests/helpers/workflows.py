@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SNAKEFILE = ROOT / "workflow" / "Snakefile"
 # A whole workflow run in minutes on a CPU: a handful of problems, a 2-layer model, one GRPO step.
 TINY = {
@@ -188,3 +188,19 @@ def rules_of(jobs) -> set[str]:
 
 def models_of(jobs, rule: str) -> set[str]:
     return {wildcards["model"] for r, wildcards in jobs if r == rule}
+
+
+def rules_snakefile(*rule_files: str, extra: str = "") -> str:
+    """A Snakefile of part of the workflow: the repository's config.yaml coerced, validated and
+    filled as workflow/Snakefile does, rules/common.smk, then ``rule_files`` (names under rules/),
+    then ``extra`` (a target rule)."""
+    lines = [
+        "",
+        "import sys",
+        f'sys.path.insert(0, "{ROOT}/src")',
+        "from agentrl.config import check_workflow_config",
+        f'configfile: "{ROOT}/config.yaml"',
+        "check_workflow_config(config, [])  # as workflow/Snakefile: coerce, validate, fill the defaults",
+        *(f'include: "{ROOT}/rules/{name}"' for name in ("common.smk", *rule_files)),
+    ]
+    return "\n".join(lines) + "\n" + extra

@@ -1,8 +1,8 @@
 """What snakemake-executor-plugin-slurm would submit for each job of a workflow: its own code, no copy.
 
-``python tests/slurm_submissions.py TARGET SNAKEMAKE_ARGS...`` runs Snakemake's command line as
-given (targets first, then profile and config files; ``--dag`` is added), but instead of printing the DAG it hands every job to
-the plugin's own builders and prints one JSON object per job:
+``python tests/helpers/slurm_submissions.py TARGET SNAKEMAKE_ARGS...`` runs Snakemake's command
+line as given (targets first, then profile and config files; ``--dag`` is added), but instead of
+printing the DAG it hands every job to the plugin's own builders and prints one JSON object per job:
 
 - ``sbatch``: ``get_submit_command`` + ``set_gres_string`` (what the plugin's ``Executor.run_job``
   concatenates) with the plugin's executor settings as the profiles give them (``slurm-requeue``),

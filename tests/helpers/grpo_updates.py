@@ -1,0 +1,77 @@
+"""One GRPO update on real DeepSpeed, for the tests that check it against plain torch and shared prompts."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+
+from agentrl.config import load_config
+from agentrl.grpo.metrics import TokenWeightedStats
+from agentrl.grpo.policy import ResponseLogProbs
+from agentrl.grpo.variants import resolve_algorithm
+
+
+def deepspeed_update(model_dir: Path, samples, budget: int, overrides: dict, monkeypatch=None):
+    """One GRPO update of ``samples`` on DeepSpeed; returns (plan, stats, grad norms, params, cfg,
+    the gradients of the first optimizer step as DeepSpeed is about to apply them)."""
+    from agentrl.grpo import trainer
+    from agentrl.grpo.runner import GrpoPaths, build_engine
+    from agentrl.grpo.trainer import Components, GrpoStep
+    from agentrl.training import deepspeed_engine as dse
+    from agentrl.training.model import load_causal_lm
+
+    first_grads = {}
+    if monkeypatch is not None:
+        real_step = trainer.step_with_grad_norm
+
+        def step_recording_grads(engine):
+            from deepspeed.utils import safe_get_full_grad  # reads ZeRO-partitioned gradients too
+
+            if not first_grads:
+                first_grads.update(
+                    {k: safe_get_full_grad(v).clone() for k, v in engine.module.model.named_parameters()}
+                )
+            return real_step(engine)
+
+        monkeypatch.setattr(trainer, "step_with_grad_norm", step_recording_grads)
+
+    cfg = load_config(
+        {
+            "grpo": {
+                "n": 2,
+                "batch_prompts": 2,
+                "mini_batch_prompts": 2,
+                "micro_batch_tokens": budget,
+                "lr": 1e-3,
+                **overrides,
+            }
+        }
+    )
+    ctx = dse.init_distributed()
+    paths = GrpoPaths(
+        model_dir,
+        Path("-"),
+        (),
+        Path("-"),
+        Path("-"),
+        Path("-"),
+        dse.find_deepspeed_config(cfg.grpo.deepspeed.zero_stage),
+    )
+    actor = ResponseLogProbs(load_causal_lm(model_dir, device=ctx.device), logit_chunk_tokens=7, temperature=1.0)
+    engine = build_engine(actor, cfg, paths, ctx, torch.float32, steps=1)
+    settings = resolve_algorithm(cfg.grpo)
+    reference = None
+    if settings.uses_reference:
+        reference = ResponseLogProbs(
+            load_causal_lm(model_dir, device=ctx.device).eval(), logit_chunk_tokens=7, temperature=1.0
+        )
+    parts = Components(cfg, settings, ctx, engine, reference, None, None, None, pad_token_id=0)
+    step = GrpoStep(parts)
+    samples = copy.deepcopy(samples)
+    plan = step.plan(len(samples) // cfg.grpo.n, samples)
+    step.recompute_logprobs(samples, plan)
+    stats, grad_norms, lrs = step.update(samples, plan)
+    params = {k: v.detach().clone() for k, v in engine.module.model.named_parameters()}
+    return plan, TokenWeightedStats.merge([stats]), grad_norms, params, cfg, first_grads
