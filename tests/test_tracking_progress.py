@@ -200,7 +200,7 @@ def test_sft_logs_progress_lines_and_tracks_to_tensorboard_and_wandb(sft_inputs)
     pytest.importorskip("tensorboard")
     pytest.importorskip("wandb")
     config = {
-        "sft": {"epochs": 5, "global_batch_size": 2, "micro_batch_size": 2, "max_length": 256, "save_every_steps": 0},
+        "sft": {"epochs": 5, "global_batch_size": 2, "micro_batch_size": 2, "max_length": 1024, "save_every_steps": 0},
         "tracking": {"tensorboard": True, "wandb": {"enable": True, "mode": "offline"}},
     }
     done, log = _sft(sft_inputs, "tracked", config)
