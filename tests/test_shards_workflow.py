@@ -114,7 +114,9 @@ def one_and_three(inputs, tmp_path_factory) -> tuple[Path, Path]:
 
 def test_three_shards_gather_the_bytes_of_one(one_and_three):
     one, three = one_and_three
-    assert sorted(p.name for p in (three / "results/filter/shards").iterdir()) == [f"{i}-of-3.jsonl" for i in range(3)]
+    # each shard file and the lock its one writer held (agentrl.training.folder_lock.hold_shard_file)
+    expected = sorted(name for i in range(3) for name in (f"{i}-of-3.jsonl", f"{i}-of-3.jsonl.lock"))
+    assert sorted(p.name for p in (three / "results/filter/shards").iterdir()) == expected
     for name in ("pass_rates.parquet", "samples.jsonl", "rl_train.parquet"):
         assert (three / "results/filter" / name).read_bytes() == (one / "results/filter" / name).read_bytes(), name
 
