@@ -164,17 +164,11 @@ def _conversation(index: int) -> SftExample:
 
 @pytest.fixture(scope="module")
 def sft_inputs(tmp_path_factory):
+    from helpers.sft_runs import sft_workspace
     from helpers.tiny_models import SFT_TRACKING
 
-    from agentrl.model.build import save_embedded_model, train_tokenizer
-
     root = tmp_path_factory.mktemp("sft-tracking")
-    examples = [_conversation(i) for i in range(8)]
-    write_records(examples, root / "sft.parquet")
-    renderer = train_tokenizer(["0123456789"], 300)
-    corpus = [renderer.apply_chat_template(e.messages, tools=e.tools, tokenize=False) for e in examples]
-    save_embedded_model(corpus, SFT_TRACKING, seed=0, out_dir=root / "base")
-    return root
+    return sft_workspace(root, [_conversation(i) for i in range(8)], SFT_TRACKING)
 
 
 def _sft(

@@ -47,15 +47,16 @@ def sft_conversation(index: int) -> SftExample:
     return SftExample(id=f"arith-{index}", messages=messages, tools=[CODE_INTERPRETER_TOOL])
 
 
-def sft_workspace(root: Path) -> Path:
-    """``root`` with 24 tool-use conversations (sft.parquet) and a tiny base model trained on them (base/)."""
+def sft_workspace(root: Path, examples: list[SftExample] | None = None, shape=SFT_RUN) -> Path:
+    """``root`` with tool-use conversations (sft.parquet; default: 24 of :func:`sft_conversation`)
+    and a tiny base model of ``shape`` whose tokenizer is trained on them (base/)."""
     from agentrl.model.build import train_tokenizer
 
-    examples = [sft_conversation(i) for i in range(24)]
+    examples = [sft_conversation(i) for i in range(24)] if examples is None else examples
     write_records(examples, root / "sft.parquet")
     renderer = train_tokenizer(["0123456789"], 300)
     corpus = [renderer.apply_chat_template(e.messages, tools=e.tools, tokenize=False) for e in examples]
-    save_embedded_model(corpus, SFT_RUN, seed=0, out_dir=root / "base")
+    save_embedded_model(corpus, shape, seed=0, out_dir=root / "base")
     return root
 
 

@@ -75,9 +75,9 @@ FUNCTIONAL_PRELUDE = (
     "from heapq import *\nfrom itertools import *\n"
 )
 # The harness runs the solution's source with exec() so that it is not "__main__" and so that a
-# `from __future__` line in it stays legal (it must open the compiled unit).
-_FUNCTIONAL_HARNESS = """\
-import io as _io, json as _json, sys as _sys
+# `from __future__` line in it stays legal (it must open the compiled unit). Both harnesses call
+# it this way; they differ in where the arguments come from and how the result is printed.
+_CALL_SOLUTION = """\
 _namespace = {{"__name__": "solution"}}
 _real_stdout, _sys.stdout = _sys.stdout, _io.StringIO()
 try:
@@ -90,42 +90,36 @@ try:
         _target = _namespace[{fn_name!r}]
     else:
         raise NameError("the solution defines neither Solution.{fn_name} nor a function {fn_name}")
-    _result = _target(*_json.loads({args_json!r}))
+    _result = _target(*CALL_ARGS)
 finally:
     _sys.stdout = _real_stdout
-print({marker!r} + _json.dumps(_result, default=repr))
 """
+_FUNCTIONAL_HARNESS = (
+    "import io as _io, json as _json, sys as _sys\n"
+    + _CALL_SOLUTION.replace("CALL_ARGS", "_json.loads({args_json!r})")
+    + "print({marker!r} + _json.dumps(_result, default=repr))\n"
+)
 
 
 # reward.functional_tests: upstream. SandboxFusion's fn_name wrapper reads the arguments from
 # stdin, one json.loads per line (blank lines too), and prints the result: json.dumps for
 # dict/list/tuple/None/bool, str() for the rest. The solution still runs as in the project's
 # harness (not "__main__", its own prints captured), so only the marked line is the result.
-_UPSTREAM_FUNCTIONAL_HARNESS = """\
+_UPSTREAM_FUNCTIONAL_HARNESS = (
+    """\
 import io as _io, json as _json, sys as _sys
 _raw = _sys.stdin.read()
 _args = [_json.loads(_line) for _line in _raw.split("\\n")] if _raw.strip() else []
-_namespace = {{"__name__": "solution"}}
-_real_stdout, _sys.stdout = _sys.stdout, _io.StringIO()
-try:
-    exec({prelude!r}, _namespace)
-    exec(compile({source!r}, "<solution>", "exec"), _namespace)
-    _cls = _namespace.get("Solution")
-    if isinstance(_cls, type) and hasattr(_cls, {fn_name!r}):
-        _target = getattr(_cls(), {fn_name!r})
-    elif callable(_namespace.get({fn_name!r})):
-        _target = _namespace[{fn_name!r}]
-    else:
-        raise NameError("the solution defines neither Solution.{fn_name} nor a function {fn_name}")
-    _result = _target(*_args)
-finally:
-    _sys.stdout = _real_stdout
+"""
+    + _CALL_SOLUTION.replace("CALL_ARGS", "_args")
+    + """\
 if isinstance(_result, (dict, list, tuple)) or _result is None or isinstance(_result, bool):
     _text = _json.dumps(_result)
 else:
     _text = str(_result)
 _sys.stdout.write({marker!r} + _text + "\\n")
 """
+)
 
 
 def extract_code(response: str, code_block: str = "project") -> str | None:
