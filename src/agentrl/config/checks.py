@@ -2,6 +2,11 @@
 
 Pure functions of built sections, each problem a sentence naming the keys and why; the workflow
 runs them at load (:mod:`agentrl.config.workflow_check`) and the stages that need them again.
+
+They need no fact of a stage: the overlong penalty is in use, in any stage, exactly when
+``reward.overlong.enable`` is on, since a GRPO variant only adds it where that key allows
+(:func:`agentrl.grpo.variants.grpo_reward_config`); so the budget check reads that key alone and
+this layer imports nothing from ``agentrl.grpo``.
 """
 
 from __future__ import annotations
@@ -38,12 +43,18 @@ def cross_key_problems(cfg: Config) -> list[str]:
             f"reward.overlong.buffer_length ({overlong.buffer_length}) exceeds reward.overlong.max_response_length "
             f"({overlong.max_response_length}): the penalty would start before the response does"
         )
-    if _overlong_shaping_in_use(cfg) and cfg.rollout.max_response_tokens < overlong.max_response_length:
+    if overlong.enable and cfg.rollout.max_response_tokens < overlong.max_response_length:
         problems.append(
             f"rollout.max_response_tokens ({cfg.rollout.max_response_tokens}) is below "
             f"reward.overlong.max_response_length ({overlong.max_response_length}): no response can reach the "
             "penalty's full length (at or below max_response_length - buffer_length it never applies); make them "
             "equal (upstream) or turn the overlong shaping off"
+        )
+    if not overlong.enable and cfg.grpo.algorithm.overlong_shaping:
+        problems.append(
+            "grpo.algorithm.overlong_shaping: true asks GRPO for reward.overlong's penalty, which "
+            "reward.overlong.enable: false turns off in every stage; set reward.overlong.enable: true (or "
+            "grpo.algorithm.overlong_shaping: null)"
         )
     case_memory = cfg.reward.code_case_memory_mb
     if cfg.sandbox.backend == "local" and case_memory is not None and case_memory > cfg.sandbox.memory_mb:
@@ -88,17 +99,6 @@ def process_count_problems(grpo: GrpoConfig, processes: int, section: str = "grp
         f"must be multiples of the process count ({processes}): every rank rolls out the same number of prompts; "
         f"these sizes run on {', '.join(map(str, fits))} processes"
     ]
-
-
-def _overlong_shaping_in_use(cfg: Config) -> bool:
-    """Whether any stage applies the overlong penalty: the reward section, or a GRPO variant that turns it on."""
-    if cfg.reward.overlong.enable:
-        return True
-    from agentrl.grpo.variants import VARIANTS  # lazy: the variants import this module
-
-    variants = {cfg.grpo.variant, *(arm.variant for arm in cfg.ablations.arms.values())}
-    forced = cfg.grpo.algorithm.overlong_shaping
-    return bool(forced) or any(VARIANTS[v].overlong_shaping for v in variants if v in VARIANTS and forced is None)
 
 
 def _filter_problems(cfg: FilterConfig) -> list[str]:

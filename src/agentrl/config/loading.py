@@ -88,7 +88,17 @@ def validate_and_fill(
         lines.append(f"  - {where}'{'.'.join(path)}' = {value!r}: not a finite number")
     if lines:
         raise ConfigError(f"{origin}: invalid configuration\n" + "\n".join(lines))
+    _fill_derived_defaults(raw)
     return raw
+
+
+def _fill_derived_defaults(config: dict[str, Any]) -> None:
+    """Defaults that are another key's value, filled in place so the workflow's rules pass the
+    number: ``reward.overlong.max_response_length: null`` is ``rollout.max_response_tokens`` (the
+    penalty ramps to the end of the response budget, as upstream sets both)."""
+    overlong = config["reward"]["overlong"]
+    if overlong["max_response_length"] is None:
+        overlong["max_response_length"] = config["rollout"]["max_response_tokens"]
 
 
 def _non_finite_numbers(value: Any, path: tuple[str, ...]) -> list[tuple[tuple[str, ...], float]]:
