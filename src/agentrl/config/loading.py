@@ -88,17 +88,18 @@ def validate_and_fill(
         lines.append(f"  - {where}'{'.'.join(path)}' = {value!r}: not a finite number")
     if lines:
         raise ConfigError(f"{origin}: invalid configuration\n" + "\n".join(lines))
-    _fill_derived_defaults(raw)
     return raw
 
 
-def _fill_derived_defaults(config: dict[str, Any]) -> None:
+def fill_derived_defaults(config: dict[str, Any]) -> dict[str, Any]:
     """Defaults that are another key's value, filled in place so the workflow's rules pass the
     number: ``reward.overlong.max_response_length: null`` is ``rollout.max_response_tokens`` (the
-    penalty ramps to the end of the response budget, as upstream sets both)."""
+    penalty ramps to the end of the response budget, as upstream sets both). ``config`` is
+    validated and its schema defaults filled (:func:`validate_and_fill`)."""
     overlong = config["reward"]["overlong"]
     if overlong["max_response_length"] is None:
         overlong["max_response_length"] = config["rollout"]["max_response_tokens"]
+    return config
 
 
 def _non_finite_numbers(value: Any, path: tuple[str, ...]) -> list[tuple[tuple[str, ...], float]]:
@@ -160,7 +161,7 @@ def load_config(raw: dict[str, Any] | None = None, origin: str = "config") -> Co
     ranges); no cross-key check: a stage that needs those calls :func:`check_cross_keys` itself
     (GRPO does), and the workflow runs them at load (:func:`check_workflow_config`).
     """
-    data = validate_and_fill(json.loads(json.dumps(raw or {})), origin)
+    data = fill_derived_defaults(validate_and_fill(json.loads(json.dumps(raw or {})), origin))
     return _build(Config, data, "")
 
 
