@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config.checks import check_cross_keys
-from agentrl.config.loading import load_config, read_config_yaml, validate_and_fill
-from agentrl.config.sections import Config
+from agentrl.config.loading import fill_derived_defaults, load_config, read_config_yaml, validate_and_fill
+from agentrl.config.sections import Config, ConfigError
 
 
 def config_sources(configfiles: list[str | Path], overrides: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -50,11 +50,39 @@ def check_workflow_config(config: dict[str, Any], sources: list[tuple[str, dict[
     then build it as every stage does, so the cross-key checks of :func:`load_config` run before
     any job. Errors name the source of each bad key (``config_sources``)."""
     origin = "config (" + " + ".join(name for name, _ in sources) + ")" if sources else "config"
-    validate_and_fill(config, origin, _source_of(sources))
+    fill_derived_defaults(validate_and_fill(config, origin, _source_of(sources)))
+    check_preset_order(sources or [("config", config)])
     cfg = load_config(config, origin)
     check_cross_keys(cfg, origin)
     check_model_sources(cfg)
     return cfg
+
+
+def check_preset_order(sources: list[tuple[str, dict[str, Any]]]) -> None:
+    """Each preset file declares ``presets: {<its name>: [<presets it needs before it>]}``; an
+    overlay's needs must be declared by an earlier source or by the same one (a file merged from
+    several presets holds them all). Else the overlay runs as something other than what it says
+    (alone, a released-model overlay evaluates the embedded tasks; before the paper preset, the
+    paper preset's values override it). Raises a one-line ConfigError naming the overlay's file,
+    what it needs and the order that works (``--configfile presets/<name>.yaml``: a preset's
+    name is its path under presets/)."""
+    declared = [(name, mapping.get("presets") if isinstance(mapping, dict) else None) for name, mapping in sources]
+    declared = [(name, entries if isinstance(entries, dict) else {}) for name, entries in declared]
+    loaded: set[str] = set()
+    for position, (where, entries) in enumerate(declared):
+        available = loaded | set(entries)
+        for preset, needs in entries.items():
+            missing = [need for need in needs or [] if need not in available]
+            if not missing:
+                continue
+            order = " ".join(f"presets/{need}.yaml" for need in needs)
+            later = [name for name, found in declared[position + 1 :] if missing[0] in found]
+            problem = f"it comes after it ({later[0]})" if later else "it is not among the config files"
+            raise ConfigError(
+                f"{where}: the preset {preset} is an overlay on {', '.join(missing)}, which must be loaded before it, "
+                f"but {problem}; run with --configfile {order} {where}"
+            )
+        loaded |= set(entries)
 
 
 def check_model_sources(cfg: Config) -> None:
