@@ -38,7 +38,7 @@ def cross_key_problems(cfg: Config) -> list[str]:
     if cfg.rollout.engine == "vllm" and "rl" in cfg.eval.models:  # GRPO on vLLM (evaluation-only runs may use TP)
         problems += colocated_engine_problems(cfg.rollout)
     overlong = cfg.reward.overlong
-    if overlong.buffer_length > overlong.max_response_length:
+    if overlong.enable and overlong.buffer_length > overlong.max_response_length:
         problems.append(
             f"reward.overlong.buffer_length ({overlong.buffer_length}) exceeds reward.overlong.max_response_length "
             f"({overlong.max_response_length}): the penalty would start before the response does"
