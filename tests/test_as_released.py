@@ -93,7 +93,8 @@ def test_every_option_the_overlay_sets_is_a_row_of_the_fidelity_table():
     import yaml
 
     overlay = yaml.safe_load(AS_RELEASED.read_text())
-    set_keys = {(section, key) for section, keys in overlay.items() if isinstance(keys, dict) for key in keys}
+    options = {section: keys for section, keys in overlay.items() if section != "presets"}  # what it sits on
+    set_keys = {(section, key) for section, keys in options.items() if isinstance(keys, dict) for key in keys}
     documented = {(section, key) for section, key, _ in AS_RELEASED_OPTIONS}
     # sandbox.memory_mb restates the paper preset's 2048 (the tool's limit beside the tests' 1024)
     assert set_keys - {("sandbox", "memory_mb")} == documented

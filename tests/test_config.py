@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -100,3 +102,15 @@ def test_bad_yaml_file_names_the_file(tmp_path):
     path.write_text("seed: [1, 2\n")
     with pytest.raises(ConfigError, match="bad.yaml: not valid YAML"):
         load_config_file(path)
+
+
+def test_the_config_layer_imports_no_stage_package():
+    """Every stage builds on the config; the config builds on none of them (a check that needs a
+    stage's facts lives beside the stage)."""
+    stages = ("grpo", "sft", "filtering", "evaluation", "report", "rollout", "tools", "rewards", "data")
+    code = (
+        "import sys, agentrl.config, agentrl.config.workflow_check; "
+        "print(' '.join(m for m in sys.modules if m.startswith('agentrl.')))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert not [m for m in loaded if m.split(".")[1] in stages], loaded

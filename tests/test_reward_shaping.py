@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl.config import ConfigError, load_config
+from agentrl.config import ConfigError, check_cross_keys, load_config
 from agentrl.data.records import Problem
+from agentrl.grpo.variants import grpo_reward_config, resolve_algorithm
 from agentrl.rewards import RewardFunction
 from agentrl.rewards.shaping import overlong_penalty, shape, tool_call_shaped_score
 
@@ -117,3 +118,38 @@ def test_reward_function_reports_shaping_in_details():
     assert right.details["overlong_penalty"] == pytest.approx(-1.0)
     wrong = reward_fn.score(problem, "... \\boxed{71}", response_length=100, num_tool_calls=6)
     assert (wrong.score, wrong.acc, wrong.pred) == (pytest.approx(-0.6), False, "71")
+
+
+@pytest.mark.parametrize(
+    ("variant", "enable", "expected_penalty"),
+    [
+        ("grpo_tcr", True, -1.0),  # the R of TCR: the full factor at the end of the budget
+        ("grpo_tcr", False, 0.0),  # reward.overlong.enable: false is off in training too
+        ("grpo_t", True, 0.0),  # a variant without R never adds it
+    ],
+)
+def test_grpo_grades_with_the_overlong_penalty_only_where_both_switches_are_on(variant, enable, expected_penalty):
+    cfg = load_config({"grpo": {"variant": variant}, "reward": {"overlong": {**PAPER_OVERLONG, "enable": enable}}})
+    reward_fn = RewardFunction(grpo_reward_config(cfg.reward, resolve_algorithm(cfg.grpo)))
+    wrong = reward_fn.score(
+        Problem("p1", "AIME2025", [], "math", "70"), "... \\boxed{71}", response_length=20480, num_tool_calls=0
+    )
+    assert wrong.details["overlong_penalty"] == pytest.approx(expected_penalty)
+    assert wrong.score == pytest.approx(-1.0 + expected_penalty)
+
+
+def test_the_overlong_length_defaults_to_the_response_budget_and_an_explicit_one_stays():
+    assert load_config({"rollout": {"max_response_tokens": 300}}).reward.overlong.max_response_length == 300
+    assert load_config({}).reward.overlong.max_response_length == load_config({}).rollout.max_response_tokens
+    explicit = load_config(
+        {"rollout": {"max_response_tokens": 300}, "reward": {"overlong": {"max_response_length": 200}}}
+    )
+    assert explicit.reward.overlong.max_response_length == 200
+
+
+def test_grpo_overlong_shaping_asked_beside_the_penalty_turned_off_is_refused():
+    cfg = load_config({"reward": {"overlong": {"enable": False}}, "grpo": {"algorithm": {"overlong_shaping": True}}})
+    with pytest.raises(
+        ConfigError, match=r"grpo\.algorithm\.overlong_shaping: true .* reward\.overlong\.enable: false"
+    ):
+        check_cross_keys(cfg)

@@ -169,7 +169,9 @@ def run_vllm(spec: dict, out: Path) -> None:
     from agentrl.data.records import read_problems
     from agentrl.rollout import make_engine
 
-    cfg = load_config({"rollout": {**VLLM_ROLLOUT, "max_prompt_tokens": spec["limit"]}, "sandbox": {"workers": 2}})
+    rollout = {**VLLM_ROLLOUT, "max_prompt_tokens": spec["limit"]}
+    no_penalty = {"overlong": {"enable": False}}  # a 56-token budget holds no 128-token buffer
+    cfg = load_config({"rollout": rollout, "reward": no_penalty, "sandbox": {"workers": 2}})
     tokenizer = AutoTokenizer.from_pretrained(spec["model"])
     vllm = make_engine(cfg.rollout, spec["model"])
     engine = RequestRecorder(vllm, vllm.max_model_len)

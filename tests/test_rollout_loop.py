@@ -186,7 +186,8 @@ def test_cli_writes_scored_trajectories(tmp_path):
     problems = tmp_path / "problems.parquet"
     write_records(arith_problems(3), problems)
     out = tmp_path / "rollouts.jsonl"
-    config = json.dumps({"rollout": {"max_response_tokens": 24, "batch_size": 4}, "sandbox": {"workers": 1}})
+    budget = {"rollout": {"max_response_tokens": 24, "batch_size": 4}, "reward": {"overlong": {"enable": False}}}
+    config = json.dumps({**budget, "sandbox": {"workers": 1}})  # a 24-token budget holds no 128-token buffer
     argv = [
         "--model",
         str(random_policy()),

@@ -118,6 +118,7 @@ def test_evaluate_self_contained_runs_no_tool_and_records_its_half(tmp_path):
     cfg = {
         "sandbox": {"workers": 1},
         "rollout": {"engine": "hf", "max_turns": 4, "max_response_tokens": 96},
+        "reward": {"overlong": {"enable": False}},  # a 96-token budget holds no 128-token buffer
         "eval": {"n": 3, "temperature": 1.0, "top_p": 1.0},
     }
     out = {}

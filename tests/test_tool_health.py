@@ -262,6 +262,7 @@ def _grpo_step(sandbox, scripts, n: int, **grpo):
     cfg = load_config(
         {
             "rollout": {"scheduling": "per_turn", "max_turns": 3, "max_response_tokens": 96},
+            "reward": {"overlong": {"enable": False}},  # a 96-token budget holds no 128-token buffer
             "grpo": {"n": n, "batch_prompts": 2, "mini_batch_prompts": 2, "lr": 1e-3, **grpo},
         }
     )

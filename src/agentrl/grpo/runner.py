@@ -33,7 +33,7 @@ from agentrl.grpo.policy import ResponseLogProbs, old_logprobs_source
 from agentrl.grpo.prompts import PromptSampler
 from agentrl.grpo.trainer import Components, GrpoStep
 from agentrl.grpo.validation import EvalSet, fit_eval_sets, limit_problems, validate
-from agentrl.grpo.variants import AlgorithmSettings, resolve_algorithm
+from agentrl.grpo.variants import AlgorithmSettings, grpo_reward_config, resolve_algorithm
 from agentrl.model.folder import stamp_model_digest
 from agentrl.model.tokenizer import load_chat_tokenizer, pad_token_id
 from agentrl.precision import resolve_dtype
@@ -130,9 +130,8 @@ def check_config(cfg: Config) -> None:
 
 
 def reward_config(cfg: Config, settings: AlgorithmSettings):
-    """The reward section with overlong shaping switched by the variant."""
-    overlong = dataclasses.replace(cfg.reward.overlong, enable=settings.overlong_shaping)
-    return dataclasses.replace(cfg.reward, overlong=overlong)
+    """The reward section with overlong shaping as the variant and reward.overlong.enable say."""
+    return grpo_reward_config(cfg.reward, settings)
 
 
 def build_engine(

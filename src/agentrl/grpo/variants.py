@@ -19,8 +19,11 @@ overrides one setting of it (:func:`resolve_algorithm`). The ablation presets
   DemyAgent-4B (the released script uses 0.28).
 
 Every variant keeps the advantage ``(r - mean) / (std + 1e-6)`` of the recipe and entropy
-coefficient 0; overlong shaping switches ``reward.overlong`` on or off for the GRPO stage only
-(the lengths and factor stay those of ``reward.overlong``).
+coefficient 0. Overlong shaping says whether GRPO adds ``reward.overlong``'s penalty, which
+``reward.overlong.enable`` switches for every stage: GRPO shapes when both say so
+(:func:`grpo_reward_config`), so ``enable: false`` turns the penalty off in training too (the
+config refuses it beside an explicit ``grpo.algorithm.overlong_shaping: true``). The lengths and
+factor stay those of ``reward.overlong``.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from agentrl.config import ConfigError, GrpoConfig
+from agentrl.config import ConfigError, GrpoConfig, RewardConfig
 from agentrl.grpo.algorithm import KL_ESTIMATORS, LOSS_AGGREGATIONS
 
 
@@ -105,3 +108,10 @@ def resolve_algorithm(cfg: GrpoConfig) -> AlgorithmSettings:
             f"grpo.algorithm.kl_estimator = {settings.kl_estimator!r}; choose one of {sorted(KL_ESTIMATORS)}"
         )
     return settings
+
+
+def grpo_reward_config(reward: RewardConfig, settings: AlgorithmSettings) -> RewardConfig:
+    """The reward section GRPO grades with: ``reward`` with the overlong penalty on only where
+    both switches are, ``enable = reward.overlong.enable and settings.overlong_shaping``."""
+    enable = reward.overlong.enable and settings.overlong_shaping
+    return dataclasses.replace(reward, overlong=dataclasses.replace(reward.overlong, enable=enable))

@@ -50,11 +50,10 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from agentrl.config import AblationsConfig, ConfigError, add_config_arguments, config_from_args  # noqa: E402
+from agentrl.config import AblationsConfig, ConfigError  # noqa: E402
 from agentrl.errors import read_json_file  # noqa: E402
 from agentrl.evaluation.metrics import SampleRecord, tool_use_stats  # noqa: E402
 from agentrl.evaluation.samples import read_jsonl  # noqa: E402
-from agentrl.stage_cli import setup_logging, stage_parser  # noqa: E402
 from agentrl.training.metrics import read_metrics  # noqa: E402
 
 log = logging.getLogger("agentrl.report.ablations")
@@ -248,88 +247,117 @@ def question_markdown(
 ) -> str:
     """The markdown of one question: the final evaluation and training tables (data, algorithm), or tool use (reasoning)."""
     seeds = ", ".join(map(str, cfg.seeds))
-    cell = lambda arm, metric: format_spread(table[arm][metric], _is_rate(metric))  # noqa: E731
     parts = [
         f"# Ablation: {question}",
         f"Mean ± sample std [min-max] over seeds {seeds}; rates in %. The first row is the reference arm.",
     ]
     if question in ("data", "algorithm"):
-        header = [
-            "arm",
-            *(f"avg@{n} {b}" for b in benchmarks),
-            f"avg@{n} mean",
-            *(f"pass@{n} {b}" for b in benchmarks),
-            f"pass@{n} mean",
-        ]
-        rows = [
-            [
-                _arm_label(a, cfg),
-                *(cell(a, f"avg@n/{b}") for b in [*benchmarks, "mean"]),
-                *(cell(a, f"pass@n/{b}") for b in [*benchmarks, "mean"]),
-            ]
-            for a in arms
-        ]
-        parts += ["## Final evaluation", _markdown(header, rows)]
-        threshold = f"{100 * cfg.accuracy_threshold:g} %"
-        header = [
-            "arm",
-            f"steps to training accuracy >= {threshold}",
-            "final training accuracy",
-            "tool calls / response (eval)",
-            "tool success (eval)",
-        ]
-        rows = [
-            [
-                _arm_label(a, cfg),
-                _steps_cell(table[a]["steps_to_reach"]),
-                cell(a, "final_train_acc"),
-                cell(a, "eval/tool_calls_per_response"),
-                cell(a, "eval/tool_success_rate"),
-            ]
-            for a in arms
-        ]
-        parts += [
-            "## Training",
-            _markdown(header, rows),
-            f"Training accuracy: rollout/acc_mean on the arm's own RL prompts, trailing mean over "
-            f"{cfg.smoothing_window} steps.",
-        ]
+        parts += _final_evaluation_section(arms, table, benchmarks, n, cfg)
+        parts += _training_section(arms, table, cfg)
     else:
-        header = [
-            "arm",
-            "tool calls / response",
-            "tool success",
-            "deliberative",
-            "reactive",
-            "no tool",
-            f"avg@{n} mean",
-            "train: tool calls first -> last",
-            "train: tool success first -> last",
-        ]
-        rows = [
-            [
-                _arm_label(a, cfg),
-                cell(a, "eval/tool_calls_per_response"),
-                cell(a, "eval/tool_success_rate"),
-                cell(a, "eval/deliberative_share"),
-                cell(a, "eval/reactive_share"),
-                cell(a, "eval/no_tool_share"),
-                cell(a, "avg@n/mean"),
-                f"{cell(a, 'train/tool_calls_first')} -> {cell(a, 'train/tool_calls_last')}",
-                f"{cell(a, 'train/tool_success_first')} -> {cell(a, 'train/tool_success_last')}",
-            ]
-            for a in arms
-        ]
-        parts += [
-            "## Reasoning modes at evaluation and over training",
-            _markdown(header, rows),
-            f"Deliberative: at most {cfg.deliberative_max_calls} calls and at least "
-            f"{cfg.deliberative_min_tokens_per_call} model tokens before each call on average; reactive: "
-            f"every other response with calls (agentrl.evaluation.metrics.reasoning_mode). Tool calls, "
-            f"success and modes are pooled over the benchmarks' samples; training values are smoothed over "
-            f"{cfg.smoothing_window} steps (the GRPO log counts a step without any call as 0 % success).",
-        ]
+        parts += _reasoning_section(arms, table, n, cfg)
     return "\n\n".join(parts) + "\n"
+
+
+def _cell(table: Mapping[str, Mapping[str, Spread]], arm: str, metric: str) -> str:
+    return format_spread(table[arm][metric], _is_rate(metric))
+
+
+def _final_evaluation_section(
+    arms: Sequence[str],
+    table: Mapping[str, Mapping[str, Spread]],
+    benchmarks: Sequence[str],
+    n: int,
+    cfg: AblationsConfig,
+) -> list[str]:
+    """avg@n and pass@n of each arm's final model, per benchmark and their mean."""
+    header = [
+        "arm",
+        *(f"avg@{n} {b}" for b in benchmarks),
+        f"avg@{n} mean",
+        *(f"pass@{n} {b}" for b in benchmarks),
+        f"pass@{n} mean",
+    ]
+    rows = [
+        [
+            _arm_label(a, cfg),
+            *(_cell(table, a, f"avg@n/{b}") for b in [*benchmarks, "mean"]),
+            *(_cell(table, a, f"pass@n/{b}") for b in [*benchmarks, "mean"]),
+        ]
+        for a in arms
+    ]
+    return ["## Final evaluation", _markdown(header, rows)]
+
+
+def _training_section(
+    arms: Sequence[str], table: Mapping[str, Mapping[str, Spread]], cfg: AblationsConfig
+) -> list[str]:
+    """How fast each arm's training accuracy reached the threshold, where it ended, and its tool use at evaluation."""
+    threshold = f"{100 * cfg.accuracy_threshold:g} %"
+    header = [
+        "arm",
+        f"steps to training accuracy >= {threshold}",
+        "final training accuracy",
+        "tool calls / response (eval)",
+        "tool success (eval)",
+    ]
+    rows = [
+        [
+            _arm_label(a, cfg),
+            _steps_cell(table[a]["steps_to_reach"]),
+            _cell(table, a, "final_train_acc"),
+            _cell(table, a, "eval/tool_calls_per_response"),
+            _cell(table, a, "eval/tool_success_rate"),
+        ]
+        for a in arms
+    ]
+    return [
+        "## Training",
+        _markdown(header, rows),
+        f"Training accuracy: rollout/acc_mean on the arm's own RL prompts, trailing mean over "
+        f"{cfg.smoothing_window} steps.",
+    ]
+
+
+def _reasoning_section(
+    arms: Sequence[str], table: Mapping[str, Mapping[str, Spread]], n: int, cfg: AblationsConfig
+) -> list[str]:
+    """Tool use and reasoning modes at evaluation, and tool use at the first and last training step."""
+    header = [
+        "arm",
+        "tool calls / response",
+        "tool success",
+        "deliberative",
+        "reactive",
+        "no tool",
+        f"avg@{n} mean",
+        "train: tool calls first -> last",
+        "train: tool success first -> last",
+    ]
+    cell = lambda arm, metric: _cell(table, arm, metric)  # noqa: E731
+    rows = [
+        [
+            _arm_label(a, cfg),
+            cell(a, "eval/tool_calls_per_response"),
+            cell(a, "eval/tool_success_rate"),
+            cell(a, "eval/deliberative_share"),
+            cell(a, "eval/reactive_share"),
+            cell(a, "eval/no_tool_share"),
+            cell(a, "avg@n/mean"),
+            f"{cell(a, 'train/tool_calls_first')} -> {cell(a, 'train/tool_calls_last')}",
+            f"{cell(a, 'train/tool_success_first')} -> {cell(a, 'train/tool_success_last')}",
+        ]
+        for a in arms
+    ]
+    return [
+        "## Reasoning modes at evaluation and over training",
+        _markdown(header, rows),
+        f"Deliberative: at most {cfg.deliberative_max_calls} calls and at least "
+        f"{cfg.deliberative_min_tokens_per_call} model tokens before each call on average; reactive: "
+        f"every other response with calls (agentrl.evaluation.metrics.reasoning_mode). Tool calls, "
+        f"success and modes are pooled over the benchmarks' samples; training values are smoothed over "
+        f"{cfg.smoothing_window} steps (the GRPO log counts a step without any call as 0 % success).",
+    ]
 
 
 def question_frame(
@@ -546,42 +574,3 @@ def write_ablations(cfg: AblationsConfig, runs_by_arm: Mapping[str, Sequence[Run
         plot_question(question, arms, runs_by_arm, table, benchmarks, n, cfg, png)
         written += [md, csv, png]
     return written
-
-
-def main(argv: list[str]) -> int:
-    parser = stage_parser("report ablations", __doc__)
-    add_config_arguments(parser)
-    parser.add_argument(
-        "--training",
-        type=Path,
-        nargs="+",
-        required=True,
-        help="GRPO logs, laid out as .../<arm>/seed<k>/rl/metrics.jsonl",
-    )
-    parser.add_argument(
-        "--eval-metrics",
-        type=Path,
-        nargs="+",
-        required=True,
-        help="evaluations, laid out as .../<arm>/seed<k>/eval/<benchmark>/metrics.json",
-    )
-    parser.add_argument(
-        "--samples",
-        type=Path,
-        nargs="+",
-        required=True,
-        help="their samples, .../<arm>/seed<k>/eval/<benchmark>/samples.jsonl",
-    )
-    parser.add_argument(
-        "--out-dir", type=Path, required=True, help="output folder: {data,algorithm,reasoning}.{md,csv,png}"
-    )
-    args = parser.parse_args(argv)
-    setup_logging()
-    try:
-        cfg = config_from_args(args).ablations
-        check_ablations(cfg)
-    except ConfigError as exc:
-        parser.error(str(exc))
-    written = write_ablations(cfg, load_runs(args.training, args.eval_metrics, args.samples), args.out_dir)
-    log.info("wrote %s", ", ".join(map(str, written)))
-    return 0

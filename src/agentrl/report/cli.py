@@ -21,6 +21,7 @@ import logging
 import os
 from pathlib import Path
 
+from agentrl.config import ConfigError, add_config_arguments, config_from_args
 from agentrl.errors import read_json_file
 from agentrl.model.folder import MODEL_SOURCE_KEY
 from agentrl.paths import check_writable
@@ -122,11 +123,52 @@ def write_health(args: argparse.Namespace, results) -> None:
     frame.to_csv(args.health_csv, index=False)
 
 
+def ablations_main(argv: list[str]) -> int:
+    """``python -m agentrl report ablations``: the ablation tables and plots (:mod:`agentrl.report.ablations`)."""
+    from agentrl.report import ablations  # lazy: the main report does not need it
+
+    parser = stage_parser("report ablations", ablations.__doc__)
+    add_config_arguments(parser)
+    parser.add_argument(
+        "--training",
+        type=Path,
+        nargs="+",
+        required=True,
+        help="GRPO logs, laid out as .../<arm>/seed<k>/rl/metrics.jsonl",
+    )
+    parser.add_argument(
+        "--eval-metrics",
+        type=Path,
+        nargs="+",
+        required=True,
+        help="evaluations, laid out as .../<arm>/seed<k>/eval/<benchmark>/metrics.json",
+    )
+    parser.add_argument(
+        "--samples",
+        type=Path,
+        nargs="+",
+        required=True,
+        help="their samples, .../<arm>/seed<k>/eval/<benchmark>/samples.jsonl",
+    )
+    parser.add_argument(
+        "--out-dir", type=Path, required=True, help="output folder: {data,algorithm,reasoning}.{md,csv,png}"
+    )
+    args = parser.parse_args(argv)
+    setup_logging()
+    try:
+        cfg = config_from_args(args).ablations
+        ablations.check_ablations(cfg)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    runs = ablations.load_runs(args.training, args.eval_metrics, args.samples)
+    written = ablations.write_ablations(cfg, runs, args.out_dir)
+    ablations.log.info("wrote %s", ", ".join(map(str, written)))
+    return 0
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["ablations"]:
-        from agentrl.report import ablations
-
-        return ablations.main(argv[1:])
+        return ablations_main(argv[1:])
     if argv[:1] == ["cost"]:
         from agentrl.report import cost
 

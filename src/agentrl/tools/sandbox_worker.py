@@ -31,17 +31,16 @@ import gc
 import importlib
 import json
 import os
-import selectors
 import shutil
 import signal
 import struct
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from agentrl.tools import sandbox_isolation as iso
+from agentrl.tools.sandbox_capture import OutputCapture, PreparedChild, answer_frame, mapped_bytes
 from agentrl.tools.sandbox_child import SETUP_FAILED_EXIT, Confinement, run_child
 
 FRAME_HEADER = struct.Struct(">I")  # shared with the host side (agentrl.tools.sandbox)
@@ -336,7 +335,7 @@ class _Zygote:
                 print(f"agentrl sandbox worker: cleaning up: {exc}", file=sys.stderr, flush=True)
             prepared = self._prepare_or_none()
 
-    def _discard(self, child: _PreparedChild | None) -> None:
+    def _discard(self, child: PreparedChild | None) -> None:
         """End a prepared child that will get no job (closing "go" makes it exit)."""
         if child is None:
             return
@@ -345,21 +344,21 @@ class _Zygote:
         os.waitpid(child.pid, 0)
         self._clean_up(child)
 
-    def _prepare_or_none(self) -> _PreparedChild | None:
+    def _prepare_or_none(self) -> PreparedChild | None:
         try:
             return self._prepare()
         except OSError as exc:  # e.g. fork refused: retried when the request arrives
             print(f"agentrl sandbox worker: preparing a child: {exc}", file=sys.stderr, flush=True)
             return None
 
-    def _prepare(self) -> _PreparedChild:
+    def _prepare(self) -> PreparedChild:
         """Fork the child for the next execution; it confines itself, then waits for "go"."""
         workdir = self._make_workdir()
         go_r, go_w = os.pipe()
         stdin_r, stdin_w = os.pipe()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        base_address_space = _address_space()
+        base_address_space = mapped_bytes()
         confinement = Confinement(
             workdir=workdir,
             uid=self.uid if self.isolation["user_switch"] else None,
@@ -377,7 +376,7 @@ class _Zygote:
                 os._exit(SETUP_FAILED_EXIT)
         for fd in (go_r, stdin_r, out_w, err_w):
             os.close(fd)
-        return _PreparedChild(pid, workdir, go_w, stdin_w, out_r, err_r, base_address_space)
+        return PreparedChild(pid, workdir, go_w, stdin_w, out_r, err_r, base_address_space)
 
     def _make_workdir(self) -> str:
         if self.isolation["private_tmp"]:
@@ -391,7 +390,7 @@ class _Zygote:
             os.chown(workdir, self.uid, self.uid)
         return workdir
 
-    def _execute(self, child: _PreparedChild, request: dict[str, Any]) -> dict[str, Any]:
+    def _execute(self, child: PreparedChild, request: dict[str, Any]) -> dict[str, Any]:
         try:
             with open(os.path.join(child.workdir, "main.py"), "w", encoding="utf-8", errors="surrogatepass") as fh:
                 fh.write(request["code"])
@@ -400,7 +399,7 @@ class _Zygote:
             raise
         stdin = request.get("stdin")
         stdin_bytes = None if stdin is None else stdin.encode("utf-8", "surrogatepass")
-        capture = _Capture(child, self.limits["max_output_bytes"], stdin_bytes)
+        capture = OutputCapture(child, self.limits["max_output_bytes"], stdin_bytes)
         started = time.monotonic()
         try:
             # A request's own memory limit (below the prepared one) travels with "go": the child
@@ -420,9 +419,9 @@ class _Zygote:
         finally:
             capture.close()
         self._reap()
-        return _answer(exited, status, duration, capture)
+        return answer_frame(exited, status, duration, capture)
 
-    def _clean_up(self, child: _PreparedChild | None) -> None:
+    def _clean_up(self, child: PreparedChild | None) -> None:
         if self.isolation["private_tmp"]:
             self._reset_private_tmp()
         elif child is not None:
@@ -462,158 +461,6 @@ class _Zygote:
                 if time.monotonic() > deadline:  # stuck in the kernel (D state): reaped next time
                     return
                 time.sleep(0.001)
-
-
-@dataclass
-class _PreparedChild:
-    pid: int
-    workdir: str
-    go_w: int
-    stdin_w: int
-    out_r: int
-    err_r: int
-    base_address_space: int  # the zygote's mapping when it forked the child
-
-
-def _address_space() -> int:
-    """This process's mapped size (statm's first field, in pages): what a fresh fork starts with."""
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-
-
-class _Capture:
-    """Feeds the child's stdin and reads its stdout and stderr up to a cap each, draining the rest."""
-
-    def __init__(self, child: _PreparedChild, cap: int, stdin: bytes | None):
-        self.out_fd, self.err_fd, self.cap = child.out_r, child.err_r, cap
-        self.buffers = {child.out_r: bytearray(), child.err_r: bytearray()}
-        self.truncated = False
-        self.selector = selectors.DefaultSelector()
-        for fd in self.buffers:
-            os.set_blocking(fd, False)
-            self.selector.register(fd, selectors.EVENT_READ)
-        self.open_fds = set(self.buffers)
-        self.stdin_fd: int | None = child.stdin_w
-        self.stdin = memoryview(stdin or b"")
-        if self.stdin:
-            os.set_blocking(child.stdin_w, False)
-            self.selector.register(child.stdin_w, selectors.EVENT_WRITE)
-        else:
-            self._close_stdin()
-
-    def _close_stdin(self) -> None:
-        if self.stdin_fd is not None:
-            if self.stdin:
-                self.selector.unregister(self.stdin_fd)
-            os.close(self.stdin_fd)
-            self.stdin_fd = None
-
-    def _write_stdin(self) -> None:
-        try:
-            self.stdin = self.stdin[os.write(self.stdin_fd, self.stdin[: 1 << 16]) :]
-        except BlockingIOError:
-            return
-        except BrokenPipeError:  # the code stopped reading its input: fine
-            self.stdin = memoryview(b"")
-            self.selector.unregister(self.stdin_fd)
-            os.close(self.stdin_fd)
-            self.stdin_fd = None
-            return
-        if not self.stdin:
-            self.selector.unregister(self.stdin_fd)
-            os.close(self.stdin_fd)
-            self.stdin_fd = None
-
-    def _read(self, fd: int) -> None:
-        try:
-            chunk = os.read(fd, 1 << 16)
-        except BlockingIOError:
-            return
-        if not chunk:
-            self.selector.unregister(fd)
-            self.open_fds.discard(fd)
-            return
-        buffer = self.buffers[fd]
-        room = self.cap - len(buffer)
-        if room > 0:
-            buffer += chunk[:room]
-        if len(chunk) > max(room, 0):
-            self.truncated = True
-
-    def _handle(self, timeout: float, pidfd: int | None = None) -> bool:
-        """Serve ready pipes for up to ``timeout``; True if the pidfd reported the exit."""
-        for key, _ in self.selector.select(timeout):
-            if key.fd == pidfd:
-                return True
-            if key.fd == self.stdin_fd:
-                self._write_stdin()
-            else:
-                self._read(key.fd)
-        return False
-
-    def until_exit(self, pid: int, deadline: float) -> bool:
-        """Serve the pipes until the main process exits (True) or the deadline passes (False)."""
-        try:
-            pidfd = os.pidfd_open(pid)
-        except OSError:  # kernel before 5.3: poll the exit instead of waiting for it
-            return self._until_exit_polling(pid, deadline)
-        self.selector.register(pidfd, selectors.EVENT_READ)
-        try:
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                if self._handle(remaining, pidfd):
-                    return True
-        finally:
-            self.selector.unregister(pidfd)
-            os.close(pidfd)
-
-    def _until_exit_polling(self, pid: int, deadline: float) -> bool:
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            self._handle(min(remaining, 0.005))
-            # waitid(WNOWAIT) leaves the child waitable, so the caller's waitpid still sees it.
-            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
-                return True
-
-    def drain(self, deadline: float) -> None:
-        """Read what is left once every writer is dead (or give up at the deadline)."""
-        self._close_stdin()
-        while self.open_fds:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            self._handle(remaining)
-
-    def close(self) -> None:
-        self._close_stdin()
-        self.selector.close()
-        for fd in self.buffers:
-            os.close(fd)
-
-    def text(self, fd: int) -> str:
-        return self.buffers[fd].decode("utf-8", errors="replace")
-
-
-def _answer(exited: bool, status: int, duration: float, capture: _Capture) -> dict[str, Any]:
-    exit_code = os.waitstatus_to_exitcode(status)
-    if not exited:
-        verdict = "timeout"
-    elif exit_code < 0:
-        verdict = "killed"
-    else:
-        verdict = "ok" if exit_code == 0 else "error"
-    return {
-        "status": verdict,
-        "stdout": capture.text(capture.out_fd),
-        "stderr": capture.text(capture.err_fd),
-        "exit_code": exit_code,
-        "duration_s": round(duration, 6),
-        "truncated": capture.truncated,
-    }
 
 
 def _kill_all_of_uid(uid: int) -> None:

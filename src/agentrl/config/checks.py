@@ -1,0 +1,119 @@
+"""The cross-key checks: what the schema cannot say about one key alone.
+
+Pure functions of built sections, each problem a sentence naming the keys and why; the workflow
+runs them at load (:mod:`agentrl.config.workflow_check`) and the stages that need them again.
+
+They need no fact of a stage: the overlong penalty is in use, in any stage, exactly when
+``reward.overlong.enable`` is on, since a GRPO variant only adds it where that key allows
+(:func:`agentrl.grpo.variants.grpo_reward_config`); so the budget check reads that key alone and
+this layer imports nothing from ``agentrl.grpo``.
+"""
+
+from __future__ import annotations
+
+from agentrl.config.sections import Config, ConfigError, FilterConfig, GrpoConfig, RolloutConfig
+
+
+def cross_key_problems(cfg: Config) -> list[str]:
+    """What the schema cannot say about one key alone: each problem names the keys and why.
+
+    The stages refuse these too, but only when they run (GRPO after SFT and scoring); the workflow
+    calls :func:`check_cross_keys` when it loads, so ``snakemake -n`` refuses them.
+    """
+    problems = []
+    for section, grpo in (("grpo", cfg.grpo), ("ablations.grpo", cfg.ablations.grpo)):
+        if grpo.batch_prompts % grpo.mini_batch_prompts:
+            problems.append(
+                f"{section}.batch_prompts ({grpo.batch_prompts}) must be a multiple of {section}.mini_batch_prompts "
+                f"({grpo.mini_batch_prompts}): every optimizer step sees the same number of prompts"
+            )
+    if cfg.grpo.share_prompts and cfg.grpo.deepspeed.gradient_checkpointing:
+        problems.append(
+            "grpo.share_prompts with grpo.deepspeed.gradient_checkpointing: the shared forward hands each prompt's "
+            "keys and values to its responses through a KV cache, which transformers' checkpointed layers do not "
+            "keep; turn one of them off"
+        )
+    if cfg.rollout.temperature <= 0:
+        problems.append("rollout.temperature must be > 0 for GRPO: greedy rollouts of a group are identical")
+    if cfg.rollout.engine == "vllm" and "rl" in cfg.eval.models:  # GRPO on vLLM (evaluation-only runs may use TP)
+        problems += colocated_engine_problems(cfg.rollout)
+    overlong = cfg.reward.overlong
+    if overlong.enable and overlong.buffer_length > overlong.max_response_length:
+        problems.append(
+            f"reward.overlong.buffer_length ({overlong.buffer_length}) exceeds reward.overlong.max_response_length "
+            f"({overlong.max_response_length}): the penalty would start before the response does"
+        )
+    if overlong.enable and cfg.rollout.max_response_tokens < overlong.max_response_length:
+        problems.append(
+            f"rollout.max_response_tokens ({cfg.rollout.max_response_tokens}) is below "
+            f"reward.overlong.max_response_length ({overlong.max_response_length}): no response can reach the "
+            "penalty's full length (at or below max_response_length - buffer_length it never applies); make them "
+            "equal (upstream) or turn the overlong shaping off"
+        )
+    if not overlong.enable and cfg.grpo.algorithm.overlong_shaping:
+        problems.append(
+            "grpo.algorithm.overlong_shaping: true asks GRPO for reward.overlong's penalty, which "
+            "reward.overlong.enable: false turns off in every stage; set reward.overlong.enable: true (or "
+            "grpo.algorithm.overlong_shaping: null)"
+        )
+    case_memory = cfg.reward.code_case_memory_mb
+    if cfg.sandbox.backend == "local" and case_memory is not None and case_memory > cfg.sandbox.memory_mb:
+        problems.append(
+            f"reward.code_case_memory_mb ({case_memory}) exceeds sandbox.memory_mb ({cfg.sandbox.memory_mb}): the "
+            "local sandbox forks its children under sandbox.memory_mb and a run can only lower it"
+        )
+    problems += _filter_problems(cfg.filter)
+    return problems
+
+
+TP_KEY = "rollout.vllm.tensor_parallel_size"
+
+
+def colocated_engine_problems(rollout: RolloutConfig) -> list[str]:
+    """What GRPO's colocated vLLM engines (one per trainer rank, :mod:`agentrl.rollout.vllm_engine`)
+    cannot honour: tensor parallelism. Checked at workflow load when the run trains by GRPO on
+    vLLM, and by the stage before it builds an engine (the ``snakemake ablations`` target too)."""
+    if rollout.vllm.tensor_parallel_size == 1:
+        return []
+    return [
+        f"{TP_KEY} = {rollout.vllm.tensor_parallel_size} with rollout.engine: vllm: GRPO runs one vLLM engine per "
+        f"trainer rank on its own GPU (tensor parallel size 1); set {TP_KEY}: 1 (an evaluation-only run, "
+        "eval.models without rl, may use more)"
+    ]
+
+
+def process_count_problems(grpo: GrpoConfig, processes: int, section: str = "grpo") -> list[str]:
+    """What a GRPO job of ``processes`` ranks (its GPUs: the ``gpu`` resource of the grpo rule; 0 is
+    one CPU process) cannot split: every rank rolls out and updates on the same number of prompts,
+    so both batch sizes must be multiples of it. The workflow checks it at load against the rule's
+    resource (``check_grpo_process_counts`` in rules/common.smk), the stage again once its ranks
+    started (:class:`agentrl.grpo.trainer.GrpoStep`)."""
+    processes = max(processes, 1)
+    if not (grpo.batch_prompts % processes or grpo.mini_batch_prompts % processes):
+        return []
+    fits = [
+        k for k in range(1, grpo.mini_batch_prompts + 1) if grpo.mini_batch_prompts % k == grpo.batch_prompts % k == 0
+    ]
+    return [
+        f"{section}.batch_prompts ({grpo.batch_prompts}) and {section}.mini_batch_prompts ({grpo.mini_batch_prompts}) "
+        f"must be multiples of the process count ({processes}): every rank rolls out the same number of prompts; "
+        f"these sizes run on {', '.join(map(str, fits))} processes"
+    ]
+
+
+def _filter_problems(cfg: FilterConfig) -> list[str]:
+    problems = []
+    if not cfg.low < cfg.high:
+        problems.append(f"filter.low ({cfg.low}) must be below filter.high ({cfg.high}): the band would be empty")
+    if not cfg.hard_max < cfg.easy_min:
+        problems.append(f"filter.hard_max ({cfg.hard_max}) must be below filter.easy_min ({cfg.easy_min})")
+    if cfg.target_histogram is not None and cfg.target_pass_rates is not None:
+        problems.append("set filter.target_histogram or filter.target_pass_rates, not both")
+    return problems
+
+
+def check_cross_keys(cfg: Config, origin: str = "config") -> None:
+    """Raise ConfigError listing every :func:`cross_key_problems` of ``cfg`` (none: return)."""
+    problems = cross_key_problems(cfg)
+    if problems:
+        raise ConfigError(f"{origin}: inconsistent settings\n" + "\n".join(f"  - {p}" for p in problems))
