@@ -35,7 +35,7 @@ def main() -> None:
     from agentrl.data.records import read_problems
     from agentrl.rollout import AgentLoop, SamplingParams, make_engine
     from agentrl.tools.code_interpreter import CodeInterpreter
-    from agentrl.tools.sandbox import make_sandbox
+    from agentrl.tools.factory import make_sandbox
 
     torch.set_num_threads(args.threads)
     cfg = load_config({"sandbox": {"workers": 2}})

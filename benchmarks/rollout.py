@@ -174,7 +174,7 @@ def main() -> None:
 
     from agentrl.config import load_config_file
     from agentrl.data.records import read_problems
-    from agentrl.tools.sandbox import make_sandbox
+    from agentrl.tools.factory import make_sandbox
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -127,7 +127,7 @@ def on_gpus(command):
 
 
 def check_one_node_per_job():
-    """Refuse ``nodes > 1`` before anything is submitted (agentrl.launch explains why).
+    """Refuse ``nodes > 1`` before anything is submitted (agentrl.training.launch explains why).
 
     The SLURM executor runs every job inside a one-task ``srun`` step that holds all of the
     job's GPUs, so the per-node ``srun`` a multi-node torchrun needs cannot start from there.

@@ -26,7 +26,7 @@ LIVECODEBENCH_EXPORTS = eval_results("eval/{model}/{half}{benchmark}/livecodeben
 
 
 # Each (model, benchmark) is sampled by eval.shards jobs (one GPU each in the profiles), each a
-# contiguous range of the problems into a resumable shard file (agentrl.evaluation.shards), then
+# contiguous range of the problems into a resumable shard file (agentrl.sampling.shards), then
 # gathered into samples.jsonl and metrics.json (pass@k and maj@k need all samples of a problem).
 EVAL_SHARDS = config["eval"]["shards"]
 EVAL_WILDCARDS = dict(

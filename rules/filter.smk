@@ -17,7 +17,7 @@ FILTER_TARGET = [config["filter"]["target_pass_rates"]] if config["filter"]["tar
 
 
 # Scoring is scattered over filter.shards jobs (one GPU each in the profiles), each rating a
-# contiguous range of the pool into a resumable shard file (agentrl.evaluation.shards), and
+# contiguous range of the pool into a resumable shard file (agentrl.sampling.shards), and
 # gathered into the two files select_rl_data reads. Every rollout is seeded by (seed, problem id,
 # sample index), so the gathered files are byte-identical for any shard count.
 FILTER_SHARD_FILES = expand(

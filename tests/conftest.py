@@ -26,7 +26,7 @@ def interpreter():
     """The code-interpreter tool (default ``tool`` settings) over a local sandbox of 2 workers."""
     from agentrl.config import load_config
     from agentrl.tools.code_interpreter import CodeInterpreter
-    from agentrl.tools.sandbox import make_sandbox
+    from agentrl.tools.factory import make_sandbox
 
     cfg = load_config({"sandbox": {"workers": 2}})
     with make_sandbox(cfg.sandbox) as sandbox:
@@ -38,7 +38,7 @@ def interpreter_and_sandbox():
     """(the :func:`interpreter` tool, its sandbox), for tests that also run code on the sandbox directly."""
     from agentrl.config import load_config
     from agentrl.tools.code_interpreter import CodeInterpreter
-    from agentrl.tools.sandbox import make_sandbox
+    from agentrl.tools.factory import make_sandbox
 
     cfg = load_config({"sandbox": {"workers": 2}})
     with make_sandbox(cfg.sandbox) as sandbox:

@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 
 from agentrl.config import ConfigError, load_config
-from agentrl.evaluation.metrics import summarize_benchmark
 from agentrl.report import ablations
 from agentrl.report import cli as report_cli
 from agentrl.report.ablations import Spread, format_spread, smooth, spread, steps_to_reach
+from agentrl.sampling.metrics import summarize_benchmark
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 ARMS = {

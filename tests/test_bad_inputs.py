@@ -29,8 +29,8 @@ from agentrl.config import ConfigError, check_cross_keys, cross_key_problems, lo
 from agentrl.data.records import read_problems, read_sft_examples, write_records
 from agentrl.data.upstream import read_rows
 from agentrl.errors import DataFormatError, ModelFolderError
-from agentrl.evaluation.samples import read_jsonl
 from agentrl.model.folder import check_model_folder
+from agentrl.sampling.samples import read_jsonl
 from agentrl.training.metrics import read_metrics
 
 

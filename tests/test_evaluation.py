@@ -15,10 +15,10 @@ from agentrl.data.records import Problem, Trajectory, write_records
 from agentrl.evaluation import cli as eval_cli
 from agentrl.evaluation.cli import metrics_of_samples
 from agentrl.evaluation.livecodebench import custom_outputs
-from agentrl.evaluation.metrics import summarize_benchmark
-from agentrl.evaluation.samples import generated_spans, read_jsonl, tokens_before_calls, write_jsonl
 from agentrl.filtering import cli as filter_cli
 from agentrl.filtering.pass_rates import read_pass_rates
+from agentrl.sampling.metrics import summarize_benchmark
+from agentrl.sampling.samples import generated_spans, read_jsonl, tokens_before_calls, write_jsonl
 
 CONVERSATION = [
     {"role": "user", "content": "Compute 4821 * 37 - 9156."},

@@ -15,9 +15,9 @@ from helpers.upstream_metrics import verl_style_bootstrap
 from agentrl.config import SourceConfig, load_config
 from agentrl.data import prompts, upstream
 from agentrl.data.records import Problem
-from agentrl.evaluation.metrics import bootstrap_best_and_maj
 from agentrl.rewards import RewardFunction
 from agentrl.rewards.registry import UnknownDataSourceError, family_of
+from agentrl.sampling.metrics import bootstrap_best_and_maj
 
 
 @pytest.fixture(scope="module")
@@ -273,8 +273,8 @@ def test_item4_paper_preset_limits(paper):
 
 
 def test_item9_the_report_says_how_answers_were_graded():
-    from agentrl.evaluation.metrics import summarize_benchmark
     from agentrl.report.tables import EvalResult, grading_label, summary_frame, summary_markdown
+    from agentrl.sampling.metrics import summarize_benchmark
 
     rows = [
         {"problem_id": f"g{i}", "sample_index": j, "acc": j == 0, "pred": "B", "tool_calls": 0, "tool_errors": []}

@@ -29,7 +29,7 @@ def paper():
 
 @pytest.fixture(scope="module")
 def sandbox(released):
-    from agentrl.tools.sandbox import make_sandbox
+    from agentrl.tools.factory import make_sandbox
 
     with make_sandbox(released.sandbox) as box:
         yield box

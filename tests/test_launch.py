@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl.launch import (
+from agentrl.training.launch import (
     build_launch_command,
     cpus_per_process,
     first_host,
@@ -161,7 +161,7 @@ def test_cpus_are_shared_among_the_ranks_of_a_node():
 
 def test_sandbox_workers_null_follow_the_job_cpus(monkeypatch):
     from agentrl.config import load_config
-    from agentrl.tools.sandbox import make_sandbox
+    from agentrl.tools.factory import make_sandbox
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # what Snakemake exports for threads: 1
     for key in ("SLURM_CPUS_PER_TASK", "SLURM_CPUS_PER_GPU", "LOCAL_WORLD_SIZE"):

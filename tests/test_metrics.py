@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from helpers.upstream_metrics import verl_style_bootstrap
 
-from agentrl.evaluation.metrics import (
+from agentrl.sampling.metrics import (
     SampleRecord,
     avg_at_k,
     bootstrap_best_and_maj,

@@ -81,7 +81,7 @@ def report_rank(out_dir: Path) -> None:
     """One torchrun rank: the training stages' start, then what each consumer of CPUs got."""
     from agentrl.config import load_config
     from agentrl.stage_cli import stage_parser
-    from agentrl.tools.sandbox import make_sandbox
+    from agentrl.tools.factory import make_sandbox
     from agentrl.training.cli import add_training_arguments, launch
 
     parser = stage_parser("sft", "two-rank CPU share")

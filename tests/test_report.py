@@ -10,11 +10,11 @@ import pandas as pd
 import pytest
 
 from agentrl.config import load_config
-from agentrl.evaluation.metrics import summarize_benchmark
 from agentrl.filtering.selection import select_problems
 from agentrl.report import cli as report_cli
 from agentrl.report.plots import read_training_log, training_panels
 from agentrl.report.tables import read_eval_results, read_published
+from agentrl.sampling.metrics import summarize_benchmark
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -283,7 +283,7 @@ def reward_cfg(**reward):
 
 @pytest.fixture(scope="module")
 def sandbox():
-    from agentrl.tools.sandbox import make_sandbox
+    from agentrl.tools.factory import make_sandbox
 
     with make_sandbox(load_config({"sandbox": {"workers": 4}}).sandbox) as box:
         yield box

@@ -32,7 +32,7 @@ from agentrl.rollout.context import SCHEMA_PROBES, context_tokens, request_room,
 from agentrl.rollout.hf_engine import HFEngine
 from agentrl.rollout.tool_parser import ToolTurnFormat
 from agentrl.tools.code_interpreter import CodeInterpreter
-from agentrl.tools.sandbox import make_sandbox
+from agentrl.tools.factory import make_sandbox
 
 GREEDY = SamplingParams(temperature=0)
 

@@ -36,7 +36,7 @@ def run_vllm(spec: dict, out: Path) -> None:
     from agentrl.data.records import read_problems
     from agentrl.rollout import AgentLoop, SamplingParams, make_engine
     from agentrl.tools.code_interpreter import CodeInterpreter
-    from agentrl.tools.sandbox import make_sandbox
+    from agentrl.tools.factory import make_sandbox
 
     cfg = load_config({"rollout": ROLLOUT, "sandbox": {"workers": 2}})
     tokenizer = AutoTokenizer.from_pretrained(spec["model"])
@@ -76,7 +76,7 @@ def test_vllm_and_hf_engines_agree(tmp_path):
     from agentrl.rollout import AgentLoop, SamplingParams
     from agentrl.rollout.hf_engine import HFEngine, filter_logits
     from agentrl.tools.code_interpreter import CodeInterpreter
-    from agentrl.tools.sandbox import make_sandbox
+    from agentrl.tools.factory import make_sandbox
 
     model_dir, other_dir = trained_policy(), random_policy()
     problems = arith_problems(6, seed=4)

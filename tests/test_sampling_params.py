@@ -42,7 +42,7 @@ def parts(cfg):
     from agentrl.rewards import RewardFunction
     from agentrl.rollout import AgentLoop, make_engine
     from agentrl.tools.code_interpreter import CodeInterpreter
-    from agentrl.tools.sandbox import make_sandbox
+    from agentrl.tools.factory import make_sandbox
 
     model_dir = str(random_policy())
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -91,7 +91,7 @@ def test_grpo_validation_samples_with_top_k_zero(cfg, parts):
 
 
 def test_evaluation_and_filter_scoring_sample_with_top_k_zero(cfg):
-    from agentrl.evaluation.sampling import SamplingSetup, grade_problems
+    from agentrl.sampling.rollouts import SamplingSetup, grade_problems
 
     setup = SamplingSetup(n=2, temperature=0.6, top_p=0.95, seed=0, seed_tag="test")
     rows: list[dict] = []

@@ -19,7 +19,8 @@ from helpers.sandbox_fusion import FakeSandboxFusion
 from agentrl.config import load_config
 from agentrl.tools import sandbox_fusion
 from agentrl.tools.code_interpreter import CodeInterpreter
-from agentrl.tools.sandbox import LocalSandbox, make_sandbox
+from agentrl.tools.factory import make_sandbox
+from agentrl.tools.sandbox import LocalSandbox
 from agentrl.tools.sandbox_fusion import SandboxFusionSandbox, run_code_url
 
 

@@ -23,7 +23,7 @@ from agentrl.evaluation import cli as evaluate_cli
 from agentrl.rollout import AgentLoop, SamplingParams
 from agentrl.rollout.hf_engine import HFEngine
 from agentrl.tools.code_interpreter import CodeInterpreter
-from agentrl.tools.sandbox import make_sandbox
+from agentrl.tools.factory import make_sandbox
 
 CFG = load_config({"sandbox": {"workers": 1}, "rollout": {"max_turns": 4, "max_response_tokens": 400}})
 GREEDY = SamplingParams(temperature=0)

@@ -20,7 +20,7 @@ from helpers.shard_runs import SHARD_CONFIG, gather_shards, score_shard, shard_p
 from helpers.workflows import ROOT
 
 from agentrl.data.records import write_records
-from agentrl.evaluation.shards import PARTIAL_SUFFIX
+from agentrl.sampling.shards import PARTIAL_SUFFIX
 
 POOL_SIZE = 30  # enough that a job stopped within seconds of its parent's death is mid-pool
 

@@ -1,4 +1,4 @@
-"""Shard files of scoring and evaluation (agentrl.evaluation.shards), with a real tiny model.
+"""Shard files of scoring and evaluation (agentrl.sampling.shards), with a real tiny model.
 
 Shards gather into byte for byte what one job writes; a shard killed with SIGKILL resumes with
 the problems it had written and gathers into the uninterrupted result; a cut last line is
@@ -24,10 +24,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.data.records import write_records
 from agentrl.evaluation import cli as eval_cli
-from agentrl.evaluation.shards import PARTIAL_SUFFIX, shard_range
 from agentrl.filtering import cli as filter_cli
 from agentrl.rollout import SamplingParams
 from agentrl.rollout.hf_engine import HFEngine
+from agentrl.sampling.shards import PARTIAL_SUFFIX, shard_range
 
 
 def test_shard_ranges_cover_the_problems_once():

@@ -25,8 +25,9 @@ from agentrl.rollout import AgentLoop, SamplingParams
 from agentrl.rollout.hf_engine import HFEngine
 from agentrl.tools import sandbox_fusion
 from agentrl.tools.code_interpreter import CodeInterpreter
+from agentrl.tools.factory import make_sandbox
 from agentrl.tools.health import InfraFailureBound, InfraFailureShareExceeded, ToolUse, tool_health
-from agentrl.tools.sandbox import OUTCOMES, LocalSandbox, make_sandbox
+from agentrl.tools.sandbox import OUTCOMES, LocalSandbox
 
 GREEDY = SamplingParams(temperature=0)
 FAST = {"workers": 1, "preload_modules": ["json"], "timeout_s": 2, "cpu_time_s": 5}

@@ -321,7 +321,7 @@ def run_grpo_rank(model_dir: str, data: Path, out_dir: Path) -> None:
     from agentrl.grpo.runner import GrpoPaths, build_components
     from agentrl.grpo.trainer import GrpoStep
     from agentrl.rollout.vllm_engine import VllmEngine
-    from agentrl.tools.sandbox import make_sandbox
+    from agentrl.tools.factory import make_sandbox
     from agentrl.training import deepspeed_engine as dse
     from agentrl.training.seeds import derived_seed
 

@@ -83,7 +83,7 @@ def run_vllm(spec: dict, out: Path) -> None:
     from agentrl.data.records import read_problems
     from agentrl.rollout import AgentLoop, SamplingParams, make_engine
     from agentrl.tools.code_interpreter import CodeInterpreter
-    from agentrl.tools.sandbox import make_sandbox
+    from agentrl.tools.factory import make_sandbox
 
     cfg = load_config({"rollout": ROLLOUT, "sandbox": {"workers": 2}})
     tokenizer = AutoTokenizer.from_pretrained(spec["model"])

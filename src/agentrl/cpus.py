@@ -126,3 +126,13 @@ def claim_process_cpus(
     if share is not None:
         env["OMP_NUM_THREADS"] = env[PROCESS_CPUS] = str(share)
     return share
+
+
+def set_torch_threads(threads: int | None) -> None:
+    """Use the CPU threads the job was given (Snakemake's ``threads``): more intra-op threads
+    than cores makes every small matmul of CPU decoding several times slower under load."""
+    if threads is not None:
+        import torch
+
+        assert threads >= 1, f"--threads must be >= 1, got {threads}"
+        torch.set_num_threads(threads)

@@ -93,14 +93,3 @@ def at_least(minimum: int) -> Callable[[str], int]:
 
     parse.__name__ = f"integer >= {minimum}"
     return parse
-
-
-def add_shard_arguments(parser: argparse.ArgumentParser, shards_key: str) -> None:
-    """The arguments of a resumable shard job (scoring or evaluation): which range, where it goes."""
-    parser.add_argument("--shard", type=at_least(0), required=True, help="this shard, 0-based")
-    parser.add_argument("--shards", type=at_least(1), required=True, help=f"shards in all ({shards_key})")
-    parser.add_argument("--out", type=Path, required=True, help="output: the shard file (jsonl)")
-    parser.add_argument(
-        "--problems-per-chunk", type=at_least(1), default=256, help="problems rolled out together (bounds memory)"
-    )
-    parser.add_argument("--threads", type=at_least(1), help="CPU threads for torch (the rule's threads)")

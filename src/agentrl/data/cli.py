@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 
 from agentrl.config import Config, RewardConfig, add_config_arguments, config_from_args
-from agentrl.data import upstream
+from agentrl.data import prompt_fit, upstream
 from agentrl.data.records import check_problems, write_records
 from agentrl.paths import check_writable
 from agentrl.stage_cli import setup_logging, stage_parser
@@ -18,7 +18,7 @@ log = logging.getLogger("agentrl.prepare_data")
 def _embedded(cfg: Config):
     from agentrl.data import embedded, stitched
     from agentrl.tools.code_interpreter import CodeInterpreter
-    from agentrl.tools.sandbox import make_sandbox
+    from agentrl.tools.factory import make_sandbox
 
     e = cfg.data.embedded
     # data.embedded.sft_trajectories -> who writes the SFT conversations (the data ablation).
@@ -98,4 +98,37 @@ def main(argv: list[str]) -> int:
     )
     counts = prepare(cfg, args.sft, args.rl_pool, args.eval_dir)
     log.info("wrote %s", json.dumps(counts))
+    return 0
+
+
+def fit_prompts_main(argv: list[str]) -> int:
+    """``python -m agentrl fit-prompts``: drop the prompts over a token limit (:mod:`agentrl.data.prompt_fit`)."""
+    parser = stage_parser("fit-prompts", prompt_fit.__doc__.split("\n\n")[0])
+    add_config_arguments(parser)
+    parser.add_argument("--model", type=Path, required=True, help="model folder whose tokenizer measures the prompts")
+    parser.add_argument(
+        "--limit",
+        choices=["rollout", "eval"],
+        required=True,
+        help="rollout.max_prompt_tokens or eval.max_prompt_tokens",
+    )
+    parser.add_argument(
+        "--problems", type=Path, nargs="+", required=True, help="normalized problem parquets (prepare-data)"
+    )
+    parser.add_argument("--out-dir", type=Path, required=True, help="output folder: the kept problems, same file names")
+    parser.add_argument("--stats", type=Path, required=True, help="output: counts per file and data source (JSON)")
+    args = parser.parse_args(argv)
+    setup_logging()
+    cfg = config_from_args(args)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(args.model))
+    limit = cfg.rollout.max_prompt_tokens if args.limit == "rollout" else cfg.eval.max_prompt_tokens
+    with_tools = cfg.rollout.prompt_length_with_tools
+    stats = {
+        source.stem: prompt_fit.fit_file(source, args.out_dir / source.name, tokenizer, limit, with_tools)
+        for source in args.problems
+    }
+    args.stats.parent.mkdir(parents=True, exist_ok=True)
+    args.stats.write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
     return 0

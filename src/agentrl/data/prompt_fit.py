@@ -12,25 +12,22 @@ kept prompt always fits the engine; ``false`` (the paper presets) is upstream's 
 messages rendered without the tool schema (verl's filter calls ``apply_chat_template`` without
 ``tools``), so a kept prompt can be that block (about 150 tokens for Qwen3) longer in the loop.
 
-``python -m agentrl fit-prompts`` (the ``fit_rl_prompts`` and ``fit_eval_prompts`` rules)
+``python -m agentrl fit-prompts`` (:func:`agentrl.data.cli.fit_prompts_main`; the ``fit_rl_prompts`` and ``fit_eval_prompts`` rules)
 writes the kept problems and ``results/data/prompt_lengths/{rl_pool,eval}.json``: per file, the
 limit and the kept / dropped counts per data source.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agentrl.config import add_config_arguments, config_from_args
 from agentrl.data.prompts import CODE_INTERPRETER_TOOL
 from agentrl.data.records import Message, Problem, read_problems, write_records
 from agentrl.errors import DataFormatError
-from agentrl.stage_cli import setup_logging, stage_parser
 
 log = logging.getLogger("agentrl.fit_prompts")
 
@@ -72,7 +69,7 @@ def fit_problems(
     return kept, counts
 
 
-def _fit_file(source: Path, out: Path, tokenizer, limit: int, with_tools: bool) -> dict[str, Any]:
+def fit_file(source: Path, out: Path, tokenizer, limit: int, with_tools: bool) -> dict[str, Any]:
     kept, counts = fit_problems(read_problems(source), tokenizer, limit, with_tools)
     if not kept:
         raise DataFormatError(
@@ -89,35 +86,3 @@ def _fit_file(source: Path, out: Path, tokenizer, limit: int, with_tools: bool) 
         counts["dropped_by_source"],
     )
     return counts
-
-
-def main(argv: list[str]) -> int:
-    parser = stage_parser("fit-prompts", __doc__.split("\n\n")[0])
-    add_config_arguments(parser)
-    parser.add_argument("--model", type=Path, required=True, help="model folder whose tokenizer measures the prompts")
-    parser.add_argument(
-        "--limit",
-        choices=["rollout", "eval"],
-        required=True,
-        help="rollout.max_prompt_tokens or eval.max_prompt_tokens",
-    )
-    parser.add_argument(
-        "--problems", type=Path, nargs="+", required=True, help="normalized problem parquets (prepare-data)"
-    )
-    parser.add_argument("--out-dir", type=Path, required=True, help="output folder: the kept problems, same file names")
-    parser.add_argument("--stats", type=Path, required=True, help="output: counts per file and data source (JSON)")
-    args = parser.parse_args(argv)
-    setup_logging()
-    cfg = config_from_args(args)
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(args.model))
-    limit = cfg.rollout.max_prompt_tokens if args.limit == "rollout" else cfg.eval.max_prompt_tokens
-    with_tools = cfg.rollout.prompt_length_with_tools
-    stats = {
-        source.stem: _fit_file(source, args.out_dir / source.name, tokenizer, limit, with_tools)
-        for source in args.problems
-    }
-    args.stats.parent.mkdir(parents=True, exist_ok=True)
-    args.stats.write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
-    return 0

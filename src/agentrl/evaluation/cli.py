@@ -2,8 +2,8 @@
 
 - ``run``: ``eval.n`` samples per problem of one benchmark, with ``eval.temperature`` /
   ``eval.top_p`` (paper: 32 / 1.0 / 0.6), the RL rollout engine and agent loop, graded by the
-  reward registry -> ``samples.jsonl`` (one row per sample, :mod:`agentrl.evaluation.samples`)
-  and ``metrics.json`` (:func:`agentrl.evaluation.metrics.summarize_benchmark` of those rows,
+  reward registry -> ``samples.jsonl`` (one row per sample, :mod:`agentrl.sampling.samples`)
+  and ``metrics.json`` (:func:`agentrl.sampling.metrics.summarize_benchmark` of those rows,
   plus a ``run`` block saying what was evaluated and how).
 - ``--reasoning`` (every command but the export): ``agentic`` (default: the code tool, as the
   recipe trains) or ``self_contained`` (the model card's no-tool half: no tool schema, the
@@ -11,7 +11,7 @@
   halves the workflow evaluates). The ``run`` block records it, and the report reads it from there.
 - ``shard`` and ``gather``: the same split into ``eval.shards`` jobs (the workflow's way): each
   shard samples a range of the problems into a resumable shard file
-  (:mod:`agentrl.evaluation.shards`); the gather writes ``samples.jsonl`` in problem order and
+  (:mod:`agentrl.sampling.shards`); the gather writes ``samples.jsonl`` in problem order and
   then the metrics, so they are the same for any shard count.
 - ``export-livecodebench``: the samples of a code benchmark in the input format of
   LiveCodeBench's official evaluator (:mod:`agentrl.evaluation.livecodebench`).
@@ -23,6 +23,7 @@ distributions agree.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import logging
@@ -30,15 +31,16 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config import Config, config_from_args
+from agentrl.cpus import set_torch_threads
 from agentrl.data.records import read_problems, write_records
 from agentrl.evaluation.livecodebench import custom_outputs, write_custom_outputs
-from agentrl.evaluation.metrics import summarize_benchmark
-from agentrl.evaluation.samples import read_jsonl, write_jsonl
-from agentrl.evaluation.sampling import SamplingSetup
-from agentrl.evaluation.shards import gathered_rows, run_shard
 from agentrl.model.folder import check_model_folder
 from agentrl.paths import check_writable
-from agentrl.stage_cli import add_command, add_shard_arguments, at_least, setup_logging, stage_parser
+from agentrl.sampling.metrics import summarize_benchmark
+from agentrl.sampling.rollouts import PROBLEMS_IN_FLIGHT, SamplingSetup
+from agentrl.sampling.samples import read_jsonl, write_jsonl
+from agentrl.sampling.shards import add_shard_arguments, gathered_rows, run_shard
+from agentrl.stage_cli import add_command, at_least, setup_logging, stage_parser
 from agentrl.tools.health import log_tool_health
 from agentrl.tracking import Tracker, check_tracking
 
@@ -79,7 +81,9 @@ def metrics_of_samples(samples_path: Path, run: dict[str, Any]) -> dict[str, Any
 REASONING = ("agentic", "self_contained")
 
 
-def eval_setup(cfg: Config, benchmark: str, problems_per_chunk: int = 256, reasoning: str = "agentic") -> SamplingSetup:
+def eval_setup(
+    cfg: Config, benchmark: str, problems_per_chunk: int = PROBLEMS_IN_FLIGHT, reasoning: str = "agentic"
+) -> SamplingSetup:
     """Both halves draw from the benchmark's seed: common random numbers, as between models."""
     e = cfg.eval
     tag = f"evaluate.{benchmark}"
@@ -141,7 +145,7 @@ def run_shard_of(
     shard: int,
     shards: int,
     out: Path,
-    problems_per_chunk: int = 256,
+    problems_per_chunk: int = PROBLEMS_IN_FLIGHT,
     reasoning: str = "agentic",
 ) -> None:
     """Shard ``shard`` of ``shards`` of a benchmark's problems -> its resumable shard file."""
@@ -221,7 +225,7 @@ def run(
     return metrics
 
 
-def main(argv: list[str]) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = stage_parser("evaluate", __doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     p_run = add_command(commands, "run", "sample, grade and summarize one model on one benchmark")
@@ -263,62 +267,68 @@ def main(argv: list[str]) -> int:
     p_lcb.add_argument("--problems", type=Path, required=True, help="normalized eval parquet of a code benchmark")
     p_lcb.add_argument("--samples", type=Path, required=True, help="samples.jsonl written by `evaluate run`")
     p_lcb.add_argument("--out", type=Path, required=True, help="output: the custom_output_file JSON")
-    args = parser.parse_args(argv)
-    setup_logging()
-    if args.command == "shard":
-        check_writable((args.out, "--out", "file"))
-        check_model_folder(args.model, "--model")
-        from agentrl.training.threads import set_torch_threads
+    return parser
 
-        set_torch_threads(args.threads)
-        cfg = config_from_args(args)
-        run_shard_of(
-            cfg,
-            args.model,
-            args.problems,
-            args.benchmark,
-            args.shard,
-            args.shards,
-            args.out,
-            args.problems_per_chunk,
-            args.reasoning,
-        )
-    elif args.command in ("run", "gather"):
-        check_writable((args.samples, "--samples", "file"), (args.metrics, "--metrics", "file"))
-        cfg = config_from_args(args)
-        benchmark = args.benchmark or args.problems.stem
-        if args.command == "gather":
-            metrics = gather(
-                cfg,
-                args.model,
-                args.problems,
-                benchmark,
-                args.shard_files,
-                args.samples,
-                args.metrics,
-                reasoning=args.reasoning,
-            )
-        else:
-            check_model_folder(args.model, "--model")
-            from agentrl.training.threads import set_torch_threads
 
-            set_torch_threads(args.threads)
-            metrics = run(
-                cfg, args.model, args.problems, args.samples, args.metrics, benchmark, args.max_problems, args.reasoning
-            )
-        n = metrics["samples_per_problem"]
-        log.info(
-            "%s: avg@%d %.3f, pass@%d %.3f, tool calls/response %.2f",
-            benchmark,
-            n,
-            metrics[f"avg@{n}"],
-            n,
-            metrics["pass@k"][str(n)],
-            metrics["tool_use"]["tool_calls_per_response"],
+def _shard_command(args: argparse.Namespace) -> None:
+    check_writable((args.out, "--out", "file"))
+    check_model_folder(args.model, "--model")
+    set_torch_threads(args.threads)
+    cfg = config_from_args(args)
+    run_shard_of(
+        cfg,
+        args.model,
+        args.problems,
+        args.benchmark,
+        args.shard,
+        args.shards,
+        args.out,
+        args.problems_per_chunk,
+        args.reasoning,
+    )
+
+
+def _run_or_gather_command(args: argparse.Namespace) -> None:
+    check_writable((args.samples, "--samples", "file"), (args.metrics, "--metrics", "file"))
+    cfg = config_from_args(args)
+    benchmark = args.benchmark or args.problems.stem
+    if args.command == "gather":
+        shards = args.shard_files
+        metrics = gather(
+            cfg, args.model, args.problems, benchmark, shards, args.samples, args.metrics, reasoning=args.reasoning
         )
     else:
-        check_writable((args.out, "--out"))
-        outputs = custom_outputs(read_problems(args.problems), read_jsonl(args.samples), str(args.samples))
-        write_custom_outputs(outputs, args.out)
-        log.info("wrote %d questions x %d samples to %s", len(outputs), len(outputs[0]["code_list"]), args.out)
+        check_model_folder(args.model, "--model")
+        set_torch_threads(args.threads)
+        metrics = run(
+            cfg, args.model, args.problems, args.samples, args.metrics, benchmark, args.max_problems, args.reasoning
+        )
+    n = metrics["samples_per_problem"]
+    log.info(
+        "%s: avg@%d %.3f, pass@%d %.3f, tool calls/response %.2f",
+        benchmark,
+        n,
+        metrics[f"avg@{n}"],
+        n,
+        metrics["pass@k"][str(n)],
+        metrics["tool_use"]["tool_calls_per_response"],
+    )
+
+
+def _export_livecodebench_command(args: argparse.Namespace) -> None:
+    check_writable((args.out, "--out"))
+    outputs = custom_outputs(read_problems(args.problems), read_jsonl(args.samples), str(args.samples))
+    write_custom_outputs(outputs, args.out)
+    log.info("wrote %d questions x %d samples to %s", len(outputs), len(outputs[0]["code_list"]), args.out)
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    setup_logging()
+    if args.command == "shard":
+        _shard_command(args)
+    elif args.command in ("run", "gather"):
+        _run_or_gather_command(args)
+    else:
+        _export_livecodebench_command(args)
     return 0

@@ -4,7 +4,7 @@
   rollout engine and reward registry) -> the pass-rate table and the graded samples.
 - ``score-shard`` and ``gather``: the same split into ``filter.shards`` jobs (the workflow's way):
   each shard writes its range of the pool to a resumable shard file
-  (:mod:`agentrl.evaluation.shards`), and the gather writes the table and samples from them,
+  (:mod:`agentrl.sampling.shards`), and the gather writes the table and samples from them,
   byte for byte what ``score`` writes, for any shard count.
 - ``scoring-config``: what the pass rates are computed from (the scoring config and the
   checksums of the SFT model's config.json and the pool), the file the workflow's selection
@@ -26,15 +26,15 @@ from pathlib import Path
 from agentrl.config import Config, config_from_args
 from agentrl.data.records import Problem, read_problems, write_records
 from agentrl.errors import DataFormatError
-from agentrl.evaluation.samples import write_jsonl
-from agentrl.evaluation.sampling import SamplingSetup
-from agentrl.evaluation.shards import gathered_rows, run_shard
 from agentrl.filtering.histogram import plot_pass_rate_histogram
 from agentrl.filtering.pass_rates import pass_rate_table, read_pass_rates, write_pass_rates
 from agentrl.filtering.selection import select_problems, target_shares_from_table
 from agentrl.model.folder import check_model_folder
 from agentrl.paths import check_writable
-from agentrl.stage_cli import add_command, add_shard_arguments, setup_logging, stage_parser
+from agentrl.sampling.rollouts import PROBLEMS_IN_FLIGHT, SamplingSetup
+from agentrl.sampling.samples import write_jsonl
+from agentrl.sampling.shards import add_shard_arguments, gathered_rows, run_shard
+from agentrl.stage_cli import add_command, setup_logging, stage_parser
 from agentrl.tools.health import log_tool_health
 from agentrl.training.fingerprint import file_sha256
 
@@ -44,7 +44,7 @@ log = logging.getLogger("agentrl.filter")
 SEED_TAG = "filter.score"
 
 
-def scoring_setup(cfg: Config, problems_per_chunk: int = 256) -> SamplingSetup:
+def scoring_setup(cfg: Config, problems_per_chunk: int = PROBLEMS_IN_FLIGHT) -> SamplingSetup:
     f = cfg.filter
     return SamplingSetup(f.k, f.temperature, f.top_p, cfg.seed, SEED_TAG, problems_per_chunk)
 
@@ -60,7 +60,13 @@ def scoring_config(cfg: Config) -> dict:
 
 
 def score_shard(
-    cfg: Config, model_dir: Path, pool_path: Path, shard: int, shards: int, out: Path, problems_per_chunk: int = 256
+    cfg: Config,
+    model_dir: Path,
+    pool_path: Path,
+    shard: int,
+    shards: int,
+    out: Path,
+    problems_per_chunk: int = PROBLEMS_IN_FLIGHT,
 ) -> None:
     """Shard ``shard`` of ``shards`` of the pool: k graded rollouts per problem -> the shard file."""
     f = cfg.filter
@@ -198,7 +204,7 @@ def main(argv: list[str]) -> int:
         )
         check_writable(*outputs)
         check_model_folder(args.model, "--model")
-        from agentrl.training.threads import set_torch_threads
+        from agentrl.cpus import set_torch_threads
 
         set_torch_threads(args.threads)
     if args.command == "score":

@@ -42,7 +42,7 @@ COLUMNS = (
 
 
 def pass_rate_table(problems: Sequence[Problem], rows: Sequence[Mapping[str, Any]], k: int) -> pd.DataFrame:
-    """Aggregate sample rows (``agentrl.evaluation.samples.sample_row``) into the table, in problem order.
+    """Aggregate sample rows (``agentrl.sampling.samples.sample_row``) into the table, in problem order.
 
     Every problem must have exactly ``k`` rows; a missing or extra sample means a broken run,
     and a pass rate over another k would not be comparable.

@@ -244,7 +244,7 @@ def train(cfg: Config, paths: GrpoPaths) -> int:
 
 
 def _train(cfg: Config, paths: GrpoPaths, stop) -> int:
-    from agentrl.tools.sandbox import make_sandbox
+    from agentrl.tools.factory import make_sandbox
 
     check_config(cfg)
     ctx = dse.init_distributed(cfg.grpo.collective_timeout_minutes)

@@ -4,7 +4,7 @@ Upstream (verl ``_validate``) samples n responses per validation problem (paper:
 1.0, top_p 0.6) and logs the mean accuracy per data source. Here each rank rolls out its share
 of every set with the trainer's own rollout engine and agent loop (the current weights), the
 reward registry grades them, and rank 0 reduces to ``val/<set>/avg@<n>`` (mean over problems
-of the share of correct samples, ``agentrl.evaluation.metrics.avg_at_k``) and
+of the share of correct samples, ``agentrl.sampling.metrics.avg_at_k``) and
 ``val/mean/avg@<n>`` (mean over the sets). The sampling seed of a set is the same at every
 validation (common random numbers), so the change between two validations is the model's, not
 the sampler's.
@@ -21,10 +21,10 @@ import numpy as np
 from agentrl.config import Config, RolloutConfig
 from agentrl.data.prompt_fit import fit_problems
 from agentrl.data.records import Problem
-from agentrl.evaluation.metrics import avg_at_k
 from agentrl.grpo.distributed import all_gather
 from agentrl.rewards import RewardFunction, leave_out_lost_rewards
 from agentrl.rollout import AgentLoop, SamplingParams
+from agentrl.sampling.metrics import avg_at_k
 from agentrl.training.deepspeed_engine import DistributedContext
 from agentrl.training.seeds import derived_seed
 

@@ -1,7 +1,18 @@
-"""``python -m agentrl base-model``: build the embedded tiny model, or resolve a hub id / local folder."""
+"""The model stages' command lines.
+
+- ``python -m agentrl base-model`` (:func:`main`): build the embedded tiny model, or resolve a hub
+  id / local folder;
+- ``python -m agentrl fetch-model`` (:func:`fetch_main`): link a local model folder or download a
+  hub model at a revision. What the workflow runs instead of training when ``sft.from`` names a
+  released SFT model, and for each ``eval.checkpoints`` entry given as ``{id, revision}``
+  (rules/model.smk). The output folder links the model's files and holds its config.json, stamped
+  with the model's digest and its source (:func:`agentrl.model.folder.resolve_pretrained`);
+  nothing else is read or written.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +42,7 @@ def embedded_corpus(sft_path: Path, rl_pool_path: Path) -> Iterator[str]:
 
 
 def main(argv: list[str]) -> int:
-    parser = stage_parser("base-model", __doc__)
+    parser = stage_parser("base-model", "build the embedded tiny model, or resolve a hub id / local folder")
     add_config_arguments(parser)
     parser.add_argument("--sft", type=Path, help="normalized SFT parquet (tokenizer corpus; embedded only)")
     parser.add_argument("--rl-pool", type=Path, help="normalized RL-pool parquet (tokenizer corpus; embedded only)")
@@ -59,4 +70,20 @@ def main(argv: list[str]) -> int:
     else:
         build.resolve_pretrained(cfg.model.base, args.out, cfg.model.revision)
         log.info("model.base %s -> %s", cfg.model.base, args.out)
+    return 0
+
+
+def fetch_main(argv: list[str]) -> int:
+    parser = stage_parser("fetch-model", "link a local model folder or download a hub model at a revision")
+    parser.add_argument("--id", required=True, help="hub model id 'org/name', or a local Hugging Face model folder")
+    parser.add_argument("--revision", help="hub branch, tag or commit (default: the hub's main); not for a folder")
+    parser.add_argument("--key", default="--id", help="the config key that named the model (for errors)")
+    parser.add_argument("--out", type=Path, required=True, help="output model folder")
+    args = parser.parse_args(argv)
+    setup_logging()
+    from agentrl.model.folder import MODEL_SOURCE_KEY, resolve_pretrained
+
+    out = resolve_pretrained(args.id, args.out, revision=args.revision or None, key=args.key)
+    source = json.loads((out / "config.json").read_text())[MODEL_SOURCE_KEY]
+    logging.getLogger("agentrl.fetch_model").info("%s: %s -> %s", args.key, source, out)
     return 0

@@ -21,7 +21,7 @@ Per run (one arm, one seed; :func:`run_metrics`):
   (filtered vs the pool) start from different levels; the final evaluation uses the same sets;
 - tool use at evaluation, pooled over the benchmarks' samples: tool calls per response, tool
   success rate (successful calls / calls), and the share of deliberative, reactive and tool-free
-  responses (:func:`agentrl.evaluation.metrics.reasoning_mode`, with the thresholds
+  responses (:func:`agentrl.sampling.metrics.reasoning_mode`, with the thresholds
   ``ablations.deliberative_max_calls`` / ``deliberative_min_tokens_per_call``);
 - tool use over training: smoothed ``rollout/tool_calls_mean`` and ``rollout/tool_success_rate``
   at the first and the last step.
@@ -52,8 +52,8 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from agentrl.config import AblationsConfig, ConfigError  # noqa: E402
 from agentrl.errors import read_json_file  # noqa: E402
-from agentrl.evaluation.metrics import SampleRecord, tool_use_stats  # noqa: E402
-from agentrl.evaluation.samples import read_jsonl  # noqa: E402
+from agentrl.sampling.metrics import SampleRecord, tool_use_stats  # noqa: E402
+from agentrl.sampling.samples import read_jsonl  # noqa: E402
 from agentrl.training.metrics import read_metrics  # noqa: E402
 
 log = logging.getLogger("agentrl.report.ablations")
@@ -354,7 +354,7 @@ def _reasoning_section(
         _markdown(header, rows),
         f"Deliberative: at most {cfg.deliberative_max_calls} calls and at least "
         f"{cfg.deliberative_min_tokens_per_call} model tokens before each call on average; reactive: "
-        f"every other response with calls (agentrl.evaluation.metrics.reasoning_mode). Tool calls, "
+        f"every other response with calls (agentrl.sampling.metrics.reasoning_mode). Tool calls, "
         f"success and modes are pooled over the benchmarks' samples; training values are smoothed over "
         f"{cfg.smoothing_window} steps (the GRPO log counts a step without any call as 0 % success).",
     ]

@@ -54,7 +54,7 @@ def main(argv: list[str]) -> int:
             else read_text(args.ground_truth_file, "--ground-truth-file").strip()
         )
         if family_of(args.data_source, cfg.reward.unknown_source) == "code":
-            from agentrl.tools.sandbox import make_sandbox  # only code needs it
+            from agentrl.tools.factory import make_sandbox  # only code needs it
 
             sandbox = make_sandbox(cfg.sandbox)
         problem = Problem(id="cli", data_source=args.data_source, prompt=[], ability="", ground_truth=ground_truth)

@@ -60,7 +60,7 @@ class RewardFunction:
             if self.sandbox is None:
                 raise RuntimeError(
                     f"{len(jobs)} code test case(s) to run but RewardFunction was built without a sandbox; "
-                    "pass agentrl.tools.sandbox.make_sandbox(cfg.sandbox)"
+                    "pass agentrl.tools.factory.make_sandbox(cfg.sandbox)"
                 )
             results = self._run_cases(jobs)
         rewards = []

@@ -7,6 +7,7 @@ imported.
 """
 
 from agentrl.rollout.agent_loop import AgentLoop, RolloutStats
-from agentrl.rollout.engine import Engine, GenerationOutput, SamplingParams, load_policy, make_engine
+from agentrl.rollout.engine import Engine, GenerationOutput, SamplingParams
+from agentrl.rollout.factory import load_policy, make_engine
 
 __all__ = ["AgentLoop", "Engine", "GenerationOutput", "RolloutStats", "SamplingParams", "load_policy", "make_engine"]

@@ -260,7 +260,8 @@ class AgentLoop:
         params: SamplingParams,
         seed: int,
         on_problem_done: Callable[[list[Trajectory]], None],
-        max_problems_in_flight: int = 256,
+        *,
+        max_problems_in_flight: int,
     ) -> None:
         """:meth:`run` over a problem set of any size, in bounded memory: at most
         ``max_problems_in_flight`` problems are rolled out at once, and the next one starts as soon

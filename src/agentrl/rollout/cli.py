@@ -71,12 +71,12 @@ def main(argv: list[str]) -> int:
     check_writable((args.out, "--out", "file"))
     check_model_folder(args.model, "--model")
 
+    from agentrl.cpus import set_torch_threads
     from agentrl.data.records import read_problems
     from agentrl.rollout import AgentLoop, SamplingParams, make_engine
     from agentrl.tools.code_interpreter import CodeInterpreter
+    from agentrl.tools.factory import make_sandbox
     from agentrl.tools.health import InfraFailureBound
-    from agentrl.tools.sandbox import make_sandbox
-    from agentrl.training.threads import set_torch_threads
 
     set_torch_threads(args.threads)
     problems = read_problems(args.problems)[: args.limit]

@@ -3,8 +3,8 @@
 An engine turns token-id prompts into sampled continuations and takes new weights from the
 trainer; nothing else. The agent loop, the trainer and the evaluation stage only see
 :class:`Engine`, so they never branch on the backend's name (docs/design.md, Style). The backend is
-chosen by ``rollout.engine`` through :func:`make_engine`, and only the selected one is imported
-(vLLM is an optional dependency).
+chosen by ``rollout.engine`` through :func:`agentrl.rollout.factory.make_engine`, which imports only
+the selected one (vLLM is an optional dependency).
 
 Log-probabilities: every engine returns, per generated token, its log-probability under the
 distribution it was actually sampled from: ``log_softmax(logits / temperature)`` after top-k and
@@ -22,15 +22,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
-from agentrl.errors import ModelFolderError
-from agentrl.model.tokenizer import load_chat_tokenizer, pad_token_id
-from agentrl.precision import resolve_dtype
-
 if TYPE_CHECKING:
     import torch
 
     from agentrl.config import RolloutConfig
-    from agentrl.rollout.memory_plan import TrainerMemory
 
 
 @dataclass(frozen=True)
@@ -186,57 +181,3 @@ def default_device() -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def load_policy(model_dir: str, *, dtype: str = "auto", device: str | None = None):
-    """Load a Hugging Face causal LM folder and its tokenizer, in eval mode, for generation.
-
-    Returns ``(model, tokenizer)``. The tokenizer must carry a chat template (the agent loop
-    renders prompts and tool turns with it).
-    """
-    from pathlib import Path
-
-    from transformers import AutoModelForCausalLM
-
-    if not (Path(model_dir) / "config.json").exists():
-        raise ModelFolderError(f"{model_dir}: not a Hugging Face model folder (no config.json)")
-    device = device or default_device()
-    tokenizer = load_chat_tokenizer(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=resolve_dtype(dtype, device))
-    model.to(device).eval()
-    return model, tokenizer
-
-
-def make_engine(
-    cfg: RolloutConfig,
-    model_dir: str,
-    *,
-    model=None,
-    tokenizer=None,
-    colocated: bool = False,
-    seed: int = 0,
-    trainer_memory: TrainerMemory | None = None,
-) -> Engine:
-    """The engine named by ``cfg.engine``.
-
-    ``hf`` generates with ``model`` when given (the trainer's own in-memory module: then weight
-    updates are free) or loads ``model_dir``. ``vllm`` always loads ``model_dir`` into an
-    in-process vLLM engine; the trainer pushes new weights with ``update_weights``. ``colocated``:
-    the engine of one trainer rank (GRPO: vLLM's external launcher on the rank's own device, see
-    :mod:`agentrl.rollout.vllm_engine`), ``seed`` its default seed (requests carry their own),
-    ``trainer_memory`` what the trainer beside it still needs (``rollout.vllm.colocated_memory:
-    measured``; engines that share the trainer's module need none).
-    """
-    if cfg.engine == "hf":
-        from agentrl.rollout.hf_engine import HFEngine
-
-        if model is None:
-            model, tokenizer = load_policy(model_dir, dtype=cfg.dtype)
-        elif tokenizer is None:
-            tokenizer = load_chat_tokenizer(model_dir)
-        return HFEngine(model, pad_token_id=pad_token_id(tokenizer), batch_size=cfg.batch_size)
-    if cfg.engine == "vllm":
-        from agentrl.rollout.vllm_engine import VllmEngine
-
-        return VllmEngine(model_dir, cfg, seed=seed, colocated=colocated, trainer_memory=trainer_memory)
-    raise ValueError(f"rollout.engine = {cfg.engine!r} is not known; choose one of: hf, vllm")

@@ -6,7 +6,7 @@ metrics per optimizer step to ``--metrics``, and resumable checkpoints to ``--ch
 
 ``--nproc N`` (or ``auto``: the GPUs the scheduler granted) processes per node: when more than
 one process is needed and none is running yet, the command re-executes itself through torchrun
-(and srun on multi-node SLURM jobs); see :mod:`agentrl.launch`.
+(and srun on multi-node SLURM jobs); see :mod:`agentrl.training.launch`.
 """
 
 from __future__ import annotations

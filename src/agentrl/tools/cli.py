@@ -16,7 +16,8 @@ from pathlib import Path
 
 from agentrl.config import ConfigError, add_config_arguments, config_from_args
 from agentrl.stage_cli import read_text, stage_parser
-from agentrl.tools.sandbox import SandboxUnavailableError, make_sandbox
+from agentrl.tools.factory import make_sandbox
+from agentrl.tools.sandbox import SandboxUnavailableError
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -532,25 +532,3 @@ class LocalSandbox(Sandbox):
             return
         super().close()
         self._finalizer()
-
-
-def make_sandbox(cfg: SandboxConfig) -> Sandbox:
-    """The backend ``sandbox.backend`` names: ``local`` or ``sandbox_fusion``.
-
-    ``sandbox.workers: null`` sizes the pool to the CPUs this process of the job has
-    (:func:`agentrl.cpus.cpus_per_process`): SLURM's allocation or Snakemake's threads, a
-    training rank's share of them under torchrun.
-    """
-    if cfg.workers is None:
-        from agentrl.cpus import cpus_per_process
-
-        cfg = dataclasses.replace(cfg, workers=cpus_per_process(os.environ))
-        logger.info("sandbox: %d workers (sandbox.workers: null follows the job's CPUs)", cfg.workers)
-    if cfg.backend == "local":
-        return LocalSandbox(cfg)
-    if cfg.backend == "sandbox_fusion":
-        from agentrl.tools.sandbox_fusion import SandboxFusionSandbox, probe_service
-
-        probe_service(cfg)  # a URL nothing answers at stops the stage here, naming the key
-        return SandboxFusionSandbox(cfg)
-    raise ValueError(f"sandbox.backend = {cfg.backend!r} is not one of 'local', 'sandbox_fusion'")

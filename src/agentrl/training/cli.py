@@ -2,7 +2,7 @@
 
 Both take ``--out``, ``--metrics``, ``--checkpoint-dir``, ``--deepspeed-config``, ``--nproc`` and
 ``--threads`` (:func:`add_training_arguments`); both re-execute themselves under torchrun/srun
-when one process is not enough (:func:`launch`, :mod:`agentrl.launch`); both exit with
+when one process is not enough (:func:`launch`, :mod:`agentrl.training.launch`); both exit with
 :data:`~agentrl.training.preemption.EXIT_CODE` after a stop request and 1 when another trainer
 holds the checkpoint folder (:func:`run_trainer`).
 """
@@ -55,7 +55,7 @@ def launch(parser: argparse.ArgumentParser, stage: str, argv: Sequence[str], arg
     """
     import os
 
-    from agentrl.launch import relaunch_if_needed
+    from agentrl.training.launch import relaunch_if_needed
 
     os.environ.update(cuda_allocator_settings(os.environ))
     try:
@@ -64,8 +64,7 @@ def launch(parser: argparse.ArgumentParser, stage: str, argv: Sequence[str], arg
         parser.error(str(exc))
     import deepspeed
 
-    from agentrl.cpus import claim_process_cpus
-    from agentrl.training.threads import set_torch_threads
+    from agentrl.cpus import claim_process_cpus, set_torch_threads
 
     deepspeed.utils.logger.setLevel(logging.WARNING)
     set_torch_threads(claim_process_cpus(args.threads))

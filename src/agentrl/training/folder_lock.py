@@ -98,7 +98,7 @@ def hold_checkpoint_folder(folder: str | Path, stage: str) -> Iterator[None]:
         yield
 
 
-# An orphaned shard job stops within seconds of its parent's exit (:mod:`agentrl.evaluation.shards`):
+# An orphaned shard job stops within seconds of its parent's exit (:mod:`agentrl.sampling.shards`):
 # a rerun started meanwhile waits this long for it rather than failing.
 SHARD_LOCK_WAIT_S = 60.0
 

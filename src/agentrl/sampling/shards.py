@@ -14,13 +14,14 @@ line (the kill came mid-write) is dropped. The header's fingerprint says what th
 on (stage and its seed tag, n, the sampling config, the model's digest, the problem file's
 digest); a file with another fingerprint is discarded, with a log line naming what differs. The
 fingerprint holds neither the shard index nor the count: each problem's rollouts are seeded by
-(seed, stage tag, problem id, sample index) alone (:mod:`agentrl.evaluation.sampling`), so a job
+(seed, stage tag, problem id, sample index) alone (:mod:`agentrl.sampling.rollouts`), so a job
 also takes the finished problems of its range from the other shard files in its folder, left by
 a run with another shard count: changing the count does not roll anything out again.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import hashlib
 import json
@@ -34,12 +35,14 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from agentrl.errors import DataFormatError, StageInterrupted, UserInputError
 from agentrl.model.folder import model_digest
+from agentrl.sampling.rollouts import PROBLEMS_IN_FLIGHT
+from agentrl.stage_cli import at_least
 from agentrl.training.fingerprint import file_sha256
 
 if TYPE_CHECKING:
     from agentrl.config import Config
     from agentrl.data.records import Problem
-    from agentrl.evaluation.sampling import SamplingSetup
+    from agentrl.sampling.rollouts import SamplingSetup
 
 log = logging.getLogger("agentrl.shards")
 
@@ -49,6 +52,20 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 ORPHAN_CHECK_S = 1.0  # how often a shard job looks at its parent processes
 
 Rows = list[dict[str, Any]]
+
+
+def add_shard_arguments(parser: argparse.ArgumentParser, shards_key: str) -> None:
+    """The arguments of a resumable shard job (scoring or evaluation): which range, where it goes."""
+    parser.add_argument("--shard", type=at_least(0), required=True, help="this shard, 0-based")
+    parser.add_argument("--shards", type=at_least(1), required=True, help=f"shards in all ({shards_key})")
+    parser.add_argument("--out", type=Path, required=True, help="output: the shard file (jsonl)")
+    parser.add_argument(
+        "--problems-per-chunk",
+        type=at_least(1),
+        default=PROBLEMS_IN_FLIGHT,
+        help="problems rolled out together (bounds memory)",
+    )
+    parser.add_argument("--threads", type=at_least(1), help="CPU threads for torch (the rule's threads)")
 
 
 def shard_range(total: int, shard: int, shards: int) -> tuple[int, int]:
@@ -256,7 +273,7 @@ def _write_shard(
     where: tuple[int, int, int, int],
     out: Path,
 ) -> None:
-    from agentrl.evaluation.sampling import grade_problems
+    from agentrl.sampling.rollouts import grade_problems
 
     shard, shards, start, stop = where
     mine = problems[start:stop]

@@ -1,6 +1,6 @@
 """Per-sample records of graded rollouts: what ``samples.jsonl`` holds, for evaluation and filtering.
 
-One row per (problem, sample): the fields of :class:`agentrl.evaluation.metrics.SampleRecord`
+One row per (problem, sample): the fields of :class:`agentrl.sampling.metrics.SampleRecord`
 (correctness, extracted answer, tool-use counts) plus the reward score, the response text and
 why the rollout ended, so a row can be audited without re-running anything.
 

@@ -26,12 +26,17 @@ from typing import Any
 
 from agentrl.config import Config
 from agentrl.data.records import Problem
-from agentrl.evaluation.samples import sample_row
 from agentrl.progress import progress
 from agentrl.rewards import RewardFunction, leave_out_lost_rewards
+from agentrl.sampling.samples import sample_row
 from agentrl.training.seeds import derived_seed
 
 log = logging.getLogger("agentrl.sampling")
+
+# Problems rolled out at once by a scoring or evaluation job: each holds n trajectories' contexts
+# (and, in vLLM, KV blocks) while in flight, so this bounds memory; 256 keeps a GPU's batch full
+# at paper scale (n = 8 to 32 samples each) and costs nothing on CPU.
+PROBLEMS_IN_FLIGHT = 256
 
 
 @dataclass(frozen=True)
@@ -43,7 +48,7 @@ class SamplingSetup:
     top_p: float
     seed: int
     seed_tag: str
-    problems_per_chunk: int = 256  # problems in flight at once
+    problems_per_chunk: int = PROBLEMS_IN_FLIGHT  # problems in flight at once
     reasoning: str = "agentic"  # or "self_contained": no tool schema, no tool turns (eval.reasoning)
 
 
@@ -61,7 +66,7 @@ def grade_problems(
     on_problem: Callable[[Problem, list[dict[str, Any]]], None],
 ) -> None:
     """Roll out and grade ``setup.n`` samples of every problem; ``on_problem(problem, rows)`` gets
-    each problem's ``samples.jsonl`` rows (:func:`agentrl.evaluation.samples.sample_row`, by sample
+    each problem's ``samples.jsonl`` rows (:func:`agentrl.sampling.samples.sample_row`, by sample
     index) as soon as its rollouts are done, in the order problems finish.
 
     ``setup.reasoning`` ``self_contained``: each problem's user messages lose their tool sentences
@@ -71,8 +76,8 @@ def grade_problems(
     from agentrl.data.prompts import self_contained_messages
     from agentrl.rollout import AgentLoop, SamplingParams, make_engine
     from agentrl.tools.code_interpreter import CodeInterpreter
+    from agentrl.tools.factory import make_sandbox
     from agentrl.tools.health import InfraFailureBound, ToolUse, tool_health
-    from agentrl.tools.sandbox import make_sandbox
 
     assert problems, "no problems to roll out"
     assert setup.reasoning in ("agentic", "self_contained"), f"unknown reasoning {setup.reasoning!r}"
