@@ -1,6 +1,7 @@
-"""The GRPO loop (docs/recipe.md section 5): roll out, reward, advantage, recompute, update, sync.
+"""One GRPO step (docs/recipe.md section 5): roll out, reward, advantage, recompute, update, sync.
 
-Per step, as upstream's verl ``RayPPOTrainer.fit`` with the demystify scripts:
+The loop around the steps is :mod:`agentrl.grpo.trainer`. Per step, as upstream's verl
+``RayPPOTrainer.fit`` with the demystify scripts:
 
 1. ``grpo.batch_prompts`` prompts of the RL set (:class:`~agentrl.grpo.prompts.PromptSampler`);
 2. ``grpo.n`` agentic rollouts each (:class:`~agentrl.rollout.AgentLoop`, training sampling of

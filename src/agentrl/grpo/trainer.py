@@ -1,5 +1,8 @@
 """The GRPO stage from files to files: build the parts, resume, train, validate, checkpoint, export.
 
+The steps run in the loop SFT shares (:class:`agentrl.training.loop.TrainingLoop`); one step is
+:class:`agentrl.grpo.step.GrpoStep`.
+
 Inputs: the SFT model folder, ``rl_train.parquet``, the eval sets. Outputs: the final policy as
 a Hugging Face folder (safetensors, tokenizer, chat template), ``metrics.jsonl`` (one line per
 step, ``step`` 0 = validation before training) and the checkpoints folder. A run that finds a
@@ -37,16 +40,11 @@ from agentrl.grpo.variants import AlgorithmSettings, resolve_algorithm
 from agentrl.model.folder import stamp_model_digest
 from agentrl.model.tokenizer import load_chat_tokenizer, pad_token_id
 from agentrl.precision import resolve_dtype
-from agentrl.progress import progress
 from agentrl.rollout.memory_plan import TrainerMemory, trainer_growth_bytes
-from agentrl.tracking import Tracker
 from agentrl.training import deepspeed_engine as dse
 from agentrl.training.fingerprint import fingerprint_of, without_keys
-from agentrl.training.folder_lock import hold_checkpoint_folder
-from agentrl.training.metrics import MetricsWriter
+from agentrl.training.loop import TrainingLoop, training_stage
 from agentrl.training.model import load_causal_lm
-from agentrl.training.parent_watch import stop_when_orphaned
-from agentrl.training.preemption import CheckpointClock, StepBoundary, StoppedForRetry, stop_on_signals
 from agentrl.training.seeds import derived_seed, rng_state_kept
 
 log = logging.getLogger("agentrl.grpo")
@@ -238,13 +236,12 @@ def train(cfg: Config, paths: GrpoPaths) -> int:
     so does the exit of a parent process (:mod:`agentrl.training.parent_watch`). The checkpoint
     folder is locked for the run (:mod:`agentrl.training.folder_lock`): a second trainer refuses.
     """
-    timeout = cfg.grpo.collective_timeout_minutes
-    with hold_checkpoint_folder(paths.checkpoints, "grpo"), stop_on_signals() as stop:
-        with stop_when_orphaned(stop), dse.collective_timeout_named(TIMEOUT_KEY, timeout):
-            return _train(cfg, paths, stop)
+    with training_stage("grpo", paths.checkpoints, TIMEOUT_KEY, cfg.grpo.collective_timeout_minutes) as stop:
+        return _train(cfg, paths, stop)
 
 
 def _train(cfg: Config, paths: GrpoPaths, stop) -> int:
+    """The stage's setup: process group, inputs, components, resume, metrics; then :func:`_run_steps`."""
     from agentrl.tools.sandbox import make_sandbox
 
     check_config(cfg)
@@ -255,34 +252,29 @@ def _train(cfg: Config, paths: GrpoPaths, stop) -> int:
         "collectives wait up to %s minutes for the slowest rank (%s)", cfg.grpo.collective_timeout_minutes, TIMEOUT_KEY
     )
     torch.manual_seed(derived_seed(cfg.seed, "grpo-torch", ctx.rank))
-    problems = read_problems(paths.train)
-    eval_sets = [
-        EvalSet(p.stem, limit_problems(read_problems(p), cfg.grpo.validation.max_problems)) for p in paths.eval_sets
-    ]
+    problems, eval_sets = read_inputs(cfg, paths)
     steps = total_steps(cfg, len(problems))
     sampler = PromptSampler(problems, derived_seed(cfg.seed, "grpo-data"))
     fingerprint = run_fingerprint(cfg, paths, ctx.world_size)
     with make_sandbox(cfg.sandbox) as sandbox:
         parts, tokenizer = build_components(cfg, paths, ctx, sandbox, steps)
         eval_sets = fit_eval_sets(eval_sets, tokenizer, cfg.rollout)
-        policy = parts.engine.module.model
-        start, records = 0, []
-        state = resume(parts.engine, paths.checkpoints, ctx, fingerprint)
-        if state is not None:
-            sampler.load_state_dict(state["sampler"])
-            start, records = int(state["step"]), list(state["metrics"])
-            # The rollout engine loaded the initial model: the resumed policy must reach it before
-            # the first rollout, not only after the next update.
-            parts.rollout_engine.update_weights(policy.named_parameters())
-            log.info("resumed from %s: step %d of %d done", paths.checkpoints, start, steps)
-        writer = None
-        if ctx.is_main:
-            # a run from step 0 replaces the curves, as it rewrites the metrics file
-            tracker = Tracker(
-                cfg.tracking, paths.metrics.parent, "grpo", fresh=start == 0, run_config=dataclasses.asdict(cfg)
-            )
-            writer = MetricsWriter(paths.metrics, lambda r: log.info(console_line(r, steps)), tracker)
-            writer.reset(records)
+        start, records = resume_run(parts, paths, fingerprint, sampler, steps)
+        loop = TrainingLoop(
+            "grpo",
+            ctx,
+            stop,
+            start=start,
+            total_steps=steps,
+            records=records,
+            metrics=paths.metrics,
+            checkpoint_dir=paths.checkpoints,
+            save_every_minutes=cfg.grpo.save_every_minutes,
+            tracking=cfg.tracking,
+            run_config=dataclasses.asdict(cfg),
+            echo=lambda r: log.info(console_line(r, steps)),
+            log=log,
+        )
         log.info(
             "GRPO %s: %d problems, %d steps of %d prompts x %d, %d process(es)",
             cfg.grpo.variant,
@@ -292,56 +284,78 @@ def _train(cfg: Config, paths: GrpoPaths, stop) -> int:
             cfg.grpo.n,
             ctx.world_size,
         )
-
-        def emit(record: dict) -> None:
-            records.append(record)
-            if writer is not None:
-                writer.write(record)
-
-        def run_validation() -> dict:
-            began = time.perf_counter()
-            metrics = validate(cfg, parts.loop, parts.reward_fn, eval_sets, ctx)
-            return {**metrics, "timing/validation_s": time.perf_counter() - began}
-
-        if start == 0 and cfg.grpo.val_before_train and eval_sets:
-            emit({"step": 0, **run_validation()})
-
-        def save(step: int) -> None:
-            save_checkpoint(
-                parts.engine,
-                paths.checkpoints,
-                step,
-                trainer_state={"sampler": sampler.state_dict(), "total_steps": steps, "variant": cfg.grpo.variant},
-                fingerprint=fingerprint,
-                metrics=records,
-                export_model=lambda folder: export_policy(policy, tokenizer, folder),
-                ctx=ctx,
-                keep=cfg.grpo.keep_checkpoints,
-            )
-
-        stepper = GrpoStep(parts)
-        boundary = StepBoundary(stop, CheckpointClock(cfg.grpo.save_every_minutes), ctx.device)
-        bar = progress(steps, "grpo", unit="steps", initial=start, disable=not ctx.is_main, logger=log)
-        for step in range(start + 1, steps + 1):
-            record = stepper.run(step, sampler)
-            if eval_sets and cfg.grpo.test_freq and (step % cfg.grpo.test_freq == 0 or step == steps):
-                record.update(run_validation())
-            emit(record)
-            bar.update(1)
-            freq = cfg.grpo.save_freq
-            decision = boundary.decide(
-                step_interval_due=bool(freq) and (step % freq == 0 or step == steps), last_step=step == steps
-            )
-            if decision.save:
-                save(step)
-                boundary.saved()
-            if decision.stop:
-                if writer is not None:
-                    writer.close()
-                raise StoppedForRetry("grpo", step, paths.checkpoints, decision.reason)
-        bar.close()
-        dse.save_hf_model(parts.engine, policy, tokenizer, paths.out, ctx)
-        if writer is not None:
-            writer.close()
-        barrier(ctx)
+        _run_steps(loop, parts, tokenizer, sampler, eval_sets, paths, fingerprint)
     return steps - start
+
+
+def _run_steps(
+    loop: TrainingLoop,
+    parts: Components,
+    tokenizer,
+    sampler: PromptSampler,
+    eval_sets: list[EvalSet],
+    paths: GrpoPaths,
+    fingerprint: dict[str, Any],
+) -> None:
+    """The GRPO stage's loop: its step, validation and checkpoint in :class:`~agentrl.training.loop.TrainingLoop`,
+    then the final policy folder."""
+    cfg, ctx, steps = parts.cfg, parts.ctx, loop.total_steps
+    policy = parts.engine.module.model
+
+    def run_validation() -> dict:
+        began = time.perf_counter()
+        metrics = validate(cfg, parts.loop, parts.reward_fn, eval_sets, ctx)
+        return {**metrics, "timing/validation_s": time.perf_counter() - began}
+
+    if loop.start == 0 and cfg.grpo.val_before_train and eval_sets:
+        loop.emit({"step": 0, **run_validation()})
+    stepper = GrpoStep(parts)
+
+    def run_step(step: int) -> dict:
+        record = stepper.run(step, sampler)
+        if eval_sets and cfg.grpo.test_freq and (step % cfg.grpo.test_freq == 0 or step == steps):
+            record.update(run_validation())
+        return record
+
+    def save(step: int, records: list[dict]) -> None:
+        save_checkpoint(
+            parts.engine,
+            paths.checkpoints,
+            step,
+            trainer_state={"sampler": sampler.state_dict(), "total_steps": steps, "variant": cfg.grpo.variant},
+            fingerprint=fingerprint,
+            metrics=records,
+            export_model=lambda folder: export_policy(policy, tokenizer, folder),
+            ctx=ctx,
+            keep=cfg.grpo.keep_checkpoints,
+        )
+
+    def interval_due(step: int) -> bool:  # the last step's checkpoint too, when save_freq is set
+        return bool(cfg.grpo.save_freq) and (step % cfg.grpo.save_freq == 0 or step == steps)
+
+    loop.run(run_step, save, interval_due)
+    dse.save_hf_model(parts.engine, policy, tokenizer, paths.out, ctx)
+    barrier(ctx)
+
+
+def read_inputs(cfg: Config, paths: GrpoPaths) -> tuple[list, list[EvalSet]]:
+    """The RL problems and the validation sets (each cut to ``grpo.validation.max_problems``)."""
+    problems = read_problems(paths.train)
+    limit = cfg.grpo.validation.max_problems
+    return problems, [EvalSet(p.stem, limit_problems(read_problems(p), limit)) for p in paths.eval_sets]
+
+
+def resume_run(
+    parts: Components, paths: GrpoPaths, fingerprint: dict[str, Any], sampler: PromptSampler, steps: int
+) -> tuple[int, list[dict[str, Any]]]:
+    """The step to start after and the metric records up to it: the newest checkpoint's when it
+    belongs to this run setup (its prompt order restored into ``sampler``), else 0 and none."""
+    state = resume(parts.engine, paths.checkpoints, parts.ctx, fingerprint)
+    if state is None:
+        return 0, []
+    sampler.load_state_dict(state["sampler"])
+    # The rollout engine loaded the initial model: the resumed policy must reach it before the
+    # first rollout, not only after the next update.
+    parts.rollout_engine.update_weights(parts.engine.module.model.named_parameters())
+    log.info("resumed from %s: step %d of %d done", paths.checkpoints, int(state["step"]), steps)
+    return int(state["step"]), list(state["metrics"])
