@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from agentrl.config import TrackingConfig
 from agentrl.progress import progress as make_progress
 from agentrl.tracking import Tracker
 from agentrl.training import deepspeed_engine as dse
@@ -78,7 +79,7 @@ class TrainingLoop:
         metrics: Path,
         checkpoint_dir: Path,
         save_every_minutes: float | None,
-        tracking=None,
+        tracking: TrackingConfig | None = None,
         tracking_folder: Path | None = None,
         run_config: Mapping[str, Any] | None = None,
         echo: Callable[[Mapping[str, Any]], None] | None = None,
@@ -86,7 +87,7 @@ class TrainingLoop:
     ) -> None:
         self.stage, self.start, self.total_steps = stage, start, total_steps
         self.records, self.checkpoint_dir = records, checkpoint_dir
-        self.boundary = StepBoundary(stop, CheckpointClock(save_every_minutes), ctx.device)
+        self.stop, self.save_every_minutes, self.device = stop, save_every_minutes, ctx.device
         self.writer = None
         if ctx.is_main:
             folder = tracking_folder if tracking_folder is not None else metrics.parent
@@ -95,7 +96,7 @@ class TrainingLoop:
             self.writer.reset(records)
             log.info("metrics: %s, one line per step as it runs", metrics)
         self.is_main, self.log = ctx.is_main, log
-        self.progress = None  # made when the steps start: its rate and time left count steps only
+        self.progress = None
 
     def emit(self, record: Record) -> None:
         """Keep ``record`` (for the checkpoints) and, on rank 0, write it."""
@@ -117,6 +118,9 @@ class TrainingLoop:
         rank. The writer and the bar are closed whether the loop ends, stops or fails.
         """
         record: Record = {}
+        # Made when the steps start: the wall-time interval and the bar's rate count steps, not
+        # what a stage does before them (GRPO's validation before training).
+        boundary = StepBoundary(self.stop, CheckpointClock(self.save_every_minutes), self.device)
         self.progress = make_progress(
             self.total_steps, self.stage, unit="steps", initial=self.start, disable=not self.is_main, logger=self.log
         )
@@ -128,10 +132,10 @@ class TrainingLoop:
                     self.progress.set_postfix(**postfix(record))
                 self.progress.update(1)
                 last = step == self.total_steps
-                decision = self.boundary.decide(step_interval_due=interval_due(step), last_step=last)
+                decision = boundary.decide(step_interval_due=interval_due(step), last_step=last)
                 if decision.save:
                     save(step, self.records)
-                    self.boundary.saved()
+                    boundary.saved()
                 if decision.stop:
                     raise StoppedForRetry(self.stage, step, self.checkpoint_dir, decision.reason)
         finally:
