@@ -81,8 +81,8 @@ def one_step(raw: dict, model: Path, train: Path, plain: bool) -> dict:
     from agentrl.config import load_config
     from agentrl.data.records import read_problems
     from agentrl.grpo.prompts import PromptSampler
-    from agentrl.grpo.runner import GrpoPaths, build_components
-    from agentrl.grpo.trainer import GrpoStep
+    from agentrl.grpo.step import GrpoStep
+    from agentrl.grpo.trainer import GrpoPaths, build_components
     from agentrl.tools.factory import make_sandbox
     from agentrl.training import deepspeed_engine as dse
     from agentrl.training.model import load_causal_lm

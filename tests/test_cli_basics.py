@@ -22,7 +22,7 @@ def test_version(capsys):
 
 
 def test_markup_is_dropped():
-    text = "Writes ``--out``; see :mod:`agentrl.launch`, :func:`~agentrl.grpo.runner.train` and :ref:`the docs <ops>`."
+    text = "Writes ``--out``; see :mod:`agentrl.launch`, :func:`~agentrl.grpo.trainer.train` and :ref:`the docs <ops>`."
     assert plain(text) == "Writes --out; see agentrl.launch, train and the docs."
 
 

@@ -17,7 +17,7 @@ SCRIPT = """
 import json, sys, time
 import torch
 from agentrl.config import load_config
-from agentrl.grpo.runner import TIMEOUT_KEY
+from agentrl.grpo.trainer import TIMEOUT_KEY
 from agentrl.training import deepspeed_engine as dse
 
 cfg = load_config(json.loads(sys.argv[1]))

@@ -351,24 +351,24 @@ def test_grpo_update_weighs_micro_batches_as_upstreams_dp_actor(monkeypatch):
     from helpers.rollout import random_policy
 
     from agentrl.grpo import algorithm as alg
-    from agentrl.grpo import trainer
+    from agentrl.grpo import step as grpo_step
     from agentrl.grpo.batching import collate
     from agentrl.grpo.policy import ResponseLogProbs
-    from agentrl.grpo.runner import GrpoPaths, build_engine
-    from agentrl.grpo.trainer import Components, GrpoStep
+    from agentrl.grpo.step import Components, GrpoStep
+    from agentrl.grpo.trainer import GrpoPaths, build_engine
     from agentrl.grpo.variants import resolve_algorithm
     from agentrl.training import deepspeed_engine as dse
     from agentrl.training.model import load_causal_lm
 
     model_dir, samples = random_policy(), _samples(vocab=300)
     grads = {}
-    real_step = trainer.step_with_grad_norm
+    real_step = grpo_step.step_with_grad_norm
 
     def recording_step(engine):
         grads.update({k: v.grad.clone() for k, v in engine.module.model.named_parameters() if v.grad is not None})
         return real_step(engine)
 
-    monkeypatch.setattr(trainer, "step_with_grad_norm", recording_step)
+    monkeypatch.setattr(grpo_step, "step_with_grad_norm", recording_step)
     grpo = {"n": 2, "batch_prompts": 2, "mini_batch_prompts": 2, "micro_batch_tokens": 20, "lr": 1e-3}
     cfg = load_config({"grpo": {**grpo, "loss_weighting": "micro_batch_share", "deepspeed": {"zero_stage": 0}}})
     ctx = dse.init_distributed()

@@ -110,7 +110,7 @@ def test_sft_config_runs_at_least_the_asked_steps():
 
 def test_the_stage_configs_pass_the_config_schema():
     from agentrl.config import load_config
-    from agentrl.grpo.runner import check_config
+    from agentrl.grpo.trainer import check_config
 
     for size in gpu_check.SIZES.values():
         load_config(

@@ -46,9 +46,9 @@ def _step(model_dir: Path, rollout: dict, old_logprobs: str, monkeypatch):
     """A GRPO step's parts on DeepSpeed (2 prompts x 2 samples, 2 mini-batches, so the single-pass
     shortcut does not apply) with the hf engine sharing the actor; records the first optimizer
     step's gradients and counts the actor's forwards without gradients (the recomputation)."""
-    from agentrl.grpo import trainer
-    from agentrl.grpo.runner import GrpoPaths, build_engine
-    from agentrl.grpo.trainer import Components, GrpoStep
+    from agentrl.grpo import step as grpo_step
+    from agentrl.grpo.step import Components, GrpoStep
+    from agentrl.grpo.trainer import GrpoPaths, build_engine
     from agentrl.rollout.hf_engine import HFEngine
     from agentrl.training import deepspeed_engine as dse
     from agentrl.training.model import load_causal_lm
@@ -60,7 +60,7 @@ def _step(model_dir: Path, rollout: dict, old_logprobs: str, monkeypatch):
         }
     )
     grads: dict[str, torch.Tensor] = {}
-    real_step = trainer.step_with_grad_norm
+    real_step = grpo_step.step_with_grad_norm
 
     def recording_step(engine):
         from deepspeed.utils import safe_get_full_grad
@@ -69,7 +69,7 @@ def _step(model_dir: Path, rollout: dict, old_logprobs: str, monkeypatch):
             grads.update({k: safe_get_full_grad(v).clone() for k, v in engine.module.model.named_parameters()})
         return real_step(engine)
 
-    monkeypatch.setattr(trainer, "step_with_grad_norm", recording_step)
+    monkeypatch.setattr(grpo_step, "step_with_grad_norm", recording_step)
     ctx = dse.init_distributed()
     paths = GrpoPaths(model_dir, *(Path("-"),) * 5, dse.find_deepspeed_config(0))
     actor = ResponseLogProbs(

@@ -266,7 +266,7 @@ def test_kl_variant_measures_the_distance_to_the_reference_model():
 
 
 def test_batch_sizes_that_do_not_split_over_the_ranks_are_a_config_error():
-    from agentrl.grpo.trainer import Components, GrpoStep
+    from agentrl.grpo.step import Components, GrpoStep
     from agentrl.training.deepspeed_engine import DistributedContext
 
     cfg = load_config({"grpo": {"batch_prompts": 6, "mini_batch_prompts": 3}})

@@ -39,7 +39,7 @@ def _weights(folder: Path) -> dict[str, torch.Tensor]:
 
 @pytest.mark.timeout(1800)  # several training runs: over the global 600 s on a loaded 2-core machine
 def test_grpo_stage_writes_model_metrics_and_checkpoints_and_a_rerun_resumes(inputs, tmp_path):
-    from agentrl.grpo.runner import train
+    from agentrl.grpo.trainer import train
 
     model, root = inputs
     cfg = load_config({**TINY_RUN, "grpo": {**TINY_RUN["grpo"], "max_steps": 2}})
@@ -90,7 +90,7 @@ def _overlay(section: str, **values) -> dict:
 
 
 def test_the_run_fingerprint_changes_with_what_shapes_training_and_not_with_where_it_runs(inputs, tmp_path):
-    from agentrl.grpo.runner import run_fingerprint
+    from agentrl.grpo.trainer import run_fingerprint
     from agentrl.training.deepspeed_engine import fingerprint_differences
 
     model, root = inputs
@@ -144,7 +144,7 @@ def test_a_checkpoint_of_the_same_setup_is_resumed_and_one_of_another_setup_is_k
 ):
     """The rerun that Snakemake starts after ``grpo.lr`` changed refuses the old run's checkpoint and
     keeps it; after the command the refusal names, it trains from step 0."""
-    from agentrl.grpo.runner import train
+    from agentrl.grpo.trainer import train
     from agentrl.training.deepspeed_engine import CheckpointOfAnotherRun
 
     model, root = inputs

@@ -117,7 +117,7 @@ def test_a_stop_signal_checkpoints_the_running_step_exits_and_the_rerun_resumes(
 @pytest.mark.timeout(1800)  # several training runs: over the global 600 s on a loaded 2-core machine
 def test_the_wall_time_interval_checkpoints_without_a_step_interval(grpo_inputs, tmp_path):
     from agentrl.config import load_config
-    from agentrl.grpo.runner import train
+    from agentrl.grpo.trainer import train
 
     model, root = grpo_inputs
     overlay = {"max_steps": 3, "save_freq": 0, "save_every_minutes": 1e-6, "keep_checkpoints": None}

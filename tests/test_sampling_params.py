@@ -61,7 +61,7 @@ def _single_process():
 
 def test_grpo_rollout_step_samples_with_top_k_zero(cfg, parts):
     from agentrl.grpo.prompts import PromptSampler
-    from agentrl.grpo.trainer import Components, GrpoStep
+    from agentrl.grpo.step import Components, GrpoStep
     from agentrl.grpo.variants import resolve_algorithm
 
     loop, reward_fn, tokenizer = parts

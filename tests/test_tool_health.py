@@ -251,8 +251,8 @@ def _grpo_step(sandbox, scripts, n: int, **grpo):
     from pathlib import Path
 
     from agentrl.grpo.policy import ResponseLogProbs
-    from agentrl.grpo.runner import GrpoPaths, build_engine, reward_config
-    from agentrl.grpo.trainer import Components, GrpoStep
+    from agentrl.grpo.step import Components, GrpoStep
+    from agentrl.grpo.trainer import GrpoPaths, build_engine, reward_config
     from agentrl.grpo.variants import resolve_algorithm
     from agentrl.rewards import RewardFunction
     from agentrl.training import deepspeed_engine as dse
@@ -290,7 +290,7 @@ def _grpo_step(sandbox, scripts, n: int, **grpo):
 def test_a_grpo_step_leaves_an_infra_failed_trajectory_out_of_its_group(policy):
     from agentrl.grpo import algorithm as alg
     from agentrl.grpo.prompts import PromptSampler
-    from agentrl.grpo.trainer import Group
+    from agentrl.grpo.step import Group
 
     _, tokenizer = policy
     scripts = [call_turn(tokenizer, "import time; time.sleep(1); print(6 * 7)"), final_turn(tokenizer, "42")]

@@ -311,15 +311,15 @@ def _collapsed(calls: list[str]) -> list[str]:
 
 
 def run_grpo_rank(model_dir: str, data: Path, out_dir: Path) -> None:
-    """Two real GRPO steps on this rank (runner.build_components: DeepSpeed actor, colocated vLLM,
+    """Two real GRPO steps on this rank (trainer.build_components: DeepSpeed actor, colocated vLLM,
     agent loop, reward) with the step's and the engine's calls recorded in order."""
     import torch
 
     from agentrl.config import load_config
     from agentrl.data.records import read_problems
     from agentrl.grpo.prompts import PromptSampler
-    from agentrl.grpo.runner import GrpoPaths, build_components
-    from agentrl.grpo.trainer import GrpoStep
+    from agentrl.grpo.step import GrpoStep
+    from agentrl.grpo.trainer import GrpoPaths, build_components
     from agentrl.rollout.vllm_engine import VllmEngine
     from agentrl.tools.factory import make_sandbox
     from agentrl.training import deepspeed_engine as dse

@@ -50,7 +50,7 @@ def arith_split(count: int, split: str) -> list[Problem]:
 
 def grpo_paths(model: Path, root: Path, run: Path):
     """The stage paths of a run in ``run`` on ``root``'s rl_train.parquet and arith.parquet (ZeRO-0)."""
-    from agentrl.grpo.runner import GrpoPaths
+    from agentrl.grpo.trainer import GrpoPaths
     from agentrl.training.deepspeed_engine import find_deepspeed_config
 
     return GrpoPaths(

@@ -16,15 +16,15 @@ from agentrl.grpo.variants import resolve_algorithm
 def deepspeed_update(model_dir: Path, samples, budget: int, overrides: dict, monkeypatch=None):
     """One GRPO update of ``samples`` on DeepSpeed; returns (plan, stats, grad norms, params, cfg,
     the gradients of the first optimizer step as DeepSpeed is about to apply them)."""
-    from agentrl.grpo import trainer
-    from agentrl.grpo.runner import GrpoPaths, build_engine
-    from agentrl.grpo.trainer import Components, GrpoStep
+    from agentrl.grpo import step as grpo_step
+    from agentrl.grpo.step import Components, GrpoStep
+    from agentrl.grpo.trainer import GrpoPaths, build_engine
     from agentrl.training import deepspeed_engine as dse
     from agentrl.training.model import load_causal_lm
 
     first_grads = {}
     if monkeypatch is not None:
-        real_step = trainer.step_with_grad_norm
+        real_step = grpo_step.step_with_grad_norm
 
         def step_recording_grads(engine):
             from deepspeed.utils import safe_get_full_grad  # reads ZeRO-partitioned gradients too
@@ -35,7 +35,7 @@ def deepspeed_update(model_dir: Path, samples, budget: int, overrides: dict, mon
                 )
             return real_step(engine)
 
-        monkeypatch.setattr(trainer, "step_with_grad_norm", step_recording_grads)
+        monkeypatch.setattr(grpo_step, "step_with_grad_norm", step_recording_grads)
 
     cfg = load_config(
         {

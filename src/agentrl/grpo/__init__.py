@@ -3,7 +3,8 @@
 - ``algorithm``: the algorithm as pure tensor functions (advantages, clipped loss, aggregation, KL);
 - ``variants``: the paper's variants (GRPO, GRPO-T, GRPO-SCR, GRPO-TCR) as named settings;
 - ``batching`` / ``policy``: trajectories to padded micro-batches, the actor's response log-probs;
-- ``trainer``: one step (rollout, reward, advantages, recomputation, DeepSpeed update, weight push);
+- ``step``: one step (rollout, reward, advantages, recomputation, DeepSpeed update, weight push);
 - ``prompts``, ``validation``, ``metrics``, ``checkpoint``, ``distributed``: what a step needs around it;
-- ``runner``: the stage from files to files (resume, validate, checkpoint, export); ``cli``: ``python -m agentrl grpo``.
+- ``trainer``: the stage from files to files, its steps in :class:`agentrl.training.loop.TrainingLoop`
+  (resume, validate, checkpoint, export); ``cli``: ``python -m agentrl grpo``.
 """

@@ -5,7 +5,7 @@ A checkpoint of step k is the folder ``<checkpoints>/step_<k>/`` holding
 - DeepSpeed's state (module, optimizer, lr schedule) and one RNG file per rank;
 - ``trainer_state.json``: the step, the prompt sampler's position (``PromptSampler``), the
   metric records of steps 0..k and the run fingerprint (what made the run: config, seed,
-  process count, input files; built by ``agentrl.grpo.runner.run_fingerprint``);
+  process count, input files; built by ``agentrl.grpo.trainer.run_fingerprint``);
 - a Hugging Face model folder (config, safetensors, tokenizer, chat template) beside them, so
   any checkpoint can be evaluated as it is (``eval.checkpoints`` in the config).
 

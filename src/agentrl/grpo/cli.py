@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check(cfg: Config) -> None:
-    from agentrl.grpo.runner import check_config
+    from agentrl.grpo.trainer import check_config
     from agentrl.grpo.variants import resolve_algorithm
     from agentrl.tracking import check_tracking
 
@@ -75,7 +75,7 @@ def main(argv: list[str]) -> int:
         read_problems(problems)
     launch(parser, "grpo", argv, args)
 
-    from agentrl.grpo.runner import GrpoPaths, train
+    from agentrl.grpo.trainer import GrpoPaths, train
 
     paths = GrpoPaths(
         model=args.model,

@@ -1,484 +1,360 @@
-"""The GRPO loop (docs/recipe.md section 5): roll out, reward, advantage, recompute, update, sync.
+"""The GRPO stage from files to files: build the parts, resume, train, validate, checkpoint, export.
 
-Per step, as upstream's verl ``RayPPOTrainer.fit`` with the demystify scripts:
+The steps run in the loop SFT shares (:class:`agentrl.training.loop.TrainingLoop`); one step is
+:class:`agentrl.grpo.step.GrpoStep`.
 
-1. ``grpo.batch_prompts`` prompts of the RL set (:class:`~agentrl.grpo.prompts.PromptSampler`);
-2. ``grpo.n`` agentic rollouts each (:class:`~agentrl.rollout.AgentLoop`, training sampling of
-   ``rollout:``) - with dynamic sampling, groups with all-equal rewards are dropped and more
-   prompts rolled out, up to ``max_rollout_batches`` rounds;
-3. rewards (``agentrl.rewards``), with the overlong penalty when the variant shapes it;
-4. group advantages (``algorithm.group_advantages``), broadcast over the loss-mask tokens;
-5. old log-probs recomputed by the actor (and reference log-probs for the KL variants) on
-   exactly the micro-batches the update will use, so the first mini-batch starts at ratio 1.
-   Two deliberate savings skip that forward (identical values for a model without dropout, as
-   Qwen3): with ``grpo.old_logprobs`` resolved to ``engine`` (the embedded default: the fp32
-   ``hf`` engine sharing the actor's module, no top-p/top-k; see
-   :func:`agentrl.grpo.policy.old_logprobs_source`) the engine's sampling log-probs are the old
-   ones; with one PPO epoch over a single mini-batch the update's own forward runs on the
-   sampling weights and micro-batches, so its detached log-probs are. Without the pass the
-   sampler-actor mismatch is measured in the first mini-batch's forward (the sampling weights);
-6. ``ppo_epochs`` passes over mini-batches of ``mini_batch_prompts`` prompts; each mini-batch
-   is cut into micro-batches by token budget, each micro-batch's loss is divided by the
-   mini-batch's loss-token count (summed over ranks, divided by the world size: DeepSpeed
-   averages gradients over ranks) and back-propagated with ``scale_wrt_gas=False``, then one
-   DeepSpeed step;
-7. the new weights go to the rollout engine (``Engine.update_weights``: free when the ``hf``
-   engine shares the module, an in-memory load for vLLM).
+Inputs: the SFT model folder, ``rl_train.parquet``, the eval sets. Outputs: the final policy as
+a Hugging Face folder (safetensors, tokenizer, chat template), ``metrics.jsonl`` (one line per
+step, ``step`` 0 = validation before training) and the checkpoints folder. A run that finds a
+checkpoint resumes from the newest one (:mod:`agentrl.grpo.checkpoint`): the step after it is
+the next one run, with the same prompts and rollout seeds the uninterrupted run would have used.
+Only a checkpoint of the same run setup is resumed (``run_fingerprint``); one of another setup
+(a changed ``grpo.lr``, a retrained SFT model, new RL data) is deleted and training starts over.
 
-Data parallelism: every rank draws the same prompts and rolls out its share (prompt i goes to
-rank i mod W), so a prompt's group never spans ranks and its advantage needs no communication.
-The number of mini-batches and of micro-batches per mini-batch is agreed over the ranks (a rank
-with fewer pads with an empty micro-batch of zero loss), because the gradient reduction inside
-``backward``/``step`` is collective.
-
-Tool-response tokens have loss mask 0, so they never enter the loss, but they count in the
-response length that the overlong penalty sees (as upstream).
-
-A trajectory whose retry still lost a tool call to the sandbox (``Trajectory.infra_failed``,
-:mod:`agentrl.tools.health`) is left out: its group's advantages are computed without it
-(``algorithm.masked_group_advantages``), it has no loss token, it does not make a group
-uniform for dynamic sampling, and the ``rollout/`` metrics do not count it (``tool_health/``
-does). The agent loop's bound stops the step when too many are.
+Seeds: the prompt order comes from ``(seed, "grpo-data")``, rollouts of step k from
+``(seed, step k, round, rank)``, validation from ``(seed, set)``; none depend on how many steps
+this process has run, which is what makes a resumed run continue rather than restart.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 import torch
 
-from agentrl.config import Config, ConfigError, process_count_problems
-from agentrl.data.records import Problem, Trajectory
-from agentrl.grpo import algorithm as alg
-from agentrl.grpo.batching import (
-    MicroBatch,
-    PolicySample,
-    collate,
-    pack_micro_batches,
-    pack_prompt_groups,
-    prompt_groups,
-    unpad_response,
-)
-from agentrl.grpo.distributed import all_gather, all_reduce, step_with_grad_norm
-from agentrl.grpo.metrics import TokenWeightedStats, TrajectorySummary, rollout_metrics
-from agentrl.grpo.variants import AlgorithmSettings
-from agentrl.rewards.reward_function import leave_out_lost_rewards
-from agentrl.tools.health import ToolUse, tool_health
-from agentrl.training.deepspeed_engine import DistributedContext
-from agentrl.training.seeds import derived_seed
-
-if TYPE_CHECKING:  # the heavy imports stay out of a step's module import
-    from deepspeed import DeepSpeedEngine
-
-    from agentrl.grpo.policy import ResponseLogProbs
-    from agentrl.rewards import RewardFunction
-    from agentrl.rollout import AgentLoop, Engine
+from agentrl.config import Config
+from agentrl.data.records import read_problems
+from agentrl.grpo.checkpoint import resume, save_checkpoint
+from agentrl.grpo.distributed import barrier
+from agentrl.grpo.metrics import console_line
+from agentrl.grpo.policy import ResponseLogProbs, old_logprobs_source
+from agentrl.grpo.prompts import PromptSampler
+from agentrl.grpo.step import Components, GrpoStep
+from agentrl.grpo.validation import EvalSet, fit_eval_sets, limit_problems, validate
+from agentrl.grpo.variants import AlgorithmSettings, grpo_reward_config, resolve_algorithm
+from agentrl.model.folder import stamp_model_digest
+from agentrl.model.tokenizer import load_chat_tokenizer, pad_token_id
+from agentrl.precision import resolve_dtype
+from agentrl.rollout.memory_plan import TrainerMemory, trainer_growth_bytes
+from agentrl.training import deepspeed_engine as dse
+from agentrl.training.fingerprint import fingerprint_of, without_keys
+from agentrl.training.loop import TrainingLoop, training_stage
+from agentrl.training.model import load_causal_lm
+from agentrl.training.seeds import derived_seed, rng_state_kept
 
 log = logging.getLogger("agentrl.grpo")
 
-
-@dataclass
-class Group:
-    """The n rollouts of one prompt, graded."""
-
-    problem: Problem
-    trajectories: list[Trajectory]
-    scores: list[float]
-    accs: list[bool]
-    overlong_penalties: list[float]
-
-    @property
-    def valid(self) -> list[bool]:
-        """Per trajectory: not lost to an infrastructure failure (:mod:`agentrl.tools.health`)."""
-        return [not t.infra_failed for t in self.trajectories]
-
-    @property
-    def uniform(self) -> bool:
-        scores = [s for s, ok in zip(self.scores, self.valid) if ok]
-        return not scores or max(scores) == min(scores)
+TIMEOUT_KEY = "grpo.collective_timeout_minutes"
 
 
-@dataclass
-class Components:
-    """What a step works with (built by :func:`agentrl.grpo.runner.build_components`)."""
-
-    cfg: Config
-    settings: AlgorithmSettings
-    ctx: DistributedContext
-    engine: DeepSpeedEngine  # around the actor, a ResponseLogProbs of the policy
-    reference: ResponseLogProbs | None  # of the frozen initial policy (KL variants)
-    rollout_engine: Engine  # generates with the actor's weights (pushed after each update)
-    loop: AgentLoop
-    reward_fn: RewardFunction
-    pad_token_id: int
-    # grpo.old_logprobs resolved (agentrl.grpo.policy.old_logprobs_source): "engine" = the
-    # sampling log-probs are the old log-probs, "recompute" = the actor's forward gives them.
-    old_logprobs: str = "recompute"
+@dataclass(frozen=True)
+class GrpoPaths:
+    model: Path  # the initial policy (the SFT model), a Hugging Face folder
+    train: Path  # rl_train.parquet
+    eval_sets: tuple[Path, ...]  # validation sets, one parquet each (named by file stem)
+    out: Path  # the final policy
+    metrics: Path  # metrics.jsonl
+    checkpoints: Path
+    deepspeed_config: Path  # a configs/deepspeed/zero<stage>.json with "auto" placeholders
 
 
-class GrpoStep:
-    """One training step; :meth:`run` returns the step's metrics (identical on every rank)."""
+# Config keys left out of the run fingerprint: they change where a step runs, how fast, or how
+# checkpoints are kept, not what it computes, so a run resumed with another value ends as the
+# uninterrupted one would (up to vLLM's batch-dependent numerics, which no setting makes exact).
+# Every other key of the sections below is in, the validation settings too: the checkpoint carries
+# the metric records, and a resumed run must not mix validations made two ways in one file.
+NOT_IN_FINGERPRINT = {
+    "grpo": ("save_freq", "save_every_minutes", "collective_timeout_minutes", "keep_checkpoints"),
+    "sandbox": ("workers", "sandbox_fusion_url"),  # parallelism and the service's address
+    "rollout.vllm": (
+        "gpu_memory_utilization",
+        "colocated_gpu_memory_utilization",
+        "colocated_memory",
+        "sleep_mode",
+        "max_num_seqs",
+        "enforce_eager",
+    ),  # memory and speed
+}
+# The config sections a GRPO step reads (the same as the rule's params in rules/rl.smk): the
+# sampling (rollout), the tool's output (tool), what code execution returns (sandbox: time and
+# memory limits, backend), the scores (reward) and the algorithm and optimizer (grpo).
+FINGERPRINT_SECTIONS = ("grpo", "rollout", "reward", "tool", "sandbox")
 
-    def __init__(self, parts: Components) -> None:
-        self.parts = parts
-        self.cfg = parts.cfg
-        self.grpo = parts.cfg.grpo
-        self.settings = parts.settings
-        self.ctx = parts.ctx
-        problems = process_count_problems(self.grpo, self.ctx.world_size)
-        if problems:
-            raise ConfigError("; ".join(problems))
 
-    # ------------------------------------------------------------------ rollout
-    def collect(self, step: int, sampler) -> tuple[list[Group], dict[str, float]]:
-        """Roll out and grade this rank's groups (dynamic sampling: only groups that teach)."""
-        grpo, ctx = self.grpo, self.ctx
-        share = grpo.batch_prompts // ctx.world_size
-        dynamic = grpo.dynamic_sampling.enable
-        kept: list[Group] = []
-        timing = {"timing/rollout_s": 0.0, "timing/reward_s": 0.0, "timing/generate_s": 0.0, "timing/tools_s": 0.0}
-        rounds = generated = 0
-        while True:
-            problems = sampler.next_batch(grpo.batch_prompts)  # the same on every rank
-            if len(kept) < share:
-                groups = self._rollout_groups(problems[ctx.rank :: ctx.world_size], step, rounds, timing)
-                generated += len(groups)
-                kept += [g for g in groups if not (dynamic and g.uniform)]
-            rounds += 1
-            if not dynamic or rounds >= grpo.dynamic_sampling.max_rollout_batches:
-                break
-            if all_reduce(ctx, float(len(kept) < share), "max") == 0.0:
-                break
-        if dynamic and len(kept) < share:
-            log.warning(
-                "step %d: dynamic sampling kept %d of %d groups after %d rounds; training on those",
-                step,
-                len(kept),
-                share,
-                rounds,
-            )
-        extra = {"rollout/rounds": float(rounds), "rollout/groups_generated": all_reduce(ctx, generated)}
-        return kept[:share], {**timing, **extra}
+def run_fingerprint(cfg: Config, paths: GrpoPaths, world_size: int) -> dict[str, Any]:
+    """What a checkpoint must share with this run to be resumed (:mod:`agentrl.training.fingerprint`):
+    the config sections that shape training (less ``NOT_IN_FINGERPRINT``), the seed, the process
+    count (rank r's rollouts are seeded by r), the RL and validation parquets and the DeepSpeed
+    config by content, the initial model's files by size and mtime."""
+    sections = {name: dataclasses.asdict(getattr(cfg, name)) for name in FINGERPRINT_SECTIONS}
+    return fingerprint_of(
+        without_keys(sections, NOT_IN_FINGERPRINT),
+        seed=cfg.seed,
+        world_size=world_size,
+        model_dir=paths.model,
+        files={
+            "train": paths.train,
+            "eval": {Path(p).stem: p for p in paths.eval_sets},
+            "deepspeed_config": paths.deepspeed_config,
+        },
+    )
 
-    def _rollout_groups(self, problems: list[Problem], step: int, round_: int, timing: dict) -> list[Group]:
-        cfg, n = self.cfg, self.grpo.n
-        seed = derived_seed(cfg.seed, f"grpo-step{step}-round{round_}", self.ctx.rank)
-        params = self._sampling_params(seed)
-        started = time.perf_counter()
-        trajectories = self.parts.loop.run(problems, n, params, seed)
-        stats = self.parts.loop.stats
-        timing["timing/rollout_s"] += time.perf_counter() - started
-        timing["timing/generate_s"] += stats.generate_s
-        timing["timing/tools_s"] += stats.tools_s
-        assert len(trajectories) == len(problems) * n, (
-            f"agent loop returned {len(trajectories)} trajectories for {len(problems)} prompts x n={n}"
+
+def total_steps(cfg: Config, num_problems: int) -> int:
+    """``grpo.max_steps``, else ``epochs x (problems // batch_prompts)`` (verl's dataloader length)."""
+    if cfg.grpo.max_steps is not None:
+        return cfg.grpo.max_steps
+    return cfg.grpo.epochs * max(1, num_problems // cfg.grpo.batch_prompts)
+
+
+def optimizer_steps_per_step(cfg: Config) -> int:
+    return cfg.grpo.ppo_epochs * -(-cfg.grpo.batch_prompts // cfg.grpo.mini_batch_prompts)
+
+
+def check_config(cfg: Config) -> None:
+    """The cross-key checks (:func:`agentrl.config.check_cross_keys`), which the workflow runs at load too."""
+    from agentrl.config import check_cross_keys
+
+    check_cross_keys(cfg)
+    if cfg.rollout.engine == "vllm":
+        from agentrl.rollout.vllm_engine import check_colocated
+
+        check_colocated(cfg.rollout)
+
+
+def reward_config(cfg: Config, settings: AlgorithmSettings):
+    """The reward section with overlong shaping as the variant and reward.overlong.enable say."""
+    return grpo_reward_config(cfg.reward, settings)
+
+
+def build_engine(
+    actor: torch.nn.Module, cfg: Config, paths: GrpoPaths, ctx: dse.DistributedContext, dtype: torch.dtype, steps: int
+):
+    """DeepSpeed around the actor: one sequence list per backward, boundaries set by the trainer."""
+    return dse.build_stage_engine(
+        actor,
+        cfg.grpo,
+        paths.deepspeed_config,
+        ctx,
+        dtype,
+        hidden_size=actor.model.config.get_text_config().hidden_size,
+        micro_batch_size=1,
+        accumulation=1,
+        warmup_steps=cfg.grpo.lr_warmup_steps,
+        total_steps=steps * optimizer_steps_per_step(cfg),
+    )
+
+
+def build_components(cfg: Config, paths: GrpoPaths, ctx: dse.DistributedContext, sandbox, steps: int):
+    """The DeepSpeed actor, the reference (KL variants), the rollout engine, agent loop and reward."""
+    from agentrl.rewards import RewardFunction
+    from agentrl.rollout import AgentLoop, make_engine
+    from agentrl.tools.code_interpreter import CodeInterpreter
+    from agentrl.tools.health import InfraFailureBound
+
+    settings = resolve_algorithm(cfg.grpo)
+    tokenizer = load_chat_tokenizer(paths.model)
+    pad_id = pad_token_id(tokenizer)
+    dtype = resolve_dtype(cfg.grpo.deepspeed.dtype, ctx.device)
+    model = load_causal_lm(
+        paths.model, device=ctx.device, gradient_checkpointing=cfg.grpo.deepspeed.gradient_checkpointing
+    )
+    actor = ResponseLogProbs(model, logit_chunk_tokens=cfg.grpo.logit_chunk_tokens, temperature=cfg.rollout.temperature)
+    engine = build_engine(actor, cfg, paths, ctx, dtype, steps)
+    reference = None
+    if settings.uses_reference:
+        ref_model = load_causal_lm(paths.model, dtype=dtype, device=ctx.device).eval().requires_grad_(False)
+        reference = ResponseLogProbs(
+            ref_model, logit_chunk_tokens=cfg.grpo.logit_chunk_tokens, temperature=cfg.rollout.temperature
         )
-        started = time.perf_counter()
-        results = self.parts.reward_fn.score_many(
-            [
-                (p, t.text, len(t.response_ids), len(t.tool_calls))
-                for p, t in zip([p for p in problems for _ in range(n)], trajectories)
-            ]
+    policy = engine.module.model
+    with rng_state_kept():  # vLLM's worker reseeds the global generators seeded in _train
+        rollout_engine = make_engine(
+            cfg.rollout,
+            str(paths.model),
+            model=policy,
+            tokenizer=tokenizer,
+            colocated=True,
+            seed=derived_seed(cfg.seed, "grpo-engine", ctx.rank),
+            trainer_memory=trainer_memory(cfg, policy, ctx.world_size),
         )
-        leave_out_lost_rewards(trajectories, results)
-        timing["timing/reward_s"] += time.perf_counter() - started
-        groups = []
-        for index, problem in enumerate(problems):
-            chunk = slice(index * n, (index + 1) * n)
-            trajs, graded = trajectories[chunk], results[chunk]
-            assert all(t.problem_id == problem.id for t in trajs), f"trajectories of {problem.id} out of order"
-            groups.append(
-                Group(
-                    problem,
-                    trajs,
-                    [r.score for r in graded],
-                    [bool(r.acc) for r in graded],
-                    [float(r.details.get("overlong_penalty", 0.0)) for r in graded],
-                )
-            )
-        return groups
+    loop = AgentLoop(
+        rollout_engine,
+        tokenizer,
+        CodeInterpreter(sandbox, cfg.tool),
+        cfg.rollout,
+        InfraFailureBound.from_config(cfg.sandbox),
+    )
+    reward_fn = RewardFunction(reward_config(cfg, settings), sandbox)
+    parts = Components(
+        cfg=cfg,
+        settings=settings,
+        ctx=ctx,
+        engine=engine,
+        reference=reference,
+        rollout_engine=rollout_engine,
+        loop=loop,
+        reward_fn=reward_fn,
+        pad_token_id=int(pad_id),
+        old_logprobs=old_logprobs_source(cfg.grpo.old_logprobs, cfg.rollout, next(actor.parameters()).dtype),
+    )
+    log.info("old log-probs: %s (grpo.old_logprobs: %s)", parts.old_logprobs, cfg.grpo.old_logprobs)
+    return parts, tokenizer
 
-    def _sampling_params(self, seed: int):
-        from agentrl.rollout import SamplingParams
 
-        return SamplingParams.from_config(self.cfg.rollout, seed)
+def trainer_memory(cfg: Config, policy: torch.nn.Module, world_size: int) -> TrainerMemory:
+    """What this rank's trainer adds at its first step, and the rank's trajectories per rollout
+    (for ``rollout.vllm.colocated_memory: measured``)."""
+    parameters = sum(p.numel() for p in policy.parameters())
+    param_bytes = next(policy.parameters()).element_size()
+    return TrainerMemory(
+        parameters=parameters,
+        growth_bytes=trainer_growth_bytes(parameters, world_size, cfg.grpo.deepspeed.zero_stage, param_bytes),
+        trajectories_per_rank=cfg.grpo.batch_prompts * cfg.grpo.n // world_size,
+    )
 
-    # ------------------------------------------------------------------ batch preparation
-    def advantages(self, groups: Sequence[Group]) -> list[list[float]]:
-        out = []
-        for group in groups:
-            rewards = torch.tensor(group.scores, dtype=torch.float64)
-            norm = self.settings.norm_adv_by_std
-            if all(group.valid):
-                adv = alg.group_advantages(rewards, len(group.scores), norm_by_std=norm)
-            else:
-                valid = torch.tensor(group.valid)
-                adv = alg.masked_group_advantages(rewards, len(group.scores), valid, norm_by_std=norm)
-            out.append(adv.tolist())
-        return out
 
-    def plan(self, num_groups: int, samples: Sequence[PolicySample]) -> list[list[list[int]]]:
-        """Mini-batches (by prompt groups) of micro-batches (by token budget) of sample indices,
-        with the counts agreed over the ranks; an empty micro-batch is ``[]``."""
-        n = self.grpo.n
-        per_mini = self.grpo.mini_batch_prompts // self.ctx.world_size
-        local_minis = -(-num_groups // per_mini)
-        num_minis = int(all_reduce(self.ctx, local_minis, "max"))
-        plan = []
-        for m in range(num_minis):
-            indices = list(range(m * per_mini * n, min((m + 1) * per_mini, num_groups) * n))
-            micro = self._micro_batches(samples, indices)
-            count = int(all_reduce(self.ctx, len(micro), "max"))
-            plan.append(micro + [[] for _ in range(count - len(micro))])
-        return plan
+def export_policy(model, tokenizer, folder: Path) -> None:
+    """The policy as a Hugging Face folder: config, safetensors, tokenizer, chat template."""
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(folder))
+    tokenizer.save_pretrained(str(folder))
+    stamp_model_digest(folder)
 
-    def _micro_batches(self, samples: Sequence[PolicySample], indices: list[int]) -> list[list[int]]:
-        """``indices`` packed to ``grpo.micro_batch_tokens``: by sample, or by whole prompt groups
-        when they share the prompt's forward (``grpo.share_prompts``)."""
-        budget = self.grpo.micro_batch_tokens
-        if self.grpo.share_prompts:
-            groups = prompt_groups(samples, indices)
-            prompt_lengths = [samples[g[0]].prompt_length for g in groups]
-            response_lengths = {i: samples[i].response_length for i in indices}
-            return pack_prompt_groups(groups, prompt_lengths, response_lengths, budget)
-        lengths = [len(samples[i].input_ids) for i in indices]
-        return [[indices[j] for j in group] for group in pack_micro_batches(lengths, budget)]
 
-    def micro_batch(self, samples: Sequence[PolicySample], indices: list[int]) -> MicroBatch:
-        if not indices:  # padding micro-batch of a rank with fewer: one masked token, zero loss
-            empty = PolicySample(
-                [self.parts.pad_token_id] * 2,
-                1,
-                [0],
-                [0.0],
-                0.0,
-                old_logp=[0.0],
-                ref_logp=[0.0] if self.settings.uses_reference else None,
-            )
-            return collate([empty], self.parts.pad_token_id).to(self.ctx.device)
-        chosen = [samples[i] for i in indices]
-        return collate(chosen, self.parts.pad_token_id, share_prompts=self.grpo.share_prompts).to(self.ctx.device)
+def train(cfg: Config, paths: GrpoPaths) -> int:
+    """Run (or resume) the GRPO stage; returns the number of steps trained by this call.
 
-    def single_pass(self, plan) -> bool:
-        """One PPO epoch over one mini-batch: the update's forward runs on the weights that the
-        recomputation would use, on the same micro-batches, so its detached log-probs *are* the
-        old log-probs and the separate pass is skipped (exact for a model without dropout)."""
-        return self.grpo.ppo_epochs == 1 and len(plan) == 1
+    A SIGUSR1 or SIGTERM makes the running step the last: its checkpoint is written and
+    :class:`~agentrl.training.preemption.StoppedForRetry` is raised (:mod:`agentrl.training.preemption`);
+    so does the exit of a parent process (:mod:`agentrl.training.parent_watch`). The checkpoint
+    folder is locked for the run (:mod:`agentrl.training.folder_lock`): a second trainer refuses.
+    """
+    with training_stage("grpo", paths.checkpoints, TIMEOUT_KEY, cfg.grpo.collective_timeout_minutes) as stop:
+        return _train(cfg, paths, stop)
 
-    def recomputes_old(self, plan) -> bool:
-        """Whether :meth:`recompute_logprobs` runs the actor for the old log-probs."""
-        return self.parts.old_logprobs == "recompute" and not self.single_pass(plan)
 
-    @staticmethod
-    def _add_mismatch(stats: TokenWeightedStats, logp: torch.Tensor, batch: MicroBatch) -> None:
-        """How far the actor's log-probs are from the rollout engine's for the same tokens."""
-        mask = batch.loss_mask
-        diff = logp.detach().float() - batch.sampling_logp
-        stats.add(
-            {
-                "rollout/logp_mismatch_abs": float(alg.masked_mean(diff.abs(), mask)),
-                # KL(sampler || actor) on the sampler's tokens, k3 estimator.
-                "rollout/logp_mismatch_kl_k3": float(alg.masked_mean(torch.expm1(-diff) + diff, mask)),
-            },
-            float(mask.sum()),
-            maxima={"rollout/logp_mismatch_abs_max": float(torch.where(mask.bool(), diff.abs(), 0).max())},
+def _train(cfg: Config, paths: GrpoPaths, stop) -> int:
+    """The stage's setup: process group, inputs, components, resume, metrics; then :func:`_run_steps`."""
+    from agentrl.tools.factory import make_sandbox
+
+    check_config(cfg)
+    ctx = dse.init_distributed(cfg.grpo.collective_timeout_minutes)
+    if not ctx.is_main:
+        log.setLevel(logging.WARNING)
+    log.info(
+        "collectives wait up to %s minutes for the slowest rank (%s)", cfg.grpo.collective_timeout_minutes, TIMEOUT_KEY
+    )
+    torch.manual_seed(derived_seed(cfg.seed, "grpo-torch", ctx.rank))
+    problems, eval_sets = read_inputs(cfg, paths)
+    steps = total_steps(cfg, len(problems))
+    sampler = PromptSampler(problems, derived_seed(cfg.seed, "grpo-data"))
+    fingerprint = run_fingerprint(cfg, paths, ctx.world_size)
+    with make_sandbox(cfg.sandbox) as sandbox:
+        parts, tokenizer = build_components(cfg, paths, ctx, sandbox, steps)
+        eval_sets = fit_eval_sets(eval_sets, tokenizer, cfg.rollout)
+        start, records = resume_run(parts, paths, fingerprint, sampler, steps)
+        loop = TrainingLoop(
+            "grpo",
+            ctx,
+            stop,
+            start=start,
+            total_steps=steps,
+            records=records,
+            metrics=paths.metrics,
+            checkpoint_dir=paths.checkpoints,
+            save_every_minutes=cfg.grpo.save_every_minutes,
+            tracking=cfg.tracking,
+            run_config=dataclasses.asdict(cfg),
+            echo=lambda r: log.info(console_line(r, steps)),
+            log=log,
         )
-
-    @torch.no_grad()
-    def recompute_logprobs(self, samples: Sequence[PolicySample], plan) -> dict[str, float]:
-        """old_logp by the actor (unless :meth:`single_pass`, or the engine's sampling log-probs
-        where they are exact) and ref_logp, on the update's own micro-batches; returns the
-        mismatch statistics' state."""
-        actor = self.parts.engine.module
-        recompute_old = self.recomputes_old(plan)
-        if self.parts.old_logprobs == "engine":
-            for sample in samples:  # 0.0 where the mask is 0: those positions never enter the loss
-                sample.old_logp = list(sample.sampling_logp)
-        stats = TokenWeightedStats()
-        if not recompute_old and self.parts.reference is None:
-            return stats.state()
-        actor.eval()
-        try:
-            for micro in (mb for mini in plan for mb in mini if mb):
-                chosen = [samples[i] for i in micro]
-                batch = self.micro_batch(samples, micro)
-                if recompute_old:
-                    logp, _ = actor(batch)
-                    for sample, row in zip(chosen, unpad_response(logp, chosen)):
-                        sample.old_logp = row
-                    self._add_mismatch(stats, logp, batch)
-                if self.parts.reference is not None:
-                    ref_logp, _ = self.parts.reference(batch)
-                    for sample, row in zip(chosen, unpad_response(ref_logp, chosen)):
-                        sample.ref_logp = row
-        finally:
-            actor.train()
-        return stats.state()
-
-    # ------------------------------------------------------------------ update
-    def update(self, samples: Sequence[PolicySample], plan) -> tuple[dict[str, Any], list[float], list[float]]:
-        """ppo_epochs passes of mini-batch updates; returns (stat state, grad norms, lrs)."""
-        engine, ctx = self.parts.engine, self.ctx
-        stats = TokenWeightedStats()
-        grad_norms, lrs = [], []
-        # Without the recomputation the first mini-batch's forward runs on the sampling weights.
-        measure_mismatch = not self.recomputes_old(plan)
-        for epoch in range(self.grpo.ppo_epochs):
-            for mini_index, mini in enumerate(plan):
-                chosen = [i for micro in mini for i in micro]
-                local_tokens = sum(samples[i].num_loss_tokens for i in chosen)
-                local_seqs = sum(samples[i].num_loss_tokens > 0 for i in chosen)
-                # DeepSpeed averages gradients over ranks, so each rank divides by the all-rank count / W.
-                token_count = max(all_reduce(ctx, local_tokens), 1.0) / ctx.world_size
-                seq_count = max(all_reduce(ctx, local_seqs), 1.0) / ctx.world_size
-                # grpo.loss_weighting: micro_batch_share weighs each micro-batch's own aggregate by
-                # its share of a rank's sequences of the mini-batch (upstream: ppo_mini_batch_size per GPU)
-                mini_seqs = max(all_reduce(ctx, len(chosen)), 1.0) / ctx.world_size
-                mini_loss = 0.0  # the sum of the micro-batch losses is the mini-batch loss
-                for position, micro in enumerate(mini):
-                    # The last micro-batch is the boundary: DeepSpeed reduces the gradients there.
-                    engine.set_gradient_accumulation_boundary(position == len(mini) - 1)
-                    batch = self.micro_batch(samples, micro)
-                    counts = (token_count, seq_count, 1.0)
-                    if self.grpo.loss_weighting == "micro_batch_share":
-                        counts = (None, None, alg.micro_batch_share(len(micro), mini_seqs))
-                    loss, micro_stats, logp = self._micro_loss(batch, *counts)
-                    engine.backward(loss, scale_wrt_gas=False)
-                    if measure_mismatch and epoch == 0 and mini_index == 0 and micro:
-                        self._add_mismatch(stats, logp, batch)
-                    mini_loss += micro_stats.pop("actor/pg_loss")
-                    stats.add(
-                        micro_stats,
-                        float(batch.loss_mask.sum()) if micro else 0.0,
-                        maxima={"actor/ratio_max": micro_stats.pop("actor/ratio_max")},
-                    )
-                # Mean over ranks of each rank's part (S_rank * W / N) is the mini-batch loss S / N.
-                stats.add({"actor/pg_loss": mini_loss}, 1.0)
-                lrs.append(float(engine.get_lr()[0]))
-                grad_norms.append(step_with_grad_norm(engine))
-        return stats.state(), grad_norms, lrs
-
-    def _micro_loss(self, batch: MicroBatch, token_count: float | None, seq_count: float | None, share: float):
-        """(loss to back-propagate, statistics, detached log-probs) of one micro-batch.
-
-        The counts are the mini-batch's (None: this micro-batch's own); the loss is scaled by ``share``."""
-        settings = self.settings
-        counts = {"global_token_count": token_count, "global_seq_count": seq_count}
-        logp, entropy = self.parts.engine(batch, with_entropy=True, entropy_grad=settings.entropy_coef > 0)
-        old_logp = batch.old_logp if batch.old_logp is not None else logp.detach()
-        pg_loss, pg_stats = alg.policy_loss(
-            logp,
-            old_logp,
-            batch.advantages,
-            batch.loss_mask,
-            clip_low=settings.clip_low,
-            clip_high=settings.clip_high,
-            clip_c=settings.clip_c,
-            ratio_level=settings.ratio_level,
-            agg_mode=settings.loss_agg_mode,
-            **counts,
+        log.info(
+            "GRPO %s: %d problems, %d steps of %d prompts x %d, %d process(es)",
+            cfg.grpo.variant,
+            len(problems),
+            steps,
+            cfg.grpo.batch_prompts,
+            cfg.grpo.n,
+            ctx.world_size,
         )
-        loss = pg_loss
-        stats = {f"actor/{k}": float(v) for k, v in pg_stats.items()}
-        mask = batch.loss_mask
-        if settings.kl_coef > 0:
-            kl = alg.kl_penalty(logp, batch.ref_logp, kind=settings.kl_estimator)
-            kl_loss = alg.aggregate_loss(kl, mask, mode=settings.loss_agg_mode, **counts)
-            loss = loss + settings.kl_coef * kl_loss
-            stats["actor/kl_ref"] = float(alg.masked_mean(kl.detach(), mask))
-        if settings.entropy_coef > 0:
-            entropy_loss = alg.aggregate_loss(entropy, mask, mode=settings.loss_agg_mode, **counts)
-            loss = loss - settings.entropy_coef * entropy_loss
-        stats["actor/entropy"] = float(alg.masked_mean(entropy.detach(), mask))
-        stats["actor/pg_loss"] = float(pg_loss.detach()) * share  # this micro-batch's part of the mini-batch loss
-        return loss * share, stats, logp.detach()
+        _run_steps(loop, parts, tokenizer, sampler, eval_sets, paths, fingerprint)
+    return steps - start
 
-    # ------------------------------------------------------------------ the step
-    def samples(self, groups: Sequence[Group], advantages: Sequence[Sequence[float]]) -> list[PolicySample]:
-        """One sample per trajectory, groups contiguous (the mini-batch split relies on it); one
-        left out for an infrastructure failure keeps its place with no loss token."""
-        samples = []
-        for g, adv in zip(groups, advantages):
-            for t, a in zip(g.trajectories, adv):
-                sample = PolicySample.from_trajectory(t, a)
-                if t.infra_failed:
-                    sample.loss_mask = [0] * len(sample.loss_mask)
-                samples.append(sample)
-        return samples
 
-    def run(self, step: int, sampler) -> dict[str, Any]:
-        started = time.perf_counter()
-        groups, rollout_timing = self.collect(step, sampler)
-        advantages = self.advantages(groups)
-        samples = self.samples(groups, advantages)
-        plan = self.plan(len(groups), samples)
+def _run_steps(
+    loop: TrainingLoop,
+    parts: Components,
+    tokenizer,
+    sampler: PromptSampler,
+    eval_sets: list[EvalSet],
+    paths: GrpoPaths,
+    fingerprint: dict[str, Any],
+) -> None:
+    """The GRPO stage's loop: its step, validation and checkpoint in :class:`~agentrl.training.loop.TrainingLoop`,
+    then the final policy folder."""
+    cfg, ctx, steps = parts.cfg, parts.ctx, loop.total_steps
+    policy = parts.engine.module.model
 
-        self.parts.rollout_engine.sleep()  # its memory to the trainer until the weights are pushed
-        t0 = time.perf_counter()
-        mismatch = self.recompute_logprobs(samples, plan)
-        t1 = time.perf_counter()
-        update_stats, grad_norms, lrs = self.update(samples, plan)
-        t2 = time.perf_counter()
-        self.parts.rollout_engine.update_weights(self.parts.engine.module.model.named_parameters())
-        t3 = time.perf_counter()
+    def run_validation() -> dict:
+        began = time.perf_counter()
+        metrics = validate(cfg, parts.loop, parts.reward_fn, eval_sets, ctx)
+        return {**metrics, "timing/validation_s": time.perf_counter() - began}
 
-        summaries = [
-            TrajectorySummary(
-                len(t.response_ids),
-                sum(t.loss_mask),
-                t.num_turns,
-                len(t.tool_calls),
-                sum(t.tool_errors),
-                t.finish_reason,
-                s,
-                a,
-                o,
-                adv,
-                g.problem.data_source,
-            )
-            for g, advs in zip(groups, advantages)
-            for t, s, a, o, adv in zip(g.trajectories, g.scores, g.accs, g.overlong_penalties, advs)
-            if not t.infra_failed
-        ]
-        gathered = all_gather(
-            self.ctx,
-            {
-                "summaries": summaries,
-                "tool_use": [ToolUse.of(t) for g in groups for t in g.trajectories],
-                "update": update_stats,
-                "mismatch": mismatch,
-                "loss_tokens": sum(s.num_loss_tokens for s in samples),
-                "input_tokens": sum(len(s.input_ids) for s in samples) * self.grpo.ppo_epochs,
-            },
-        )
-        record: dict[str, Any] = {"step": step, "epoch": sampler.progress}
-        record.update(
-            rollout_metrics(
-                [s for g in gathered for s in g["summaries"]], max_response_tokens=self.cfg.rollout.max_response_tokens
-            )
-        )
-        record.update(tool_health([u for g in gathered for u in g["tool_use"]], prefix="tool_health/"))
-        record.update(TokenWeightedStats.merge(g["mismatch"] for g in gathered))
-        record.update(TokenWeightedStats.merge(g["update"] for g in gathered))
-        record.update(
-            {
-                "actor/grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
-                "actor/grad_norm_max": max(grad_norms, default=0.0),
-                "actor/lr": lrs[-1] if lrs else 0.0,
-                "actor/optimizer_steps": float(len(grad_norms)),
-                "actor/loss_tokens": float(sum(g["loss_tokens"] for g in gathered)),
-                "actor/input_tokens": float(sum(g["input_tokens"] for g in gathered)),
-                **rollout_timing,
-                "timing/old_logp_s": t1 - t0,
-                "timing/update_s": t2 - t1,
-                "timing/weight_sync_s": t3 - t2,
-                "timing/step_s": t3 - started,
-            }
-        )
-        # Prompt + response tokens through forward and backward per second of update, all ranks.
-        record["timing/train_tokens_per_s"] = record["actor/input_tokens"] / max(t2 - t1, 1e-9)
+    if loop.start == 0 and cfg.grpo.val_before_train and eval_sets:
+        loop.emit({"step": 0, **run_validation()})
+    stepper = GrpoStep(parts)
+
+    def run_step(step: int) -> dict:
+        record = stepper.run(step, sampler)
+        if eval_sets and cfg.grpo.test_freq and (step % cfg.grpo.test_freq == 0 or step == steps):
+            record.update(run_validation())
         return record
+
+    def save(step: int, records: list[dict]) -> None:
+        save_checkpoint(
+            parts.engine,
+            paths.checkpoints,
+            step,
+            trainer_state={"sampler": sampler.state_dict(), "total_steps": steps, "variant": cfg.grpo.variant},
+            fingerprint=fingerprint,
+            metrics=records,
+            export_model=lambda folder: export_policy(policy, tokenizer, folder),
+            ctx=ctx,
+            keep=cfg.grpo.keep_checkpoints,
+        )
+
+    def interval_due(step: int) -> bool:  # the last step's checkpoint too, when save_freq is set
+        return bool(cfg.grpo.save_freq) and (step % cfg.grpo.save_freq == 0 or step == steps)
+
+    loop.run(run_step, save, interval_due)
+    dse.save_hf_model(parts.engine, policy, tokenizer, paths.out, ctx)
+    barrier(ctx)
+
+
+def read_inputs(cfg: Config, paths: GrpoPaths) -> tuple[list, list[EvalSet]]:
+    """The RL problems and the validation sets (each cut to ``grpo.validation.max_problems``)."""
+    problems = read_problems(paths.train)
+    limit = cfg.grpo.validation.max_problems
+    return problems, [EvalSet(p.stem, limit_problems(read_problems(p), limit)) for p in paths.eval_sets]
+
+
+def resume_run(
+    parts: Components, paths: GrpoPaths, fingerprint: dict[str, Any], sampler: PromptSampler, steps: int
+) -> tuple[int, list[dict[str, Any]]]:
+    """The step to start after and the metric records up to it: the newest checkpoint's when it
+    belongs to this run setup (its prompt order restored into ``sampler``), else 0 and none."""
+    state = resume(parts.engine, paths.checkpoints, parts.ctx, fingerprint)
+    if state is None:
+        return 0, []
+    sampler.load_state_dict(state["sampler"])
+    # The rollout engine loaded the initial model: the resumed policy must reach it before the
+    # first rollout, not only after the next update.
+    parts.rollout_engine.update_weights(parts.engine.module.model.named_parameters())
+    log.info("resumed from %s: step %d of %d done", paths.checkpoints, int(state["step"]), steps)
+    return int(state["step"]), list(state["metrics"])

@@ -44,7 +44,6 @@ from torch.utils.checkpoint import checkpoint
 from agentrl.config import ConfigError, SftConfig, TrackingConfig
 from agentrl.data.records import read_sft_examples
 from agentrl.precision import resolve_dtype
-from agentrl.progress import progress as make_progress
 from agentrl.sft.batching import (
     TokenizedExample,
     check_trained_tokens,
@@ -54,14 +53,10 @@ from agentrl.sft.batching import (
     steps_per_epoch,
     tokenize_examples,
 )
-from agentrl.tracking import Tracker
 from agentrl.training import deepspeed_engine as dse
 from agentrl.training.fingerprint import fingerprint_of, without_keys
-from agentrl.training.folder_lock import hold_checkpoint_folder
-from agentrl.training.metrics import MetricsWriter
+from agentrl.training.loop import TrainingLoop, training_stage
 from agentrl.training.model import load_causal_lm
-from agentrl.training.parent_watch import stop_when_orphaned
-from agentrl.training.preemption import CheckpointClock, StepBoundary, StoppedForRetry, stop_on_signals
 
 log = logging.getLogger("agentrl.sft")
 
@@ -220,15 +215,16 @@ def train_sft(cfg: SftConfig, seed: int, paths: SftPaths, tracking: TrackingConf
     so does the exit of a parent process (:mod:`agentrl.training.parent_watch`). The checkpoint
     folder is locked for the run (:mod:`agentrl.training.folder_lock`): a second trainer refuses.
     """
-    timeout_named = dse.collective_timeout_named("sft.collective_timeout_minutes", cfg.collective_timeout_minutes)
-    with hold_checkpoint_folder(paths.checkpoint_dir, "sft"), stop_on_signals() as stop, timeout_named:
-        with stop_when_orphaned(stop):
-            return _train_sft(cfg, seed, paths, stop, tracking)
+    guards = training_stage(
+        "sft", paths.checkpoint_dir, "sft.collective_timeout_minutes", cfg.collective_timeout_minutes
+    )
+    with guards as stop:
+        return _train_sft(cfg, seed, paths, stop, tracking)
 
 
 def _train_sft(cfg: SftConfig, seed: int, paths: SftPaths, stop, tracking: TrackingConfig | None) -> dict[str, Any]:
+    """The SFT stage's loop: its step and checkpoint in :class:`~agentrl.training.loop.TrainingLoop`."""
     import deepspeed
-    from transformers import AutoTokenizer
 
     # DeepSpeed's ZeRO calls a torch collective that torch has deprecated; nothing for us to act on
     warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*", category=FutureWarning)
@@ -237,6 +233,78 @@ def _train_sft(cfg: SftConfig, seed: int, paths: SftPaths, stop, tracking: Track
         log.setLevel(logging.WARNING)
     deepspeed.utils.logger.setLevel(logging.WARNING)
     torch.manual_seed(seed)
+    tokenizer, examples, plan, engine = _build(cfg, paths, ctx)
+    run = run_fingerprint(cfg, seed, ctx.world_size, paths)
+    start, records = _resume_or_reset(engine, paths.checkpoint_dir, run, ctx)
+    loop = TrainingLoop(
+        "sft",
+        ctx,
+        stop,
+        start=start,
+        total_steps=plan.total_steps,
+        records=records,
+        metrics=paths.metrics,
+        checkpoint_dir=paths.checkpoint_dir,
+        save_every_minutes=cfg.save_every_minutes,
+        tracking=tracking,
+        tracking_folder=paths.checkpoint_dir.parent,
+        run_config=dataclasses.asdict(cfg),
+        log=log,
+    )
+
+    def run_step(step: int) -> dict[str, Any]:
+        began, lr = time.perf_counter(), dse.current_lr(engine)
+        indices = step_indices(step - 1, len(examples), cfg.global_batch_size, seed)
+        stats = _run_step(engine, examples, indices, cfg, ctx, tokenizer.pad_token_id)
+        elapsed = time.perf_counter() - began
+        return step_record(step, plan, stats, lr, dse.global_grad_norm(engine), elapsed)
+
+    def save(step: int, records: list[dict[str, Any]]) -> None:
+        state = {"fingerprint": run, "metrics": records}
+        dse.save_checkpoint(engine, paths.checkpoint_dir, step, state, ctx, cfg.keep_checkpoints)
+
+    def interval_due(step: int) -> bool:  # the last step's checkpoint is the final model instead
+        return bool(cfg.save_every_steps) and step % cfg.save_every_steps == 0 and step != plan.total_steps
+
+    started = time.perf_counter()
+    final = loop.run(
+        run_step, save, interval_due, postfix=lambda r: {"loss": f"{r['loss']:.3f}", "lr": f"{r['lr']:.2e}"}
+    )
+    dse.save_hf_model(engine, engine.module.lm, tokenizer, paths.out_dir, ctx)
+    wall = time.perf_counter() - started
+    log.info(
+        "SFT done: %d steps (%d this run) in %.1f s; final loss %s -> %s",
+        plan.total_steps,
+        plan.total_steps - start,
+        wall,
+        final.get("loss"),
+        paths.out_dir,
+    )
+    return {"steps": plan.total_steps, "resumed_from": start, "wall_s": wall, "final": final}
+
+
+def step_record(
+    step: int, plan: StepPlan, stats: dict[str, float], lr: float, grad_norm: float | None, elapsed: float
+) -> dict[str, Any]:
+    """The metrics line of ``step``: ``lr`` is the rate the step used, ``elapsed`` its wall time."""
+    return {
+        "step": step,
+        "epoch": round(step / plan.steps_per_epoch, 4),
+        "loss": stats["loss"],
+        "lr": lr,
+        "grad_norm": grad_norm,
+        "tokens_per_s": stats["tokens"] / elapsed,
+        "step_time_s": elapsed,
+        "trained_tokens": stats["trained_tokens"],
+        "pad_fraction": 1.0 - stats["tokens"] / stats["padded_tokens"],
+    }
+
+
+def _build(
+    cfg: SftConfig, paths: SftPaths, ctx: dse.DistributedContext
+) -> tuple[Any, list[TokenizedExample], StepPlan, Any]:
+    """The tokenizer, the tokenized conversations, the step plan and the DeepSpeed engine."""
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(paths.model_dir)
     examples = tokenize_examples(
@@ -274,71 +342,7 @@ def _train_sft(cfg: SftConfig, seed: int, paths: SftPaths, stop, tracking: Track
         cfg.deepspeed.zero_stage,
         dtype,
     )
-
-    run = run_fingerprint(cfg, seed, ctx.world_size, paths)
-    start, records = _resume_or_reset(engine, paths.checkpoint_dir, run, ctx)
-    writer = None
-    if ctx.is_main:  # the curves of a run from step 0 replace the old ones, as the metrics file
-        folder = paths.checkpoint_dir.parent
-        tracker = Tracker(tracking, folder, "sft", start == 0, dataclasses.asdict(cfg)) if tracking else None
-        writer = MetricsWriter(paths.metrics, tracker=tracker)
-        writer.reset(records)
-        log.info("metrics: %s, one line per step as it runs", paths.metrics)
-    progress = make_progress(plan.total_steps, "sft", unit="steps", initial=start, disable=not ctx.is_main, logger=log)
-    started = time.perf_counter()
-    record: dict[str, Any] = {}
-    boundary = StepBoundary(stop, CheckpointClock(cfg.save_every_minutes), ctx.device)
-    for step in range(start, plan.total_steps):
-        step_started = time.perf_counter()
-        lr = dse.current_lr(engine)
-        indices = step_indices(step, len(examples), cfg.global_batch_size, seed)
-        stats = _run_step(engine, examples, indices, cfg, ctx, tokenizer.pad_token_id)
-        elapsed = time.perf_counter() - step_started
-        done = step + 1
-        record = {
-            "step": done,
-            "epoch": round(done / plan.steps_per_epoch, 4),
-            "loss": stats["loss"],
-            "lr": lr,
-            "grad_norm": dse.global_grad_norm(engine),
-            "tokens_per_s": stats["tokens"] / elapsed,
-            "step_time_s": elapsed,
-            "trained_tokens": stats["trained_tokens"],
-            "pad_fraction": 1.0 - stats["tokens"] / stats["padded_tokens"],
-        }
-        records.append(record)
-        if writer is not None:
-            writer.write(record)
-        progress.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{lr:.2e}")
-        progress.update(1)
-        last = done == plan.total_steps
-        decision = boundary.decide(
-            step_interval_due=bool(cfg.save_every_steps) and done % cfg.save_every_steps == 0 and not last,
-            last_step=last,
-        )
-        if decision.save:
-            state = {"fingerprint": run, "metrics": records}
-            dse.save_checkpoint(engine, paths.checkpoint_dir, done, state, ctx, cfg.keep_checkpoints)
-            boundary.saved()
-        if decision.stop:
-            progress.close()
-            if writer is not None:
-                writer.close()
-            raise StoppedForRetry("sft", done, paths.checkpoint_dir, decision.reason)
-    progress.close()
-    if writer is not None:
-        writer.close()
-    dse.save_hf_model(engine, engine.module.lm, tokenizer, paths.out_dir, ctx)
-    wall = time.perf_counter() - started
-    log.info(
-        "SFT done: %d steps (%d this run) in %.1f s; final loss %s -> %s",
-        plan.total_steps,
-        plan.total_steps - start,
-        wall,
-        record.get("loss"),
-        paths.out_dir,
-    )
-    return {"steps": plan.total_steps, "resumed_from": start, "wall_s": wall, "final": record}
+    return tokenizer, examples, plan, engine
 
 
 def _resume_or_reset(

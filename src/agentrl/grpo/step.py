@@ -1,0 +1,485 @@
+"""One GRPO step (docs/recipe.md section 5): roll out, reward, advantage, recompute, update, sync.
+
+The loop around the steps is :mod:`agentrl.grpo.trainer`. Per step, as upstream's verl
+``RayPPOTrainer.fit`` with the demystify scripts:
+
+1. ``grpo.batch_prompts`` prompts of the RL set (:class:`~agentrl.grpo.prompts.PromptSampler`);
+2. ``grpo.n`` agentic rollouts each (:class:`~agentrl.rollout.AgentLoop`, training sampling of
+   ``rollout:``) - with dynamic sampling, groups with all-equal rewards are dropped and more
+   prompts rolled out, up to ``max_rollout_batches`` rounds;
+3. rewards (``agentrl.rewards``), with the overlong penalty when the variant shapes it;
+4. group advantages (``algorithm.group_advantages``), broadcast over the loss-mask tokens;
+5. old log-probs recomputed by the actor (and reference log-probs for the KL variants) on
+   exactly the micro-batches the update will use, so the first mini-batch starts at ratio 1.
+   Two deliberate savings skip that forward (identical values for a model without dropout, as
+   Qwen3): with ``grpo.old_logprobs`` resolved to ``engine`` (the embedded default: the fp32
+   ``hf`` engine sharing the actor's module, no top-p/top-k; see
+   :func:`agentrl.grpo.policy.old_logprobs_source`) the engine's sampling log-probs are the old
+   ones; with one PPO epoch over a single mini-batch the update's own forward runs on the
+   sampling weights and micro-batches, so its detached log-probs are. Without the pass the
+   sampler-actor mismatch is measured in the first mini-batch's forward (the sampling weights);
+6. ``ppo_epochs`` passes over mini-batches of ``mini_batch_prompts`` prompts; each mini-batch
+   is cut into micro-batches by token budget, each micro-batch's loss is divided by the
+   mini-batch's loss-token count (summed over ranks, divided by the world size: DeepSpeed
+   averages gradients over ranks) and back-propagated with ``scale_wrt_gas=False``, then one
+   DeepSpeed step;
+7. the new weights go to the rollout engine (``Engine.update_weights``: free when the ``hf``
+   engine shares the module, an in-memory load for vLLM).
+
+Data parallelism: every rank draws the same prompts and rolls out its share (prompt i goes to
+rank i mod W), so a prompt's group never spans ranks and its advantage needs no communication.
+The number of mini-batches and of micro-batches per mini-batch is agreed over the ranks (a rank
+with fewer pads with an empty micro-batch of zero loss), because the gradient reduction inside
+``backward``/``step`` is collective.
+
+Tool-response tokens have loss mask 0, so they never enter the loss, but they count in the
+response length that the overlong penalty sees (as upstream).
+
+A trajectory whose retry still lost a tool call to the sandbox (``Trajectory.infra_failed``,
+:mod:`agentrl.tools.health`) is left out: its group's advantages are computed without it
+(``algorithm.masked_group_advantages``), it has no loss token, it does not make a group
+uniform for dynamic sampling, and the ``rollout/`` metrics do not count it (``tool_health/``
+does). The agent loop's bound stops the step when too many are.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from agentrl.config import Config, ConfigError, process_count_problems
+from agentrl.data.records import Problem, Trajectory
+from agentrl.grpo import algorithm as alg
+from agentrl.grpo.batching import (
+    MicroBatch,
+    PolicySample,
+    collate,
+    pack_micro_batches,
+    pack_prompt_groups,
+    prompt_groups,
+    unpad_response,
+)
+from agentrl.grpo.distributed import all_gather, all_reduce, step_with_grad_norm
+from agentrl.grpo.metrics import TokenWeightedStats, TrajectorySummary, rollout_metrics
+from agentrl.grpo.variants import AlgorithmSettings
+from agentrl.rewards.reward_function import leave_out_lost_rewards
+from agentrl.tools.health import ToolUse, tool_health
+from agentrl.training.deepspeed_engine import DistributedContext
+from agentrl.training.seeds import derived_seed
+
+if TYPE_CHECKING:  # the heavy imports stay out of a step's module import
+    from deepspeed import DeepSpeedEngine
+
+    from agentrl.grpo.policy import ResponseLogProbs
+    from agentrl.rewards import RewardFunction
+    from agentrl.rollout import AgentLoop, Engine
+
+log = logging.getLogger("agentrl.grpo")
+
+
+@dataclass
+class Group:
+    """The n rollouts of one prompt, graded."""
+
+    problem: Problem
+    trajectories: list[Trajectory]
+    scores: list[float]
+    accs: list[bool]
+    overlong_penalties: list[float]
+
+    @property
+    def valid(self) -> list[bool]:
+        """Per trajectory: not lost to an infrastructure failure (:mod:`agentrl.tools.health`)."""
+        return [not t.infra_failed for t in self.trajectories]
+
+    @property
+    def uniform(self) -> bool:
+        scores = [s for s, ok in zip(self.scores, self.valid) if ok]
+        return not scores or max(scores) == min(scores)
+
+
+@dataclass
+class Components:
+    """What a step works with (built by :func:`agentrl.grpo.trainer.build_components`)."""
+
+    cfg: Config
+    settings: AlgorithmSettings
+    ctx: DistributedContext
+    engine: DeepSpeedEngine  # around the actor, a ResponseLogProbs of the policy
+    reference: ResponseLogProbs | None  # of the frozen initial policy (KL variants)
+    rollout_engine: Engine  # generates with the actor's weights (pushed after each update)
+    loop: AgentLoop
+    reward_fn: RewardFunction
+    pad_token_id: int
+    # grpo.old_logprobs resolved (agentrl.grpo.policy.old_logprobs_source): "engine" = the
+    # sampling log-probs are the old log-probs, "recompute" = the actor's forward gives them.
+    old_logprobs: str = "recompute"
+
+
+class GrpoStep:
+    """One training step; :meth:`run` returns the step's metrics (identical on every rank)."""
+
+    def __init__(self, parts: Components) -> None:
+        self.parts = parts
+        self.cfg = parts.cfg
+        self.grpo = parts.cfg.grpo
+        self.settings = parts.settings
+        self.ctx = parts.ctx
+        problems = process_count_problems(self.grpo, self.ctx.world_size)
+        if problems:
+            raise ConfigError("; ".join(problems))
+
+    # ------------------------------------------------------------------ rollout
+    def collect(self, step: int, sampler) -> tuple[list[Group], dict[str, float]]:
+        """Roll out and grade this rank's groups (dynamic sampling: only groups that teach)."""
+        grpo, ctx = self.grpo, self.ctx
+        share = grpo.batch_prompts // ctx.world_size
+        dynamic = grpo.dynamic_sampling.enable
+        kept: list[Group] = []
+        timing = {"timing/rollout_s": 0.0, "timing/reward_s": 0.0, "timing/generate_s": 0.0, "timing/tools_s": 0.0}
+        rounds = generated = 0
+        while True:
+            problems = sampler.next_batch(grpo.batch_prompts)  # the same on every rank
+            if len(kept) < share:
+                groups = self._rollout_groups(problems[ctx.rank :: ctx.world_size], step, rounds, timing)
+                generated += len(groups)
+                kept += [g for g in groups if not (dynamic and g.uniform)]
+            rounds += 1
+            if not dynamic or rounds >= grpo.dynamic_sampling.max_rollout_batches:
+                break
+            if all_reduce(ctx, float(len(kept) < share), "max") == 0.0:
+                break
+        if dynamic and len(kept) < share:
+            log.warning(
+                "step %d: dynamic sampling kept %d of %d groups after %d rounds; training on those",
+                step,
+                len(kept),
+                share,
+                rounds,
+            )
+        extra = {"rollout/rounds": float(rounds), "rollout/groups_generated": all_reduce(ctx, generated)}
+        return kept[:share], {**timing, **extra}
+
+    def _rollout_groups(self, problems: list[Problem], step: int, round_: int, timing: dict) -> list[Group]:
+        cfg, n = self.cfg, self.grpo.n
+        seed = derived_seed(cfg.seed, f"grpo-step{step}-round{round_}", self.ctx.rank)
+        params = self._sampling_params(seed)
+        started = time.perf_counter()
+        trajectories = self.parts.loop.run(problems, n, params, seed)
+        stats = self.parts.loop.stats
+        timing["timing/rollout_s"] += time.perf_counter() - started
+        timing["timing/generate_s"] += stats.generate_s
+        timing["timing/tools_s"] += stats.tools_s
+        assert len(trajectories) == len(problems) * n, (
+            f"agent loop returned {len(trajectories)} trajectories for {len(problems)} prompts x n={n}"
+        )
+        started = time.perf_counter()
+        results = self.parts.reward_fn.score_many(
+            [
+                (p, t.text, len(t.response_ids), len(t.tool_calls))
+                for p, t in zip([p for p in problems for _ in range(n)], trajectories)
+            ]
+        )
+        leave_out_lost_rewards(trajectories, results)
+        timing["timing/reward_s"] += time.perf_counter() - started
+        groups = []
+        for index, problem in enumerate(problems):
+            chunk = slice(index * n, (index + 1) * n)
+            trajs, graded = trajectories[chunk], results[chunk]
+            assert all(t.problem_id == problem.id for t in trajs), f"trajectories of {problem.id} out of order"
+            groups.append(
+                Group(
+                    problem,
+                    trajs,
+                    [r.score for r in graded],
+                    [bool(r.acc) for r in graded],
+                    [float(r.details.get("overlong_penalty", 0.0)) for r in graded],
+                )
+            )
+        return groups
+
+    def _sampling_params(self, seed: int):
+        from agentrl.rollout import SamplingParams
+
+        return SamplingParams.from_config(self.cfg.rollout, seed)
+
+    # ------------------------------------------------------------------ batch preparation
+    def advantages(self, groups: Sequence[Group]) -> list[list[float]]:
+        out = []
+        for group in groups:
+            rewards = torch.tensor(group.scores, dtype=torch.float64)
+            norm = self.settings.norm_adv_by_std
+            if all(group.valid):
+                adv = alg.group_advantages(rewards, len(group.scores), norm_by_std=norm)
+            else:
+                valid = torch.tensor(group.valid)
+                adv = alg.masked_group_advantages(rewards, len(group.scores), valid, norm_by_std=norm)
+            out.append(adv.tolist())
+        return out
+
+    def plan(self, num_groups: int, samples: Sequence[PolicySample]) -> list[list[list[int]]]:
+        """Mini-batches (by prompt groups) of micro-batches (by token budget) of sample indices,
+        with the counts agreed over the ranks; an empty micro-batch is ``[]``."""
+        n = self.grpo.n
+        per_mini = self.grpo.mini_batch_prompts // self.ctx.world_size
+        local_minis = -(-num_groups // per_mini)
+        num_minis = int(all_reduce(self.ctx, local_minis, "max"))
+        plan = []
+        for m in range(num_minis):
+            indices = list(range(m * per_mini * n, min((m + 1) * per_mini, num_groups) * n))
+            micro = self._micro_batches(samples, indices)
+            count = int(all_reduce(self.ctx, len(micro), "max"))
+            plan.append(micro + [[] for _ in range(count - len(micro))])
+        return plan
+
+    def _micro_batches(self, samples: Sequence[PolicySample], indices: list[int]) -> list[list[int]]:
+        """``indices`` packed to ``grpo.micro_batch_tokens``: by sample, or by whole prompt groups
+        when they share the prompt's forward (``grpo.share_prompts``)."""
+        budget = self.grpo.micro_batch_tokens
+        if self.grpo.share_prompts:
+            groups = prompt_groups(samples, indices)
+            prompt_lengths = [samples[g[0]].prompt_length for g in groups]
+            response_lengths = {i: samples[i].response_length for i in indices}
+            return pack_prompt_groups(groups, prompt_lengths, response_lengths, budget)
+        lengths = [len(samples[i].input_ids) for i in indices]
+        return [[indices[j] for j in group] for group in pack_micro_batches(lengths, budget)]
+
+    def micro_batch(self, samples: Sequence[PolicySample], indices: list[int]) -> MicroBatch:
+        if not indices:  # padding micro-batch of a rank with fewer: one masked token, zero loss
+            empty = PolicySample(
+                [self.parts.pad_token_id] * 2,
+                1,
+                [0],
+                [0.0],
+                0.0,
+                old_logp=[0.0],
+                ref_logp=[0.0] if self.settings.uses_reference else None,
+            )
+            return collate([empty], self.parts.pad_token_id).to(self.ctx.device)
+        chosen = [samples[i] for i in indices]
+        return collate(chosen, self.parts.pad_token_id, share_prompts=self.grpo.share_prompts).to(self.ctx.device)
+
+    def single_pass(self, plan) -> bool:
+        """One PPO epoch over one mini-batch: the update's forward runs on the weights that the
+        recomputation would use, on the same micro-batches, so its detached log-probs *are* the
+        old log-probs and the separate pass is skipped (exact for a model without dropout)."""
+        return self.grpo.ppo_epochs == 1 and len(plan) == 1
+
+    def recomputes_old(self, plan) -> bool:
+        """Whether :meth:`recompute_logprobs` runs the actor for the old log-probs."""
+        return self.parts.old_logprobs == "recompute" and not self.single_pass(plan)
+
+    @staticmethod
+    def _add_mismatch(stats: TokenWeightedStats, logp: torch.Tensor, batch: MicroBatch) -> None:
+        """How far the actor's log-probs are from the rollout engine's for the same tokens."""
+        mask = batch.loss_mask
+        diff = logp.detach().float() - batch.sampling_logp
+        stats.add(
+            {
+                "rollout/logp_mismatch_abs": float(alg.masked_mean(diff.abs(), mask)),
+                # KL(sampler || actor) on the sampler's tokens, k3 estimator.
+                "rollout/logp_mismatch_kl_k3": float(alg.masked_mean(torch.expm1(-diff) + diff, mask)),
+            },
+            float(mask.sum()),
+            maxima={"rollout/logp_mismatch_abs_max": float(torch.where(mask.bool(), diff.abs(), 0).max())},
+        )
+
+    @torch.no_grad()
+    def recompute_logprobs(self, samples: Sequence[PolicySample], plan) -> dict[str, float]:
+        """old_logp by the actor (unless :meth:`single_pass`, or the engine's sampling log-probs
+        where they are exact) and ref_logp, on the update's own micro-batches; returns the
+        mismatch statistics' state."""
+        actor = self.parts.engine.module
+        recompute_old = self.recomputes_old(plan)
+        if self.parts.old_logprobs == "engine":
+            for sample in samples:  # 0.0 where the mask is 0: those positions never enter the loss
+                sample.old_logp = list(sample.sampling_logp)
+        stats = TokenWeightedStats()
+        if not recompute_old and self.parts.reference is None:
+            return stats.state()
+        actor.eval()
+        try:
+            for micro in (mb for mini in plan for mb in mini if mb):
+                chosen = [samples[i] for i in micro]
+                batch = self.micro_batch(samples, micro)
+                if recompute_old:
+                    logp, _ = actor(batch)
+                    for sample, row in zip(chosen, unpad_response(logp, chosen)):
+                        sample.old_logp = row
+                    self._add_mismatch(stats, logp, batch)
+                if self.parts.reference is not None:
+                    ref_logp, _ = self.parts.reference(batch)
+                    for sample, row in zip(chosen, unpad_response(ref_logp, chosen)):
+                        sample.ref_logp = row
+        finally:
+            actor.train()
+        return stats.state()
+
+    # ------------------------------------------------------------------ update
+    def update(self, samples: Sequence[PolicySample], plan) -> tuple[dict[str, Any], list[float], list[float]]:
+        """ppo_epochs passes of mini-batch updates; returns (stat state, grad norms, lrs)."""
+        engine, ctx = self.parts.engine, self.ctx
+        stats = TokenWeightedStats()
+        grad_norms, lrs = [], []
+        # Without the recomputation the first mini-batch's forward runs on the sampling weights.
+        measure_mismatch = not self.recomputes_old(plan)
+        for epoch in range(self.grpo.ppo_epochs):
+            for mini_index, mini in enumerate(plan):
+                chosen = [i for micro in mini for i in micro]
+                local_tokens = sum(samples[i].num_loss_tokens for i in chosen)
+                local_seqs = sum(samples[i].num_loss_tokens > 0 for i in chosen)
+                # DeepSpeed averages gradients over ranks, so each rank divides by the all-rank count / W.
+                token_count = max(all_reduce(ctx, local_tokens), 1.0) / ctx.world_size
+                seq_count = max(all_reduce(ctx, local_seqs), 1.0) / ctx.world_size
+                # grpo.loss_weighting: micro_batch_share weighs each micro-batch's own aggregate by
+                # its share of a rank's sequences of the mini-batch (upstream: ppo_mini_batch_size per GPU)
+                mini_seqs = max(all_reduce(ctx, len(chosen)), 1.0) / ctx.world_size
+                mini_loss = 0.0  # the sum of the micro-batch losses is the mini-batch loss
+                for position, micro in enumerate(mini):
+                    # The last micro-batch is the boundary: DeepSpeed reduces the gradients there.
+                    engine.set_gradient_accumulation_boundary(position == len(mini) - 1)
+                    batch = self.micro_batch(samples, micro)
+                    counts = (token_count, seq_count, 1.0)
+                    if self.grpo.loss_weighting == "micro_batch_share":
+                        counts = (None, None, alg.micro_batch_share(len(micro), mini_seqs))
+                    loss, micro_stats, logp = self._micro_loss(batch, *counts)
+                    engine.backward(loss, scale_wrt_gas=False)
+                    if measure_mismatch and epoch == 0 and mini_index == 0 and micro:
+                        self._add_mismatch(stats, logp, batch)
+                    mini_loss += micro_stats.pop("actor/pg_loss")
+                    stats.add(
+                        micro_stats,
+                        float(batch.loss_mask.sum()) if micro else 0.0,
+                        maxima={"actor/ratio_max": micro_stats.pop("actor/ratio_max")},
+                    )
+                # Mean over ranks of each rank's part (S_rank * W / N) is the mini-batch loss S / N.
+                stats.add({"actor/pg_loss": mini_loss}, 1.0)
+                lrs.append(float(engine.get_lr()[0]))
+                grad_norms.append(step_with_grad_norm(engine))
+        return stats.state(), grad_norms, lrs
+
+    def _micro_loss(self, batch: MicroBatch, token_count: float | None, seq_count: float | None, share: float):
+        """(loss to back-propagate, statistics, detached log-probs) of one micro-batch.
+
+        The counts are the mini-batch's (None: this micro-batch's own); the loss is scaled by ``share``."""
+        settings = self.settings
+        counts = {"global_token_count": token_count, "global_seq_count": seq_count}
+        logp, entropy = self.parts.engine(batch, with_entropy=True, entropy_grad=settings.entropy_coef > 0)
+        old_logp = batch.old_logp if batch.old_logp is not None else logp.detach()
+        pg_loss, pg_stats = alg.policy_loss(
+            logp,
+            old_logp,
+            batch.advantages,
+            batch.loss_mask,
+            clip_low=settings.clip_low,
+            clip_high=settings.clip_high,
+            clip_c=settings.clip_c,
+            ratio_level=settings.ratio_level,
+            agg_mode=settings.loss_agg_mode,
+            **counts,
+        )
+        loss = pg_loss
+        stats = {f"actor/{k}": float(v) for k, v in pg_stats.items()}
+        mask = batch.loss_mask
+        if settings.kl_coef > 0:
+            kl = alg.kl_penalty(logp, batch.ref_logp, kind=settings.kl_estimator)
+            kl_loss = alg.aggregate_loss(kl, mask, mode=settings.loss_agg_mode, **counts)
+            loss = loss + settings.kl_coef * kl_loss
+            stats["actor/kl_ref"] = float(alg.masked_mean(kl.detach(), mask))
+        if settings.entropy_coef > 0:
+            entropy_loss = alg.aggregate_loss(entropy, mask, mode=settings.loss_agg_mode, **counts)
+            loss = loss - settings.entropy_coef * entropy_loss
+        stats["actor/entropy"] = float(alg.masked_mean(entropy.detach(), mask))
+        stats["actor/pg_loss"] = float(pg_loss.detach()) * share  # this micro-batch's part of the mini-batch loss
+        return loss * share, stats, logp.detach()
+
+    # ------------------------------------------------------------------ the step
+    def samples(self, groups: Sequence[Group], advantages: Sequence[Sequence[float]]) -> list[PolicySample]:
+        """One sample per trajectory, groups contiguous (the mini-batch split relies on it); one
+        left out for an infrastructure failure keeps its place with no loss token."""
+        samples = []
+        for g, adv in zip(groups, advantages):
+            for t, a in zip(g.trajectories, adv):
+                sample = PolicySample.from_trajectory(t, a)
+                if t.infra_failed:
+                    sample.loss_mask = [0] * len(sample.loss_mask)
+                samples.append(sample)
+        return samples
+
+    def run(self, step: int, sampler) -> dict[str, Any]:
+        started = time.perf_counter()
+        groups, rollout_timing = self.collect(step, sampler)
+        advantages = self.advantages(groups)
+        samples = self.samples(groups, advantages)
+        plan = self.plan(len(groups), samples)
+
+        self.parts.rollout_engine.sleep()  # its memory to the trainer until the weights are pushed
+        t0 = time.perf_counter()
+        mismatch = self.recompute_logprobs(samples, plan)
+        t1 = time.perf_counter()
+        update_stats, grad_norms, lrs = self.update(samples, plan)
+        t2 = time.perf_counter()
+        self.parts.rollout_engine.update_weights(self.parts.engine.module.model.named_parameters())
+        t3 = time.perf_counter()
+
+        summaries = [
+            TrajectorySummary(
+                len(t.response_ids),
+                sum(t.loss_mask),
+                t.num_turns,
+                len(t.tool_calls),
+                sum(t.tool_errors),
+                t.finish_reason,
+                s,
+                a,
+                o,
+                adv,
+                g.problem.data_source,
+            )
+            for g, advs in zip(groups, advantages)
+            for t, s, a, o, adv in zip(g.trajectories, g.scores, g.accs, g.overlong_penalties, advs)
+            if not t.infra_failed
+        ]
+        gathered = all_gather(
+            self.ctx,
+            {
+                "summaries": summaries,
+                "tool_use": [ToolUse.of(t) for g in groups for t in g.trajectories],
+                "update": update_stats,
+                "mismatch": mismatch,
+                "loss_tokens": sum(s.num_loss_tokens for s in samples),
+                "input_tokens": sum(len(s.input_ids) for s in samples) * self.grpo.ppo_epochs,
+            },
+        )
+        record: dict[str, Any] = {"step": step, "epoch": sampler.progress}
+        record.update(
+            rollout_metrics(
+                [s for g in gathered for s in g["summaries"]], max_response_tokens=self.cfg.rollout.max_response_tokens
+            )
+        )
+        record.update(tool_health([u for g in gathered for u in g["tool_use"]], prefix="tool_health/"))
+        record.update(TokenWeightedStats.merge(g["mismatch"] for g in gathered))
+        record.update(TokenWeightedStats.merge(g["update"] for g in gathered))
+        record.update(
+            {
+                "actor/grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
+                "actor/grad_norm_max": max(grad_norms, default=0.0),
+                "actor/lr": lrs[-1] if lrs else 0.0,
+                "actor/optimizer_steps": float(len(grad_norms)),
+                "actor/loss_tokens": float(sum(g["loss_tokens"] for g in gathered)),
+                "actor/input_tokens": float(sum(g["input_tokens"] for g in gathered)),
+                **rollout_timing,
+                "timing/old_logp_s": t1 - t0,
+                "timing/update_s": t2 - t1,
+                "timing/weight_sync_s": t3 - t2,
+                "timing/step_s": t3 - started,
+            }
+        )
+        # Prompt + response tokens through forward and backward per second of update, all ranks.
+        record["timing/train_tokens_per_s"] = record["actor/input_tokens"] / max(t2 - t1, 1e-9)
+        return record
