@@ -211,6 +211,8 @@ def _dry_run(workdir: Path, overlay: str):
 WORKFLOW_CASES = {
     "duplicate key in an overlay": ("grpo:\n  lr: 1.0e-6\ngrpo:\n  kl_coef: 0.0\n", ["overlay.yaml", "line 3", "'grpo' given twice"]),
     "sft.from without config.json": ("sft:\n  from: {released}\n", ["sft.from", "no config.json"]),
+    "model.base a mistyped path": ("model:\n  base: ./models/qwen\n", ["model.base='./models/qwen'", "probably a typo"]),
+    "fetched checkpoint a mistyped path": ("eval:\n  checkpoints: {{mine: {{id: results/rl/step_9}}}}\n", ["eval.checkpoints.mine='results/rl/step_9'", "probably a typo"]),
     "eval.checkpoints without tokenizer": ("eval:\n  checkpoints: {{mine: {tokenless}}}\n", ["eval.checkpoints.mine", "no tokenizer"]),
 }  # fmt: skip
 
@@ -232,6 +234,28 @@ def test_the_workflow_refuses_at_load(tmp_path, case):
         assert fragment in output, (fragment, output[-3000:])
     assert "Job stats" not in output, "refused before any job was planned"
     assert not (workdir / "results").exists()
+
+
+# --------------------------------------------------------------------------- a local path mistyped as a hub id
+_UPSTREAM = {"id": "Gen-Verse/Open-AgentRL-30K", "file": "x.parquet", "revision": None}
+# name -> (stage arguments, the refused key and value)
+PATH_TYPOS = {
+    "model.base with ./": (["base-model", "--config-json", json.dumps({"model": {"base": "./models/qwen"}}), "--out", "base"], "model.base='./models/qwen'"),
+    "model.base absolute": (["base-model", "--config-json", json.dumps({"model": {"base": "/data/x"}}), "--out", "base"], "model.base='/data/x'"),
+    "model.base under an existing folder": (["base-model", "--config-json", json.dumps({"model": {"base": "models/Qwen3"}}), "--out", "base"], "model.base='models/Qwen3'"),
+    "an upstream data set": (["prepare-data", "--config-json", json.dumps({"data": {"source": "upstream", "upstream": {"sft": _UPSTREAM, "rl": {**_UPSTREAM, "id": "data/rl/pool.parquet"}, "eval": {}}}}),
+                              "--sft", "s.parquet", "--rl-pool", "r.parquet", "--eval-dir", "e"], "data.upstream.rl.id='data/rl/pool.parquet'"),
+    "a fetched model": (["fetch-model", "--id", "~/released/sft", "--key", "sft.from", "--out", "base"], "sft.from='~/released/sft'"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(PATH_TYPOS))
+def test_a_mistyped_local_path_is_refused_before_any_download(tmp_path, case):
+    args, named = PATH_TYPOS[case]
+    (tmp_path / "models").mkdir()
+    completed = run_agentrl(*args, cwd=tmp_path)
+    assert_refused(completed, named, "probably a typo")
+    assert not (tmp_path / "base").exists() and not (tmp_path / "s.parquet").exists()
 
 
 def test_a_model_folder_check_reads_json_as_json(tmp_path):

@@ -18,7 +18,7 @@ from agentrl import __version__
 from agentrl.errors import StageInterrupted, UserInputError
 
 STAGES: dict[str, tuple[str, str]] = {
-    "hub-download": ("agentrl.hub", "fetch the hub data sets and base model into the local hub cache"),
+    "hub-download": ("agentrl.hub_cli", "fetch the hub data sets and base model into the local hub cache"),
     "prepare-data": ("agentrl.data.cli", "write the normalized SFT, RL-pool and eval parquet files"),
     "fit-prompts": ("agentrl.data.prompt_fit", "drop prompts over the token limits, counted per data source"),
     "base-model": ("agentrl.model.cli", "build the embedded tiny model or resolve a hub id / path"),

@@ -9,6 +9,7 @@ from pathlib import Path
 from agentrl.config import Config, RewardConfig, add_config_arguments, config_from_args
 from agentrl.data import upstream
 from agentrl.data.records import check_problems, write_records
+from agentrl.hub import check_sources
 from agentrl.paths import check_writable
 from agentrl.stage_cli import setup_logging, stage_parser
 
@@ -96,6 +97,7 @@ def main(argv: list[str]) -> int:
     check_writable(
         (args.sft, "--sft", "file"), (args.rl_pool, "--rl-pool", "file"), (args.eval_dir / "x.parquet", "--eval-dir")
     )
+    check_sources(cfg)
     counts = prepare(cfg, args.sft, args.rl_pool, args.eval_dir)
     log.info("wrote %s", json.dumps(counts))
     return 0

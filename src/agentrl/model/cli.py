@@ -9,6 +9,7 @@ from pathlib import Path
 from agentrl.config import add_config_arguments, config_from_args
 from agentrl.data.prompts import CODE_INTERPRETER_TOOL
 from agentrl.data.records import read_problems, read_sft_examples
+from agentrl.hub import check_sources
 from agentrl.paths import check_writable
 from agentrl.stage_cli import setup_logging, stage_parser
 
@@ -40,6 +41,7 @@ def main(argv: list[str]) -> int:
     setup_logging()
     cfg = config_from_args(args)
     check_writable((args.out, "--out", "folder"))
+    check_sources(cfg)
 
     from agentrl.model import build
 

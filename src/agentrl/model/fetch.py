@@ -25,7 +25,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", type=Path, required=True, help="output model folder")
     args = parser.parse_args(argv)
     setup_logging()
+    from agentrl.hub_ids import refuse_path_typos
     from agentrl.model.folder import MODEL_SOURCE_KEY, resolve_pretrained
+
+    refuse_path_typos([(args.key, args.id)])
 
     out = resolve_pretrained(args.id, args.out, revision=args.revision or None, key=args.key)
     source = json.loads((out / "config.json").read_text())[MODEL_SOURCE_KEY]
