@@ -288,6 +288,49 @@ def test_a_row_that_cannot_be_rolled_out_or_graded_is_refused_when_read(tmp_path
     assert not (tmp_path / "lcb.json").exists()
 
 
+GPQA_ROW = Problem(
+    "g0",
+    "gpqa_diamond",
+    [{"role": "user", "content": "Which is a noble gas?\nA) N\nB) Ne\nC) Na\nD) Ni"}],
+    "science",
+    "B",
+)
+# name -> (the multiple-choice row's ground truth, what the message says); the verifier reads one option letter
+BAD_CHOICE_ANSWERS = {
+    "a word": ("Neon", "must be a single option letter"),
+    "two letters": ("B, C", "must be a single option letter"),
+    "a number": (2, "must be a single option letter"),
+    "a letter without an option": ("E", "option letter 'E' is not one of the prompt's options (A, B, C, D)"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CHOICE_ANSWERS))
+def test_a_multiple_choice_answer_its_verifier_cannot_grade_is_refused_when_read(tmp_path, case):
+    truth, fragment = BAD_CHOICE_ANSWERS[case]
+    rows = [GPQA_ROW.to_row(), {**GPQA_ROW.to_row(), "id": "g1", "ground_truth": json.dumps(truth)}]
+    problems = problems_file(tmp_path / "gpqa_diamond.parquet", rows)
+    completed = run_agentrl("evaluate", "export-livecodebench", "--problems", problems, "--samples", tmp_path / "s.jsonl",
+                        "--out", tmp_path / "lcb.json", cwd=tmp_path)  # fmt: skip
+    assert_refused(completed, "gpqa_diamond.parquet: row 1", "column 'ground_truth'", fragment)
+    assert not (tmp_path / "lcb.json").exists()
+
+
+def test_a_multiple_choice_answer_in_the_prompts_options_is_read():
+    from agentrl.data.records import check_problems
+
+    wrapped = Problem("g2", "gpqa_diamond", GPQA_ROW.prompt, "science", "(d)")  # the verifier reads it as D
+    embedded = Problem(
+        "c0", "embedded-choice", [{"role": "user", "content": "Which option equals 3+4?\nA=6, B=7, C=9"}], "math", "B"
+    )
+    check_problems([GPQA_ROW, wrapped, embedded], "eval/gpqa_diamond")
+    unlabelled = Problem("g3", "gpqa_diamond", [{"role": "user", "content": "Pick one of the four."}], "science", "D")
+    check_problems([unlabelled], "eval/gpqa_diamond")  # no labelled options: the letter alone is checked
+    with pytest.raises(
+        DataFormatError, match=r"eval/choice: row 0 \(id 'c0'\), column 'ground_truth': option letter 'D'"
+    ):
+        check_problems([Problem("c0", "embedded-choice", embedded.prompt, "math", "D")], "eval/choice")
+
+
 def test_prepare_refuses_a_bad_row_before_writing_anything(tmp_path):
     from agentrl.data.records import check_problems
 

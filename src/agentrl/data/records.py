@@ -210,13 +210,20 @@ def _problem(cells: _Cells) -> Problem:
 def problem_fault(problem: Problem) -> tuple[str, str] | None:
     """(column, what is wrong) when a problem cannot be rolled out or graded, else None: a prompt
     without a non-empty user turn, an empty ground truth, code tests whose inputs and outputs
-    differ in number. Checked when the data is prepared and again when a stage reads it."""
+    differ in number, a multiple-choice answer that is not one of the prompt's option letters.
+    Checked when the data is prepared and again when a stage reads it."""
     users = [m.get("content") for m in problem.prompt if m.get("role") == "user"]
     if not any(isinstance(content, str) and content.strip() for content in users):
         return "prompt", "no user message with text (an empty prompt)"
     truth = problem.ground_truth
     if isinstance(truth, str) and not truth.strip():
         return "ground_truth", "empty (nothing to grade against)"
+    if _verifier_family(problem.data_source) == "multiple_choice":
+        from agentrl.rewards.choice_verifier import choice_ground_truth_fault
+
+        fault = choice_ground_truth_fault(truth, "\n".join(c for c in users if isinstance(c, str)))
+        if fault is not None:
+            return "ground_truth", fault
     if isinstance(truth, dict) and isinstance(truth.get("inputs"), list) and isinstance(truth.get("outputs"), list):
         if len(truth["inputs"]) != len(truth["outputs"]):
             return "ground_truth", (
@@ -225,6 +232,13 @@ def problem_fault(problem: Problem) -> tuple[str, str] | None:
         if not truth["inputs"]:
             return "ground_truth", "no test cases (empty inputs and outputs)"
     return None
+
+
+def _verifier_family(data_source: str) -> str:
+    """The verifier family grading ``data_source`` (an unrouted source as math, which checks nothing more)."""
+    from agentrl.rewards.registry import family_of  # lazy: the verifiers are not needed to read a file
+
+    return family_of(data_source, unknown="math")
 
 
 def check_problems(problems: list[Problem], what: str) -> None:
