@@ -211,6 +211,8 @@ def _dry_run(workdir: Path, overlay: str):
 WORKFLOW_CASES = {
     "duplicate key in an overlay": ("grpo:\n  lr: 1.0e-6\ngrpo:\n  kl_coef: 0.0\n", ["overlay.yaml", "line 3", "'grpo' given twice"]),
     "sft.from without config.json": ("sft:\n  from: {released}\n", ["sft.from", "no config.json"]),
+    "model.base a mistyped path": ("model:\n  base: ./models/qwen\n", ["model.base='./models/qwen'", "probably a typo"]),
+    "fetched checkpoint a mistyped path": ("eval:\n  checkpoints: {{mine: {{id: results/rl/step_9}}}}\n", ["eval.checkpoints.mine='results/rl/step_9'", "probably a typo"]),
     "eval.checkpoints without tokenizer": ("eval:\n  checkpoints: {{mine: {tokenless}}}\n", ["eval.checkpoints.mine", "no tokenizer"]),
 }  # fmt: skip
 
@@ -232,6 +234,28 @@ def test_the_workflow_refuses_at_load(tmp_path, case):
         assert fragment in output, (fragment, output[-3000:])
     assert "Job stats" not in output, "refused before any job was planned"
     assert not (workdir / "results").exists()
+
+
+# --------------------------------------------------------------------------- a local path mistyped as a hub id
+_UPSTREAM = {"id": "Gen-Verse/Open-AgentRL-30K", "file": "x.parquet", "revision": None}
+# name -> (stage arguments, the refused key and value)
+PATH_TYPOS = {
+    "model.base with ./": (["base-model", "--config-json", json.dumps({"model": {"base": "./models/qwen"}}), "--out", "base"], "model.base='./models/qwen'"),
+    "model.base absolute": (["base-model", "--config-json", json.dumps({"model": {"base": "/data/x"}}), "--out", "base"], "model.base='/data/x'"),
+    "model.base under an existing folder": (["base-model", "--config-json", json.dumps({"model": {"base": "models/Qwen3"}}), "--out", "base"], "model.base='models/Qwen3'"),
+    "an upstream data set": (["prepare-data", "--config-json", json.dumps({"data": {"source": "upstream", "upstream": {"sft": _UPSTREAM, "rl": {**_UPSTREAM, "id": "data/rl/pool.parquet"}, "eval": {}}}}),
+                              "--sft", "s.parquet", "--rl-pool", "r.parquet", "--eval-dir", "e"], "data.upstream.rl.id='data/rl/pool.parquet'"),
+    "a fetched model": (["fetch-model", "--id", "~/released/sft", "--key", "sft.from", "--out", "base"], "sft.from='~/released/sft'"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(PATH_TYPOS))
+def test_a_mistyped_local_path_is_refused_before_any_download(tmp_path, case):
+    args, named = PATH_TYPOS[case]
+    (tmp_path / "models").mkdir()
+    completed = run_agentrl(*args, cwd=tmp_path)
+    assert_refused(completed, named, "probably a typo")
+    assert not (tmp_path / "base").exists() and not (tmp_path / "s.parquet").exists()
 
 
 def test_a_model_folder_check_reads_json_as_json(tmp_path):
@@ -262,6 +286,49 @@ def test_a_row_that_cannot_be_rolled_out_or_graded_is_refused_when_read(tmp_path
                         "--out", tmp_path / "lcb.json", cwd=tmp_path)  # fmt: skip
     assert_refused(completed, "eval.parquet: row 2", f"column '{column}'")
     assert not (tmp_path / "lcb.json").exists()
+
+
+GPQA_ROW = Problem(
+    "g0",
+    "gpqa_diamond",
+    [{"role": "user", "content": "Which is a noble gas?\nA) N\nB) Ne\nC) Na\nD) Ni"}],
+    "science",
+    "B",
+)
+# name -> (the multiple-choice row's ground truth, what the message says); the verifier reads one option letter
+BAD_CHOICE_ANSWERS = {
+    "a word": ("Neon", "must be a single option letter"),
+    "two letters": ("B, C", "must be a single option letter"),
+    "a number": (2, "must be a single option letter"),
+    "a letter without an option": ("E", "option letter 'E' is not one of the prompt's options (A, B, C, D)"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CHOICE_ANSWERS))
+def test_a_multiple_choice_answer_its_verifier_cannot_grade_is_refused_when_read(tmp_path, case):
+    truth, fragment = BAD_CHOICE_ANSWERS[case]
+    rows = [GPQA_ROW.to_row(), {**GPQA_ROW.to_row(), "id": "g1", "ground_truth": json.dumps(truth)}]
+    problems = problems_file(tmp_path / "gpqa_diamond.parquet", rows)
+    completed = run_agentrl("evaluate", "export-livecodebench", "--problems", problems, "--samples", tmp_path / "s.jsonl",
+                        "--out", tmp_path / "lcb.json", cwd=tmp_path)  # fmt: skip
+    assert_refused(completed, "gpqa_diamond.parquet: row 1", "column 'ground_truth'", fragment)
+    assert not (tmp_path / "lcb.json").exists()
+
+
+def test_a_multiple_choice_answer_in_the_prompts_options_is_read():
+    from agentrl.rewards.ground_truth import check_ground_truths
+
+    wrapped = Problem("g2", "gpqa_diamond", GPQA_ROW.prompt, "science", "(d)")  # the verifier reads it as D
+    embedded = Problem(
+        "c0", "embedded-choice", [{"role": "user", "content": "Which option equals 3+4?\nA=6, B=7, C=9"}], "math", "B"
+    )
+    check_ground_truths([GPQA_ROW, wrapped, embedded], "eval/gpqa_diamond")
+    unlabelled = Problem("g3", "gpqa_diamond", [{"role": "user", "content": "Pick one of the four."}], "science", "D")
+    check_ground_truths([unlabelled], "eval/gpqa_diamond")  # no labelled options: the letter alone is checked
+    with pytest.raises(
+        DataFormatError, match=r"eval/choice: row 0 \(id 'c0'\), column 'ground_truth': option letter 'D'"
+    ):
+        check_ground_truths([Problem("c0", "embedded-choice", embedded.prompt, "math", "D")], "eval/choice")
 
 
 def test_prepare_refuses_a_bad_row_before_writing_anything(tmp_path):

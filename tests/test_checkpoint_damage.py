@@ -1,4 +1,4 @@
-"""Damaged checkpoints of a real tiny SFT run: the newest intact one is resumed with a warning
+"""Damaged checkpoints of real tiny SFT and GRPO runs: the newest intact one is resumed with a warning
 naming what was wrong, a folder with none intact is refused before any process starts, and a full
 disk during a save names the folder (agentrl.training.checkpoint_files).
 """
@@ -8,13 +8,16 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import os
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from helpers.grpo_runs import TINY_RUN, grpo_command, metric_records, write_arith_inputs
 from helpers.sft_runs import BASE_SFT, sft_env, sft_run_args, sft_run_results, train_sft_run
 
 from agentrl.training.checkpoint_files import (
@@ -139,3 +142,55 @@ def test_a_manifest_records_every_file_size(tmp_path):
     assert damage_of(tag) is None
     (tag / "sub" / "more.pt").write_bytes(b"y" * 9)
     assert "more.pt has 9 bytes, 10 were written" in damage_of(tag)
+
+
+GRPO = {**TINY_RUN, "grpo": {**TINY_RUN["grpo"], "max_steps": 3, "test_freq": 0, "val_before_train": False}}
+
+
+def _grpo(model: Path, root: Path, run: Path) -> list[str]:
+    command = grpo_command(model, root, run)
+    command[command.index("--config-json") + 1] = json.dumps(GRPO)  # a checkpoint each step, 2 kept
+    return command
+
+
+@pytest.mark.timeout(1800)  # three short GRPO runs on a loaded 2-core machine
+@pytest.mark.slow
+def test_a_truncated_newest_grpo_checkpoint_is_survived_and_the_run_ends_with_the_uninterrupted_model(
+    random_policy_dir, tmp_path
+):
+    from safetensors.torch import load_file
+
+    root = write_arith_inputs(tmp_path)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    straight = tmp_path / "straight"
+    subprocess.run(_grpo(random_policy_dir, root, straight), check=True, env=env, capture_output=True, timeout=900)
+
+    damaged = tmp_path / "damaged"
+    checkpoints = damaged / "checkpoints"
+    process = subprocess.Popen(
+        _grpo(random_policy_dir, root, damaged), env=env, start_new_session=True, stderr=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + 900
+    while not ((checkpoints / "latest").exists() and (checkpoints / "latest").read_text() == "step_2"):
+        assert process.poll() is None, "the run ended before it was stopped after two saves"
+        assert time.monotonic() < deadline, "no checkpoint of step 2 within 15 minutes"
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGKILL)  # while step 3 rolls out
+    process.wait()
+    assert sorted(p.name for p in checkpoints.glob("step_*")) == ["step_1", "step_2"]
+    truncated = _model_states(checkpoints / "step_2")
+    _truncate(truncated)
+
+    done = subprocess.run(_grpo(random_policy_dir, root, damaged), env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    warning = next((line for line in done.stderr.splitlines() if "damaged checkpoint" in line), "")
+    assert f"step_2/{truncated.name}" in warning and "(truncated)" in warning, done.stderr[-3000:]
+    assert "resuming from step_1 instead" in warning and "step 1 of 3 done" in done.stderr, done.stderr[-3000:]
+    assert [r["step"] for r in metric_records(damaged / "metrics.jsonl")] == [1, 2, 3], "every step once"
+    expected, resumed = (
+        load_file(str(straight / "rl" / "model.safetensors")),
+        load_file(str(damaged / "rl" / "model.safetensors")),
+    )
+    assert resumed.keys() == expected.keys()
+    for name, tensor in expected.items():
+        torch.testing.assert_close(resumed[name], tensor, rtol=1e-5, atol=1e-6, msg=name)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.grpo_runs import TINY_RUN, arith_split, grpo_command, grpo_paths, metric_records
+from helpers.grpo_runs import TINY_RUN, arith_split, grpo_command, grpo_paths, metric_records, write_arith_inputs
 
 from agentrl.config import load_config
 from agentrl.data.records import write_records
@@ -25,10 +25,7 @@ from agentrl.data.records import write_records
 def inputs(tmp_path_factory):
     from helpers.rollout import random_policy
 
-    root = tmp_path_factory.mktemp("grpo-inputs")
-    write_records(arith_split(9, "rl"), root / "rl_train.parquet")
-    write_records(arith_split(3, "eval"), root / "arith.parquet")
-    return random_policy(), root
+    return random_policy(), write_arith_inputs(tmp_path_factory.mktemp("grpo-inputs"))
 
 
 def _weights(folder: Path) -> dict[str, torch.Tensor]:

@@ -16,8 +16,10 @@ import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 from agentrl.hub import is_hub_id
+from agentrl.hub_ids import path_typo
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -164,3 +166,27 @@ def test_hub_ids_and_local_paths(tmp_path):
     (tmp_path / "org" / "model").mkdir(parents=True)
     assert not is_hub_id(str(tmp_path / "org" / "model"))
     assert not is_hub_id("embedded")
+
+
+# name -> whether it is refused as a mistyped local path (in a folder holding models/ and data.parquet)
+PATH_TYPOS = {
+    "Qwen/Qwen3-8B": False,  # owner/name: a hub id
+    "embedded": False,  # no '/': left to the key's reader
+    "data.parquet": False,  # exists here
+    "models": False,  # exists here
+    "./models/qwen": True,
+    "../models/qwen": True,
+    "/data/x": True,
+    "~/nowhere/qwen": True,
+    "results/models/sft": True,  # two '/': no hub id
+    "models/Qwen3": True,  # models/ exists here: a local path
+    "Models/Qwen3": False,  # no folder Models/ here: a hub id
+}
+
+
+@pytest.mark.parametrize("name", sorted(PATH_TYPOS))
+def test_a_source_spelled_as_a_missing_local_path_is_a_typo_not_a_hub_id(tmp_path, monkeypatch, name):
+    (tmp_path / "models").mkdir()
+    (tmp_path / "data.parquet").write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
+    assert (path_typo(name) is not None) == PATH_TYPOS[name], path_typo(name)

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.shard_runs import SHARD_CONFIG, gather_shards, score_shard, shard_problems
+from helpers.shard_runs import SHARD_CONFIG, alive, finished_problems, gather_shards, score_shard, shard_problems
 from helpers.workflows import ROOT
 
 from agentrl.data.records import write_records
@@ -51,18 +51,6 @@ def _wait_for_lines(partial: Path, lines: int, alive: subprocess.Popen) -> None:
         time.sleep(0.05)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
-
-
-def _finished_problems(partial: Path) -> int:
-    return sum(1 for line in partial.read_bytes().splitlines()[1:] if line.endswith(b"}"))
-
-
 @pytest.mark.slow  # a job per problem chunk, twice: about a minute under load
 def test_an_orphaned_shard_job_stops_within_seconds_and_the_rerun_takes_its_problems_over(
     random_policy_dir, big, tmp_path
@@ -78,10 +66,10 @@ def test_an_orphaned_shard_job_stops_within_seconds_and_the_rerun_takes_its_prob
     os.kill(shell.pid, signal.SIGKILL)  # kill -9 of the parent alone: the job lives on, orphaned
     shell.wait()
     killed = time.monotonic()
-    while _alive(job):
+    while alive(job):
         assert time.monotonic() - killed < 20, "the orphan still runs 20 s after its parent died"
         time.sleep(0.1)
-    kept = _finished_problems(partial)
+    kept = finished_problems(partial)
     assert not out.exists() and 1 <= kept < POOL_SIZE, f"the orphan stopped after {kept} problems"
     again = subprocess.run(_command(random_policy_dir, pool, out), env=ENV, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
@@ -90,7 +78,7 @@ def test_an_orphaned_shard_job_stops_within_seconds_and_the_rerun_takes_its_prob
 
 
 @pytest.mark.slow  # two jobs on one shard file
-def test_a_second_job_waits_for_the_first_and_a_sigterm_keeps_the_finished_problems(random_policy_dir, big, tmp_path):
+def test_a_second_job_waits_for_the_first_and_a_sigterm_keeps_thefinished_problems(random_policy_dir, big, tmp_path):
     pool, one = big
     out = tmp_path / "shards/0-of-1.jsonl"
     partial = out.with_name(out.name + PARTIAL_SUFFIX)
@@ -106,7 +94,7 @@ def test_a_second_job_waits_for_the_first_and_a_sigterm_keeps_the_finished_probl
     assert first.wait(timeout=60) == 75
     stderr = first.stderr.read()
     assert "stopped by SIGTERM" in stderr and "Traceback" not in stderr, stderr[-2000:]
-    kept = _finished_problems(partial)
+    kept = finished_problems(partial)
     assert partial.read_bytes().startswith(written_so_far[: written_so_far.rindex(b"\n") + 1])
     assert second.wait(timeout=300) == 0
     stderr = second.stderr.read()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers.workflows import rules_snakefile
+from helpers.workflows import prepare_results, rules_snakefile
 
 pytestmark = pytest.mark.slow
 
@@ -64,33 +64,7 @@ def _job_counts(output: str) -> dict[str, int]:
 def inputs(tmp_path_factory) -> Path:
     """The embedded pool and model, in a folder laid out as results/."""
     root = tmp_path_factory.mktemp("inputs")
-    config = root / "config.yaml"
-    config.write_text(yaml.safe_dump({"data": SMALL["data"]}))
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    data = root / "results/data"
-    for stage in (
-        [
-            "prepare-data",
-            "--sft",
-            data / "sft.parquet",
-            "--rl-pool",
-            data / "rl_pool.parquet",
-            "--eval-dir",
-            data / "eval",
-        ],
-        [
-            "base-model",
-            "--sft",
-            data / "sft.parquet",
-            "--rl-pool",
-            data / "rl_pool.parquet",
-            "--out",
-            root / "results/models/sft",
-        ],
-    ):
-        command = [sys.executable, "-m", "agentrl", stage[0], "--config", str(config), *map(str, stage[1:])]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
-        assert done.returncode == 0, done.stderr
+    prepare_results(root, SMALL["data"])
     return root
 
 

@@ -28,7 +28,7 @@ class Stage(NamedTuple):
 
 
 STAGES: dict[str, Stage] = {
-    "hub-download": Stage("agentrl.hub", "fetch the hub data sets and base model into the local hub cache"),
+    "hub-download": Stage("agentrl.hub_cli", "fetch the hub data sets and base model into the local hub cache"),
     "prepare-data": Stage("agentrl.data.cli", "write the normalized SFT, RL-pool and eval parquet files"),
     "fit-prompts": Stage(
         "agentrl.data.cli", "drop prompts over the token limits, counted per data source", "fit_prompts_main"

@@ -8,7 +8,8 @@ exactly what is read, so a later push to the hub repository changes nothing.
 Every read goes through the local hub cache (``HF_HOME`` / ``HF_HUB_CACHE``):
 :func:`dataset_file` and :func:`model_snapshot` return paths inside it, downloading what is
 missing unless the hub is offline (``HF_HUB_OFFLINE=1``), in which case a file not in the cache
-is an error naming it. The workflow's ``hub_download`` rule (``python -m agentrl hub-download``)
+is an error naming it. The workflow's ``hub_download`` rule (``python -m agentrl hub-download``,
+:mod:`agentrl.hub_cli`)
 fills the cache on the submitting host, where the network is; the rules that read the data and
 the model then run with ``HF_HUB_OFFLINE=1`` wherever the scheduler puts them, so the cache must
 be on a file system the compute nodes see (docs/paper-scale.md).
@@ -16,14 +17,13 @@ be on a file system the compute nodes see (docs/paper-scale.md).
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from agentrl.config import Config, SourceConfig, add_config_arguments, config_from_args
-from agentrl.stage_cli import setup_logging, stage_parser
+from agentrl.config import Config, SourceConfig
+from agentrl.hub_ids import refuse_path_typos
 
 log = logging.getLogger("agentrl.hub")
 LOCAL_DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
@@ -65,6 +65,28 @@ def hub_dataset_sources(cfg: Config) -> Iterator[tuple[str, SourceConfig]]:
             yield key, source
 
 
+def named_sources(cfg: Config) -> Iterator[tuple[str, str]]:
+    """(config key, name) of the model and data sources the config names as a hub id or a local path.
+
+    Not ``eval.checkpoints``: a plain string there is always a local folder (its rule's input), and
+    ``fetch-model`` checks the ``{id, revision}`` ones it resolves.
+    """
+    if cfg.model.base != "embedded":
+        yield "model.base", cfg.model.base
+    if cfg.sft.from_ is not None:
+        yield "sft.from", cfg.sft.from_.id
+    if cfg.data.source == "upstream":
+        up = cfg.data.upstream
+        yield from (("data.upstream.sft.id", up.sft.id), ("data.upstream.rl.id", up.rl.id))
+        yield from ((f"data.upstream.eval.{name}.id", source.id) for name, source in up.eval.items())
+
+
+def check_sources(cfg: Config) -> None:
+    """Refuse a source that is a mistyped local path (:func:`agentrl.hub_ids.path_typo`), naming its
+    key: before any download, at workflow load and at the start of each stage that resolves one."""
+    refuse_path_typos(named_sources(cfg))
+
+
 def needs_hub(cfg: Config) -> bool:
     return any(True for _ in hub_dataset_sources(cfg)) or is_hub_id(cfg.model.base)
 
@@ -85,6 +107,7 @@ def _pin_note(key: str, revision: str | None, commit: str | None) -> None:
 def download(cfg: Config) -> dict[str, dict[str, str | None]]:
     """Fetch every hub file and model the config reads into the hub cache; returns the manifest:
     config key -> id, file, revision asked for, commit received."""
+    check_sources(cfg)
     manifest: dict[str, dict[str, str | None]] = {}
     for key, source in hub_dataset_sources(cfg):
         path = dataset_file(source)
@@ -99,17 +122,3 @@ def download(cfg: Config) -> dict[str, dict[str, str | None]]:
         manifest["model.base"] = {"id": cfg.model.base, "file": None, "revision": cfg.model.revision, "commit": commit}
         log.info("model.base: %s at %s", cfg.model.base, commit)
     return manifest
-
-
-def main(argv: list[str]) -> int:
-    parser = stage_parser(
-        "hub-download", "Download the hub data sets and base model the config names into the local hub cache."
-    )
-    add_config_arguments(parser)
-    parser.add_argument("--manifest", type=Path, required=True, help="output: JSON of what was fetched, by config key")
-    args = parser.parse_args(argv)
-    setup_logging()
-    manifest = download(config_from_args(args))
-    args.manifest.parent.mkdir(parents=True, exist_ok=True)
-    args.manifest.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    return 0

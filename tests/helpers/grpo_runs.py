@@ -48,6 +48,15 @@ def arith_split(count: int, split: str) -> list[Problem]:
     ]
 
 
+def write_arith_inputs(root: Path) -> Path:
+    """``root`` with the tiny run's RL data (9 problems, rl_train.parquet) and eval set (3, arith.parquet)."""
+    from agentrl.data.records import write_records
+
+    write_records(arith_split(9, "rl"), root / "rl_train.parquet")
+    write_records(arith_split(3, "eval"), root / "arith.parquet")
+    return root
+
+
 def grpo_paths(model: Path, root: Path, run: Path):
     """The stage paths of a run in ``run`` on ``root``'s rl_train.parquet and arith.parquet (ZeRO-0)."""
     from agentrl.grpo.trainer import GrpoPaths

@@ -60,3 +60,39 @@ def scored_in_one_job(model_dir: Path, root: Path) -> tuple[Path, Path, tuple[by
         root / "shards/0-of-1.jsonl",
         gather_shards(root / "pool.parquet", [root / "shards/0-of-1.jsonl"], root),
     )
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie, dead but not yet collected, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def finished_problems(partial: Path) -> int:
+    """Problems whose line is complete in a (partial) shard file, the header aside."""
+    return sum(1 for line in partial.read_bytes().splitlines()[1:] if line.endswith(b"}"))
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (children, their children, ...), read from /proc."""
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            try:
+                children = [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            found += children
+            todo += children
+    return found
+
+
+def command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""

@@ -129,10 +129,10 @@ def snakemake(workdir: Path, *args: str, timeout: float = 600, **options) -> sub
     return done
 
 
-def start_snakemake(workdir: Path, *args: str) -> subprocess.Popen:
+def start_snakemake(workdir: Path, *args: str, snakefile: Path = SNAKEFILE) -> subprocess.Popen:
     """snakemake running in the background in its own session (its process group holds its jobs)."""
     return subprocess.Popen(
-        snakemake_command(workdir, *args),
+        snakemake_command(workdir, *args, snakefile=snakefile),
         cwd=workdir,
         env=snakemake_env(),
         stdout=subprocess.DEVNULL,
@@ -204,3 +204,22 @@ def rules_snakefile(*rule_files: str, extra: str = "") -> str:
         *(f'include: "{ROOT}/rules/{name}"' for name in ("common.smk", *rule_files)),
     ]
     return "\n".join(lines) + "\n" + extra
+
+
+def prepare_results(root: Path, data: dict) -> Path:
+    """``root/results`` laid out as the workflow's: the embedded data of config section ``data``
+    (results/data) and the embedded tiny model as the SFT model (results/models/sft), each written
+    by its stage's CLI."""
+    config = root / "inputs.yaml"
+    config.write_text(yaml.safe_dump({"data": data}))
+    results = root / "results"
+    stages = (
+        ["prepare-data", "--sft", "data/sft.parquet", "--rl-pool", "data/rl_pool.parquet", "--eval-dir", "data/eval"],
+        ["base-model", "--sft", "data/sft.parquet", "--rl-pool", "data/rl_pool.parquet", "--out", "models/sft"],
+    )
+    for stage, *paths in stages:
+        args = [str(results / path) if path.startswith(("data", "models")) else path for path in paths]
+        command = [sys.executable, "-m", "agentrl", stage, "--config", str(config), *args]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=snakemake_env())
+        assert done.returncode == 0, done.stderr
+    return results

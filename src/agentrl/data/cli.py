@@ -9,7 +9,9 @@ from pathlib import Path
 from agentrl.config import Config, RewardConfig, add_config_arguments, config_from_args
 from agentrl.data import prompt_fit, upstream
 from agentrl.data.records import check_problems, write_records
+from agentrl.hub import check_sources
 from agentrl.paths import check_writable
+from agentrl.rewards.ground_truth import check_ground_truths
 from agentrl.stage_cli import setup_logging, stage_parser
 
 log = logging.getLogger("agentrl.prepare_data")
@@ -75,6 +77,7 @@ def prepare(cfg: Config, sft_out: Path, rl_out: Path, eval_dir: Path) -> dict[st
     problem_sets = {"rl_pool": rl_pool, **{f"eval/{k}": v for k, v in eval_sets.items()}}
     for name, problems in problem_sets.items():
         check_problems(problems, name)
+        check_ground_truths(problems, name)  # what each row's verifier needs more
     routes = route_sources(problem_sets, cfg.reward)
     log.info("reward routing (data_source -> verifier family, rows): %s", json.dumps(routes, sort_keys=True))
     write_records(sft, sft_out)
@@ -96,6 +99,7 @@ def main(argv: list[str]) -> int:
     check_writable(
         (args.sft, "--sft", "file"), (args.rl_pool, "--rl-pool", "file"), (args.eval_dir / "x.parquet", "--eval-dir")
     )
+    check_sources(cfg)
     counts = prepare(cfg, args.sft, args.rl_pool, args.eval_dir)
     log.info("wrote %s", json.dumps(counts))
     return 0

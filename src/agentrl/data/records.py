@@ -210,7 +210,9 @@ def _problem(cells: _Cells) -> Problem:
 def problem_fault(problem: Problem) -> tuple[str, str] | None:
     """(column, what is wrong) when a problem cannot be rolled out or graded, else None: a prompt
     without a non-empty user turn, an empty ground truth, code tests whose inputs and outputs
-    differ in number. Checked when the data is prepared and again when a stage reads it."""
+    differ in number. Checked when the data is prepared and again whenever a file is read; what a
+    particular verifier needs more (a multiple-choice letter among the prompt's options) is
+    :mod:`agentrl.rewards.ground_truth`'s, checked by the stages that grade."""
     users = [m.get("content") for m in problem.prompt if m.get("role") == "user"]
     if not any(isinstance(content, str) and content.strip() for content in users):
         return "prompt", "no user message with text (an empty prompt)"

@@ -32,10 +32,11 @@ from typing import Any
 
 from agentrl.config import Config, config_from_args
 from agentrl.cpus import set_torch_threads
-from agentrl.data.records import read_problems, write_records
+from agentrl.data.records import write_records
 from agentrl.evaluation.livecodebench import custom_outputs, write_custom_outputs
 from agentrl.model.folder import check_model_folder
 from agentrl.paths import check_writable
+from agentrl.rewards.ground_truth import read_gradable_problems
 from agentrl.sampling.metrics import summarize_benchmark
 from agentrl.sampling.rollouts import PROBLEMS_IN_FLIGHT, SamplingSetup
 from agentrl.sampling.samples import read_jsonl, write_jsonl
@@ -180,7 +181,7 @@ def gather(
 ) -> dict:
     """Shard files -> ``samples.jsonl`` in problem order, then ``metrics.json`` of all of it."""
     check_tracking(cfg.tracking)  # a missing package stops the job before any work
-    problems = read_problems(problems_path)[:max_problems]
+    problems = read_gradable_problems(problems_path)[:max_problems]
     count = write_jsonl(gathered_rows(problems, shard_paths, cfg.eval.n), samples_out)
     assert count == len(problems) * cfg.eval.n, f"wrote {count} samples for {len(problems)} problems x n={cfg.eval.n}"
     info = run_info(cfg, model_dir, problems_path, benchmark, max_problems, reasoning)
@@ -213,7 +214,7 @@ def run(
     problems_in = problems_path
     if max_problems is not None:  # the first N problems as a problem file of their own
         problems_in = samples_out.with_name(samples_out.stem + ".problems.parquet")
-        write_records(read_problems(problems_path)[:max_problems], problems_in)
+        write_records(read_gradable_problems(problems_path)[:max_problems], problems_in)
     shard_file = samples_out.with_name(samples_out.stem + ".shard.jsonl")
     run_shard_of(cfg, model_dir, problems_in, benchmark, 0, 1, shard_file, reasoning=reasoning)
     metrics = gather(
@@ -317,7 +318,7 @@ def _run_or_gather_command(args: argparse.Namespace) -> None:
 
 def _export_livecodebench_command(args: argparse.Namespace) -> None:
     check_writable((args.out, "--out"))
-    outputs = custom_outputs(read_problems(args.problems), read_jsonl(args.samples), str(args.samples))
+    outputs = custom_outputs(read_gradable_problems(args.problems), read_jsonl(args.samples), str(args.samples))
     write_custom_outputs(outputs, args.out)
     log.info("wrote %d questions x %d samples to %s", len(outputs), len(outputs[0]["code_list"]), args.out)
 

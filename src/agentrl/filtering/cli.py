@@ -24,13 +24,14 @@ import time
 from pathlib import Path
 
 from agentrl.config import Config, config_from_args
-from agentrl.data.records import Problem, read_problems, write_records
+from agentrl.data.records import Problem, write_records
 from agentrl.errors import DataFormatError
 from agentrl.filtering.histogram import plot_pass_rate_histogram
 from agentrl.filtering.pass_rates import pass_rate_table, read_pass_rates, write_pass_rates
 from agentrl.filtering.selection import select_problems, target_shares_from_table
 from agentrl.model.folder import check_model_folder
 from agentrl.paths import check_writable
+from agentrl.rewards.ground_truth import read_gradable_problems
 from agentrl.sampling.rollouts import PROBLEMS_IN_FLIGHT, SamplingSetup
 from agentrl.sampling.samples import write_jsonl
 from agentrl.sampling.shards import add_shard_arguments, gathered_rows, run_shard
@@ -79,7 +80,7 @@ def score_shard(
 
 def gather(k: int, pool_path: Path, shard_paths: list[Path], pass_rates_out: Path, samples_out: Path) -> None:
     """The shard files, in pool order -> ``samples.jsonl`` and the pass-rate table (the same for any shard count)."""
-    problems = read_problems(pool_path)
+    problems = read_gradable_problems(pool_path)
     rows = []
     counted = ("problem_id", "acc", "score", "tool_calls", "response_length", "tool_outcomes", "attempts")
 
@@ -139,7 +140,7 @@ def select(
     if f.target_pass_rates is not None:
         shares = target_shares_from_table(read_pass_rates(f.target_pass_rates), f, f.target_pass_rates)
     selection = select_problems(table, f, cfg.seed, shares, origin=str(pass_rates_path))
-    pool = {p.id: p for p in read_problems(pool_path)}
+    pool = {p.id: p for p in read_gradable_problems(pool_path)}
     missing = [i for i in selection.ids if i not in pool]
     if missing:
         raise DataFormatError(

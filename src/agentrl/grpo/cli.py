@@ -18,9 +18,9 @@ import logging
 from pathlib import Path
 
 from agentrl.config import Config, add_config_arguments
-from agentrl.data.records import read_problems
 from agentrl.model.folder import check_model_folder
 from agentrl.paths import check_writable
+from agentrl.rewards.ground_truth import read_gradable_problems
 from agentrl.stage_cli import config_or_exit, setup_logging, stage_parser
 from agentrl.training.cli import add_training_arguments, deepspeed_config, launch, run_trainer
 
@@ -72,7 +72,7 @@ def main(argv: list[str]) -> int:
 
     load_deepspeed_config(deepspeed_config(args, cfg.grpo.deepspeed.zero_stage), cfg.grpo.deepspeed.zero_stage)
     for problems in (args.train, *args.eval):
-        read_problems(problems)
+        read_gradable_problems(problems)
     launch(parser, "grpo", argv, args)
 
     from agentrl.grpo.trainer import GrpoPaths, train

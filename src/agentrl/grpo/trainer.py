@@ -28,7 +28,6 @@ from typing import Any
 import torch
 
 from agentrl.config import Config
-from agentrl.data.records import read_problems
 from agentrl.grpo.checkpoint import resume, save_checkpoint
 from agentrl.grpo.distributed import barrier
 from agentrl.grpo.metrics import console_line
@@ -40,6 +39,7 @@ from agentrl.grpo.variants import AlgorithmSettings, grpo_reward_config, resolve
 from agentrl.model.folder import stamp_model_digest
 from agentrl.model.tokenizer import load_chat_tokenizer, pad_token_id
 from agentrl.precision import resolve_dtype
+from agentrl.rewards.ground_truth import read_gradable_problems
 from agentrl.rollout.memory_plan import TrainerMemory, trainer_growth_bytes
 from agentrl.training import deepspeed_engine as dse
 from agentrl.training.fingerprint import fingerprint_of, without_keys
@@ -339,9 +339,9 @@ def _run_steps(
 
 def read_inputs(cfg: Config, paths: GrpoPaths) -> tuple[list, list[EvalSet]]:
     """The RL problems and the validation sets (each cut to ``grpo.validation.max_problems``)."""
-    problems = read_problems(paths.train)
+    problems = read_gradable_problems(paths.train)
     limit = cfg.grpo.validation.max_problems
-    return problems, [EvalSet(p.stem, limit_problems(read_problems(p), limit)) for p in paths.eval_sets]
+    return problems, [EvalSet(p.stem, limit_problems(read_gradable_problems(p), limit)) for p in paths.eval_sets]
 
 
 def resume_run(

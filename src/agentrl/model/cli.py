@@ -20,6 +20,7 @@ from pathlib import Path
 from agentrl.config import add_config_arguments, config_from_args
 from agentrl.data.prompts import CODE_INTERPRETER_TOOL
 from agentrl.data.records import read_problems, read_sft_examples
+from agentrl.hub import check_sources
 from agentrl.paths import check_writable
 from agentrl.stage_cli import setup_logging, stage_parser
 
@@ -51,6 +52,7 @@ def main(argv: list[str]) -> int:
     setup_logging()
     cfg = config_from_args(args)
     check_writable((args.out, "--out", "folder"))
+    check_sources(cfg)
 
     from agentrl.model import build
 
@@ -81,8 +83,10 @@ def fetch_main(argv: list[str]) -> int:
     parser.add_argument("--out", type=Path, required=True, help="output model folder")
     args = parser.parse_args(argv)
     setup_logging()
+    from agentrl.hub_ids import refuse_path_typos
     from agentrl.model.folder import MODEL_SOURCE_KEY, resolve_pretrained
 
+    refuse_path_typos([(args.key, args.id)])
     out = resolve_pretrained(args.id, args.out, revision=args.revision or None, key=args.key)
     source = json.loads((out / "config.json").read_text())[MODEL_SOURCE_KEY]
     logging.getLogger("agentrl.fetch_model").info("%s: %s -> %s", args.key, source, out)

@@ -50,6 +50,34 @@ def ground_truth_letter(ground_truth: Any) -> str:
     return letter
 
 
+# How prompts label their options: lines "A) text" or "(A) text" (GPQA), or "A=-26, B=-21" (embedded choice).
+_LINE_LABEL = re.compile(r"^[ \t]*\(?([A-Z])\)", re.MULTILINE)
+_PAIR_LABEL = re.compile(r"(?:^|,[ \t]*)([A-Z])=", re.MULTILINE)
+
+
+def offered_letters(prompt_text: str) -> str:
+    """The option letters a prompt offers: the run ``A``, ``B``, ... of letters it labels as
+    options, stopping at the first one missing ("ABCD"), or "" when it labels none."""
+    labelled = set(_LINE_LABEL.findall(prompt_text)) | set(_PAIR_LABEL.findall(prompt_text))
+    offered = ""
+    while chr(ord("A") + len(offered)) in labelled:
+        offered += chr(ord("A") + len(offered))
+    return offered
+
+
+def choice_ground_truth_fault(ground_truth: Any, prompt_text: str) -> str | None:
+    """What makes ``ground_truth`` ungradable by this verifier for a row whose prompt is
+    ``prompt_text``: not one option letter, or a letter the prompt offers no option for. None if fine."""
+    try:
+        letter = ground_truth_letter(ground_truth)
+    except InvalidGroundTruthError as exc:
+        return str(exc)
+    offered = offered_letters(prompt_text)
+    if offered and letter not in offered:
+        return f"option letter {letter!r} is not one of the prompt's options ({', '.join(offered)})"
+    return None
+
+
 class ChoiceVerifier:
     family = "multiple_choice"
 

@@ -239,10 +239,10 @@ def run_shard(
     ``sampling``: the config sections the rollouts read (the fingerprint's). Resumes from
     ``out.partial`` and takes finished problems over from the other shard files beside ``out``.
     """
-    from agentrl.data.records import read_problems
+    from agentrl.rewards.ground_truth import read_gradable_problems
     from agentrl.training.folder_lock import hold_shard_file
 
-    problems = read_problems(problems_path)
+    problems = read_gradable_problems(problems_path)
     start, stop = shard_range(len(problems), shard, shards)
     expected = fingerprint(setup.seed_tag, setup.n, sampling, model_dir, problems_path)
     with hold_shard_file(out, setup.seed_tag), stop_on_signal_or_orphaning():
