@@ -1,5 +1,5 @@
 """Every allowed-value list is written twice, as a ``Literal`` type of a config dataclass field
-(src/agentrl/config.py) and as the schema's ``enum`` of that key (workflow/schemas/
+(src/agentrl/config/sections.py) and as the schema's ``enum`` of that key (src/agentrl/resources/
 config.schema.yaml): the schema refuses what the code does not know, the hint documents what the
 code takes. Each pair must be the same set, walked from :class:`agentrl.config.Config` down."""
 

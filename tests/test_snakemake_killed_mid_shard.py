@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from agentrl.evaluation.shards import PARTIAL_SUFFIX
+from agentrl.sampling.shards import PARTIAL_SUFFIX
 from helpers.shard_runs import SHARD_CONFIG, alive, command_line, descendants, finished_problems
 from helpers.workflows import merged, prepare_results, rules_snakefile, snakemake, start_snakemake, wait_for
 
