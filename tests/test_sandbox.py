@@ -25,11 +25,11 @@ from pathlib import Path
 import pytest
 
 from agentrl.config import load_config
+from agentrl.tools.factory import make_sandbox
 from agentrl.tools.sandbox import (
     ExecutionResult,
     LocalSandbox,
     SandboxUnavailableError,
-    make_sandbox,
     sandbox_environment,
 )
 from agentrl.tools.sandbox_isolation import interpreter_paths
