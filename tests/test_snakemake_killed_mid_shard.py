@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from agentrl.sampling.shards import PARTIAL_SUFFIX
 from helpers.shard_runs import SHARD_CONFIG, alive, command_line, descendants, finished_problems
 from helpers.workflows import merged, prepare_results, rules_snakefile, snakemake, start_snakemake, wait_for
+
+from agentrl.sampling.shards import PARTIAL_SUFFIX
 
 pytestmark = pytest.mark.slow
 
