@@ -6,7 +6,7 @@ same seeds), medians and per-round ratios, with the load average printed beside 
 
 - ``hf``: generated tokens/s of ``AgentLoop.run`` with ``rollout.scheduling: per_trajectory``
   (tool calls run in the real sandbox) against one raw ``engine.generate`` on the same rendered
-  prompts with no tools (stop at the end of turn only): the loop's overhead (issue 25's goal:
+  prompts with no tools (stop at the end of turn only): the loop's overhead (the target:
   loop / raw >= 0.8). And ``per_trajectory`` against ``per_turn``.
 - ``vllm`` (when installed): ``per_trajectory`` against ``per_turn`` with a tool that sleeps
   ``--tool-sleep-s`` before every call (slow model-written code): the time decoding overlaps

@@ -1,4 +1,4 @@
-"""The paper presets behave as upstream's released code (issue 22; docs/fidelity.md lists each item).
+"""The paper presets behave as upstream's released code (docs/fidelity.md lists each item).
 
 Every expected value below is worked out from upstream's rule (Gen-Verse/Open-AgentRL,
 ``recipe/demystify/reward.py``, verl's ``math_dapo``, ``tool_agent_loop`` and ``metric_utils``),
