@@ -12,15 +12,13 @@ scoring shards and the gather, and running it selects nothing again. Slow: real 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
-from helpers.workflows import prepare_results, rules_snakefile
+from helpers.workflows import prepare_results, rules_snakefile, workdir_with_results
 
 pytestmark = pytest.mark.slow
 
@@ -69,10 +67,7 @@ def inputs(tmp_path_factory) -> Path:
 
 
 def _workdir(inputs: Path, path: Path) -> Path:
-    shutil.copytree(inputs / "results", path / "results")
-    (path / "Snakefile").write_text(WRAPPER)
-    time.sleep(1.1)  # outputs must be newer than inputs at the file system's time resolution
-    return path
+    return workdir_with_results(inputs, path, WRAPPER)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ workflow runs per stage.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import time
 from pathlib import Path
@@ -20,7 +19,15 @@ from pathlib import Path
 import pytest
 import yaml
 from helpers.shard_runs import SHARD_CONFIG, alive, command_line, descendants, finished_problems
-from helpers.workflows import merged, prepare_results, rules_snakefile, snakemake, start_snakemake, wait_for
+from helpers.workflows import (
+    merged,
+    prepare_results,
+    rules_snakefile,
+    snakemake,
+    start_snakemake,
+    wait_for,
+    workdir_with_results,
+)
 
 from agentrl.sampling.shards import PARTIAL_SUFFIX
 
@@ -63,11 +70,8 @@ def inputs(tmp_path_factory) -> Path:
 
 
 def _workdir(inputs: Path, path: Path) -> Path:
-    shutil.copytree(inputs / "results", path / "results")
-    (path / "Snakefile").write_text(rules_snakefile("filter.smk", "eval.smk"))
     (path / "small.yaml").write_text(yaml.safe_dump({**SMALL, "eval": {**SMALL["eval"], "models": ["sft"]}}))
-    time.sleep(1.1)  # outputs must be newer than inputs at the file system's time resolution
-    return path
+    return workdir_with_results(inputs, path, rules_snakefile("filter.smk", "eval.smk"))
 
 
 def _args(workdir: Path, target: str, *more: str) -> tuple[str, ...]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -223,3 +224,12 @@ def prepare_results(root: Path, data: dict) -> Path:
         done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=snakemake_env())
         assert done.returncode == 0, done.stderr
     return results
+
+
+def workdir_with_results(inputs: Path, path: Path, snakefile: str) -> Path:
+    """``path`` as a workflow folder: a copy of ``inputs/results`` (:func:`prepare_results`) and a
+    Snakefile, its outputs then newer than its inputs at the file system's time resolution."""
+    shutil.copytree(inputs / "results", path / "results")
+    (path / "Snakefile").write_text(snakefile)
+    time.sleep(1.1)
+    return path
