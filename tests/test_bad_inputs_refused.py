@@ -351,3 +351,12 @@ def test_sft_refuses_a_set_without_a_trained_token_before_the_model_loads(tiny_s
     assert "sft.parquet: none of the 8 conversations has a trained token" in completed.stderr
     assert not (tmp_path / "out/sft").exists() and not (tmp_path / "out/metrics.jsonl").exists()
     assert not list((tmp_path / "ck").glob("step_*"))
+
+
+def test_a_hub_model_neither_cached_nor_reachable_is_refused_naming_its_key(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # offline: the hub is not asked, the cache has no such model
+    out = tmp_path / "models" / "sft"
+    completed = run_agentrl("fetch-model", "--id", "nobody/no-such-model", "--revision", "v1", "--key", "sft.from",
+                            "--out", out, cwd=tmp_path)  # fmt: skip
+    assert_refused(completed, "sft.from='nobody/no-such-model' at revision 'v1'", "not in the local hub cache")
+    assert not out.exists()

@@ -1,9 +1,10 @@
 """A retried job keeps the log of every attempt (rules/common.smk KEPT_LOG).
 
 Snakemake deletes a job's ``log:`` file before each attempt; each rule therefore also appends its
-output to ``<log name>.attempts.log``, under a line naming the attempt. The job here is the local
-link of a released SFT model (``sft.from``) whose folder does not exist (a folder that exists
-but is no model folder is refused when the workflow loads): it fails in seconds and needs no other job, and ``--retries 1`` runs it twice, as a retry on a cluster would.
+output to ``<log name>.attempts.log``, under a line naming the attempt. The job here fetches a
+released SFT model (``sft.from``) by a hub id that is in no cache, offline (``HF_HUB_OFFLINE=1``;
+a local path that is missing or no model folder is refused when the workflow loads): it fails in
+seconds and needs no other job, and ``--retries 1`` runs it twice, as a retry on a cluster would.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from helpers.workflows import ROOT, run_snakemake
 
 
 @pytest.mark.slow
-def test_a_retried_failing_job_keeps_the_first_attempts_log(tmp_path):
-    broken = tmp_path / "released"  # never made
+def test_a_retried_failing_job_keeps_the_first_attempts_log(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the same failure with or without a network
     overlay = tmp_path / "overlay.yaml"
-    overlay.write_text(f"sft: {{from: {broken}}}\n")
+    overlay.write_text("sft: {from: nobody/no-such-model}\n")
     workdir = tmp_path / "run"
     workdir.mkdir()
     done = run_snakemake(
@@ -29,7 +30,7 @@ def test_a_retried_failing_job_keeps_the_first_attempts_log(tmp_path):
     attempts = (logs / "released_sft.attempts.log").read_text()
     headers = [line for line in attempts.splitlines() if line.startswith("=== attempt started")]
     assert len(headers) == 2, attempts[-3000:]
-    error = f"agentrl fetch-model: error: sft.from={str(broken)!r} is neither an existing folder nor a hub id"
+    error = "agentrl fetch-model: error: sft.from='nobody/no-such-model': not in the local hub cache"
     assert attempts.count(error) == 2, "each attempt's error is kept"
     # the rule's own log holds the last attempt and names the file with all of them
     last = (logs / "released_sft.log").read_text()

@@ -137,15 +137,31 @@ def resolve_pretrained(base: str, out_dir: str | Path, revision: str | None = No
             f"{key}={base!r}: no such folder ({source.parent} exists, so it is read as a local path, not a hub id)"
         )
     elif is_hub_id(base):
-        from huggingface_hub import snapshot_download  # only needed when a hub model is asked for
-
-        source = Path(snapshot_download(repo_id=base, revision=revision))
+        source = _download_snapshot(base, revision, key)
         record = {"id": base, "revision": revision, "commit": source.name}
     else:
         raise ModelFolderError(f"{key}={base!r} is neither an existing folder nor a hub id 'org/name'")
     _link_model_folder(source, out_dir)
     _record_source(out_dir, record)
     return out_dir
+
+
+def _download_snapshot(repo_id: str, revision: str | None, key: str) -> Path:
+    """The hub snapshot folder of ``repo_id`` at ``revision``; a repository or revision the hub
+    (or, offline, the local cache) does not have is the user's to fix: one line naming the key."""
+    from huggingface_hub import snapshot_download  # only needed when a hub model is asked for
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    at = f" at revision {revision!r}" if revision else ""
+    try:
+        return Path(snapshot_download(repo_id=repo_id, revision=revision))
+    except LocalEntryNotFoundError as exc:  # offline (HF_HUB_OFFLINE=1 or no network) and not cached
+        raise ModelFolderError(
+            f"{key}={repo_id!r}{at}: not in the local hub cache and the hub cannot be reached "
+            f"({str(exc).splitlines()[0]}); run hub-download where the network is, or name a local folder"
+        ) from exc
+    except HfHubHTTPError as exc:  # not found, gated, bad revision: the hub answered
+        raise ModelFolderError(f"{key}={repo_id!r}{at}: the hub refused it ({str(exc).splitlines()[0]})") from exc
 
 
 def _record_source(folder: Path, record: dict[str, str | None]) -> None:
