@@ -70,8 +70,9 @@ def inputs(tmp_path_factory) -> Path:
 
 
 def _workdir(inputs: Path, path: Path) -> Path:
-    (path / "small.yaml").write_text(yaml.safe_dump({**SMALL, "eval": {**SMALL["eval"], "models": ["sft"]}}))
-    return workdir_with_results(inputs, path, rules_snakefile("filter.smk", "eval.smk"))
+    workdir = workdir_with_results(inputs, path, rules_snakefile("filter.smk", "eval.smk"))
+    (workdir / "small.yaml").write_text(yaml.safe_dump({**SMALL, "eval": {**SMALL["eval"], "models": ["sft"]}}))
+    return workdir
 
 
 def _args(workdir: Path, target: str, *more: str) -> tuple[str, ...]:
