@@ -180,11 +180,13 @@ def decode_tokens_per_s(batch: int, tokens: int, one_token_s: float, all_tokens_
 
 def build_model(size: dict[str, Any], out: Path) -> Path:
     """A random Qwen3 of the size's shape with the embedded tokenizer (the project's own builder)."""
-    from agentrl.config import EmbeddedModelConfig
+    import dataclasses
+
+    from agentrl.config import load_config
     from agentrl.model.build import save_embedded_model
 
     corpus = [f"Compute {i} + {i + 3}. The answer is \\boxed{{{2 * i + 3}}}." for i in range(200)]
-    return save_embedded_model(corpus, EmbeddedModelConfig(**size["model"]), 0, out)
+    return save_embedded_model(corpus, dataclasses.replace(load_config({}).model.embedded, **size["model"]), 0, out)
 
 
 def rollout_config(size: dict[str, Any]):

@@ -53,7 +53,7 @@ rule ablation_stitched_data:
 
 rule ablation_stitched_sft:
     input:
-        model=result("models/base/config.json"),
+        model=SFT_START,
         data=ablation_result("shared/stitched_data/sft.parquet"),
     output:
         model=ablation_result("shared/stitched_sft/model/config.json"),

@@ -101,6 +101,11 @@ def local_model_input(source):
 
 
 SFT_FROM = None if config["sft"]["from"] is None else model_source(config["sft"]["from"])
+# The embedded base model learns to copy before SFT (model.embedded.pretrain, rules/model.smk):
+# SFT then starts from results/models/pretrained, the random-init results/models/base stays the
+# tokenizer's folder and the "base" of eval.models.
+PRETRAIN = config["model"]["base"] == "embedded" and config["model"]["embedded"]["pretrain"]["enable"]
+SFT_START = result("models/pretrained/config.json") if PRETRAIN else result("models/base/config.json")
 # eval.checkpoints: a string is a local folder read where it is; {id, revision} is fetched here.
 FETCHED_CHECKPOINTS = {
     name: model_source(value) for name, value in config["eval"]["checkpoints"].items() if not isinstance(value, str)

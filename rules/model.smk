@@ -15,13 +15,85 @@ rule base_model:
     conda:
         "../envs/train.yaml"
     params:
-        **config_params("seed", "model"),
+        # the model section less the pretraining's keys (rule pretrain below reads those)
+        **config_params(
+            build=lambda w: {
+                "seed": config["seed"],
+                "model": {
+                    **config["model"],
+                    "embedded": {k: v for k, v in config["model"]["embedded"].items() if k != "pretrain"},
+                },
+            }
+        ),
         hub_offline=HUB_OFFLINE,
         out_dir=parent_dir("config"),
     threads: 1
     shell:
         "HF_HUB_OFFLINE={params.hub_offline} python -m agentrl base-model --config-json {params.cfg:q} "
         "--sft {input.sft} --rl-pool {input.rl_pool} --out {params.out_dir} 2>&1 | keep_log {log}"
+
+
+# The embedded model's copying pretraining (agentrl.sft.pretrain): SFT's trainer on conversations
+# that copy named spans, with model.embedded.pretrain's epochs, batch, lr and warmup in place of
+# SFT's; every other sft key applies to it too, and re-runs it when changed.
+PRETRAIN_REPLACES = ("epochs", "global_batch_size", "lr", "warmup_ratio", "from")
+
+
+def pretrain_config(keys=None):
+    pretrain = config["model"]["embedded"]["pretrain"]
+    return {
+        "seed": config["seed"],
+        "model": {"embedded": {"pretrain": pretrain if keys is None else {k: pretrain[k] for k in keys}}},
+    }
+
+
+if PRETRAIN:
+
+    rule copy_corpus:
+        output:
+            result("data/copy_corpus.parquet"),
+        log:
+            f"{LOGS}/copy_corpus.log",
+        conda:
+            "../envs/data.yaml"
+        params:
+            **config_params(build=lambda w: pretrain_config(("conversations", "max_spans"))),
+        threads: 1
+        shell:
+            "python -m agentrl copy-corpus --config-json {params.cfg:q} --out {output} 2>&1 | keep_log {log}"
+
+    rule pretrain:
+        input:
+            model=result("models/base/config.json"),
+            data=result("data/copy_corpus.parquet"),
+        output:
+            model=result("models/pretrained/config.json"),
+            metrics=result("pretrain/metrics.jsonl"),
+        log:
+            f"{LOGS}/pretrain.log",
+        benchmark:
+            result("timings/pretrain.tsv")
+        conda:
+            "../envs/train.yaml"
+        params:
+            **config_params(
+                build=lambda w: {
+                    **pretrain_config(),
+                    "sft": {k: v for k, v in config["sft"].items() if k not in PRETRAIN_REPLACES},
+                    "tracking": config["tracking"],
+                }
+            ),
+            model_dir=input_dir("model"),
+            out_dir=parent_dir("model"),
+            checkpoints=result("pretrain/checkpoints"),
+        priority: 10  # the training chain is the critical path
+        threads: 2
+        resources:
+            gpu=0,
+        shell:
+            "python -m agentrl sft --recipe pretrain --config-json {params.cfg:q} --model {params.model_dir} "
+            "--data {input.data} --out {params.out_dir} --metrics {output.metrics} "
+            "--checkpoint-dir {params.checkpoints} --nproc {resources.gpu} --threads {threads} 2>&1 | keep_log {log}"
 
 
 # A released SFT model (sft.from) in place of the sft job: results/models/sft/ links (or downloads)

@@ -7,7 +7,7 @@
 
 rule sft:
     input:
-        model=result("models/base/config.json"),
+        model=SFT_START,  # rules/common.smk: the pretrained embedded model, else the base model
         data=result("data/sft.parquet"),
     output:
         model=result("models/sft/config.json"),

@@ -56,6 +56,8 @@ def test_arms_share_one_data_set_base_model_sft_model_and_rl_set(plan):
     for shared in (
         "prepare_data",
         "base_model",
+        "copy_corpus",
+        "pretrain",
         "sft",
         "score_rl_pool",
         "select_rl_data",

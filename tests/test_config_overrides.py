@@ -252,6 +252,8 @@ def test_tracking_reaches_every_training_and_evaluation_stage(tmp_path):
     done = dry_run(tmp_path, "--config", "tracking={tensorboard: true}")
     assert done.returncode == 0, done.stderr[-3000:]
     # evaluation logs its metrics to the trackers where they are computed: the gather job
-    for stage, jobs in (("sft", 1), ("grpo", 1), ("evaluate gather", 2 * 3)):  # sft and rl x 3 families
+    # sft: the SFT job and the embedded model's pretraining (SFT's trainer, --recipe pretrain);
+    # evaluate gather: sft and rl x 3 families
+    for stage, jobs in (("sft", 2), ("grpo", 1), ("evaluate gather", 2 * 3)):
         configs = stage_configs(done.stdout, stage)
         assert len(configs) == jobs and all(c["tracking"]["tensorboard"] is True for c in configs), stage

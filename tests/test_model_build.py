@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from agentrl.config import load_config
 from agentrl.data.prompts import CODE_INTERPRETER_TOOL
 from agentrl.errors import ModelFolderError
-from agentrl.model.build import count_parameters, resolve_pretrained, save_embedded_model
+from agentrl.model.build import chat_template, count_parameters, resolve_pretrained, save_embedded_model
 from agentrl.model.folder import MODEL_DIGEST_KEY, model_digest, stamp_model_digest
 
 CONVERSATION = [
@@ -53,13 +53,25 @@ def test_folder_loads_as_a_hugging_face_model(model_dir):
     assert model.config.vocab_size == len(tokenizer)
     ids = tokenizer("hello", return_tensors="pt").input_ids
     assert model(ids).logits.shape == (1, ids.shape[1], len(tokenizer))
+    assert tokenizer.chat_template == chat_template(load_config({}).model.embedded.tool_header)
 
 
-def test_chat_template_renders_hermes_tool_calls_and_responses(model_dir):
+@pytest.mark.parametrize("tool_header", ["compact", "qwen3"])
+def test_chat_template_renders_hermes_tool_calls_and_responses(model_dir, tool_header):
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.chat_template = chat_template(tool_header)
     text = tokenizer.apply_chat_template(CONVERSATION, tools=[CODE_INTERPRETER_TOOL], tokenize=False)
-    assert text.startswith("<|im_start|>system\n# Tools\n")
-    assert "<tools>\n" + json.dumps(CODE_INTERPRETER_TOOL) + "\n</tools>" in text
+    if tool_header == "qwen3":
+        assert text.startswith("<|im_start|>system\n# Tools\n")
+        assert "<tools>\n" + json.dumps(CODE_INTERPRETER_TOOL) + "\n</tools>" in text
+    else:
+        assert text.startswith("<|im_start|>system\nTools: code_interpreter<|im_end|>\n<|im_start|>user\n")
+    # a system message keeps its place before the tools in either header
+    with_system = tokenizer.apply_chat_template(
+        [{"role": "system", "content": "Be brief."}, *CONVERSATION], tools=[CODE_INTERPRETER_TOOL], tokenize=False
+    )
+    assert with_system.startswith("<|im_start|>system\nBe brief.\n\n")
+    assert with_system.count("<|im_start|>system") == 1
     assert (
         'Let me compute it.\n<tool_call>\n{"name": "code_interpreter", "arguments": '
         '{"code": "print(4821 * 37 - 9156)"}}\n</tool_call><|im_end|>\n'

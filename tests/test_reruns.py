@@ -59,6 +59,8 @@ def test_the_listing_parser_reads_rules_and_wildcards():
             {
                 "prepare_data",
                 "base_model",
+                "copy_corpus",
+                "pretrain",
                 "fit_rl_prompts",
                 "sft",
                 "scoring_config",
@@ -118,8 +120,20 @@ def test_forcerun_evaluate_replans_evaluation_and_its_consumers_only(completed):
             {"sft", "rl"},
         ),
         ({"grpo": {"lr": 5.0e-5}}, {"grpo"}, {"rl"}),
+        # the copying pretraining: it, SFT and everything after, not the base model or the corpus
+        (
+            {"model": {"embedded": {"pretrain": {"lr": 1.0e-3}}}},
+            {"pretrain", "sft", "score_rl_pool", "gather_pass_rates", "scoring_config", "select_rl_data", "grpo"},
+            {"sft", "rl"},
+        ),
+        # an sft key pretraining shares (the SFT recipe's own epochs, batch, lr and warmup are not)
+        (
+            {"sft": {"weight_decay": 0.0}},
+            {"pretrain", "sft", "score_rl_pool", "gather_pass_rates", "scoring_config", "select_rl_data", "grpo"},
+            {"sft", "rl"},
+        ),
     ],
-    ids=["filter.high", "filter.k", "sft.lr", "grpo.lr"],
+    ids=["filter.high", "filter.k", "sft.lr", "grpo.lr", "pretrain.lr", "sft.weight_decay"],
 )
 def test_a_changed_parameter_reruns_only_what_it_feeds(completed, tmp_path, overlay, reruns, evaluated_models):
     override = tmp_path / "override.yaml"
@@ -230,35 +244,40 @@ def test_a_model_retrained_by_a_partial_run_is_evaluated_again(completed, tmp_pa
 
 
 # --------------------------------------------------------------------------- preemption
+# (rule, the overlay that makes it 12 steps of 2 conversations with a checkpoint every 2, its
+# folders: checkpoints, model, metrics, and the line it logs at the end)
+TRAINING_JOBS = {
+    # 4 conversations x 2 families, 2 per step: 4 steps an epoch, 12 steps
+    "sft": (
+        {"sft": {"epochs": 3, "global_batch_size": 2, "micro_batch_size": 2}},
+        ("sft/checkpoints", "models/sft", "sft/metrics.jsonl", "SFT done"),
+    ),
+    # the embedded model's copying pretraining: 24 conversations, 2 per step, one epoch
+    "pretrain": (
+        {"model": {"embedded": {"pretrain": {"conversations": 24, "global_batch_size": 2}}}},
+        ("pretrain/checkpoints", "models/pretrained", "pretrain/metrics.jsonl", "pretraining done"),
+    ),
+}
+
+
 @pytest.mark.slow
-def test_a_killed_training_job_resumes_from_its_checkpoint(tmp_path):
-    # 4 conversations x 2 families, 2 per step: 4 steps an epoch, 12 steps; a checkpoint every 2.
-    write_config(
-        tmp_path,
-        TINY,
-        {
-            "sft": {
-                "epochs": 3,
-                "global_batch_size": 2,
-                "micro_batch_size": 2,
-                "save_every_steps": 2,
-                "keep_checkpoints": 1,
-            }
-        },
-    )
+@pytest.mark.parametrize("rule", sorted(TRAINING_JOBS))
+def test_a_killed_training_job_resumes_from_its_checkpoint(tmp_path, rule):
+    overlay, (checkpoint_dir, model_dir, metrics, done_line) = TRAINING_JOBS[rule]
+    write_config(tmp_path, TINY, overlay, {"sft": {"save_every_steps": 2, "keep_checkpoints": 1}})
     total = 12
     results = tmp_path / "results"
-    checkpoints = results / "sft" / "checkpoints"
-    log_path = results / "logs" / "sft.log"
+    checkpoints = results / checkpoint_dir
+    log_path = results / "logs" / f"{rule}.log"
 
     # Its own session: the process group holds snakemake and the jobs it runs, as a SLURM job's cgroup does.
-    first = start_snakemake(tmp_path, "--until", "sft")
+    first = start_snakemake(tmp_path, "--until", rule)
     try:
-        wait_for(lambda: (checkpoints / "latest").exists(), 300, "first SFT checkpoint", first)
+        wait_for(lambda: (checkpoints / "latest").exists(), 300, f"first {rule} checkpoint", first)
     finally:
         os.killpg(first.pid, signal.SIGKILL)  # preemption: no chance to clean up
         first.wait()
-    assert not (results / "models" / "sft" / "config.json").exists(), "SFT finished before the kill: no preemption"
+    assert not (results / model_dir / "config.json").exists(), f"{rule} finished before the kill: no preemption"
     saved_step = int((checkpoints / "latest").read_text().removeprefix("step_"))
     assert 2 <= saved_step < total
     log_before = log_path.read_text()
@@ -266,20 +285,20 @@ def test_a_killed_training_job_resumes_from_its_checkpoint(tmp_path):
 
     # The killed run still holds Snakemake's lock; the requeued job's snakemake finds it released.
     snakemake(tmp_path, "--unlock")
-    # The SFT checkpoint is not an output: Snakemake plans the incomplete job without removing it.
-    rerun_plan = planned(tmp_path, "--until", "sft", "--rerun-incomplete")
-    assert rules_of(rerun_plan) == {"sft"}, "the finished upstream jobs are not re-run"
+    # The checkpoint folder is not an output: Snakemake plans the incomplete job without removing it.
+    rerun_plan = planned(tmp_path, "--until", rule, "--rerun-incomplete")
+    assert rules_of(rerun_plan) == {rule}, "the finished upstream jobs are not re-run"
     assert (checkpoints / "latest").exists()
 
-    done = snakemake(tmp_path, "--until", "sft", "--rerun-incomplete")
-    assert rules_of(jobs_in_listing(done.stdout + done.stderr)) == {"sft"}
+    done = snakemake(tmp_path, "--until", rule, "--rerun-incomplete")
+    assert rules_of(jobs_in_listing(done.stdout + done.stderr)) == {rule}
     log_after = log_path.read_text()
     resumed = re.search(r"resumed from \S+ after step (\d+)", log_after)
     assert resumed, f"the rerun did not resume:\n{log_after[-3000:]}"
     assert int(resumed[1]) == saved_step, "it resumed from the newest checkpoint"
-    assert f"SFT done: {total} steps ({total - saved_step} this run)" in log_after
-    assert (results / "models" / "sft" / "config.json").exists()
+    assert f"{done_line}: {total} steps ({total - saved_step} this run)" in log_after
+    assert (results / model_dir / "config.json").exists()
     # Every step once: those before the checkpoint kept from the killed run, none repeated.
-    steps = [json.loads(line)["step"] for line in (results / "sft" / "metrics.jsonl").read_text().splitlines()]
+    steps = [json.loads(line)["step"] for line in (results / metrics).read_text().splitlines()]
     assert steps == list(range(1, total + 1)), steps
-    assert planned(tmp_path, "--until", "sft") == [], "after the rerun, SFT is complete"
+    assert planned(tmp_path, "--until", rule) == [], f"after the rerun, {rule} is complete"

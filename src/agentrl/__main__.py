@@ -33,6 +33,11 @@ STAGES: dict[str, Stage] = {
     "fit-prompts": Stage(
         "agentrl.data.cli", "drop prompts over the token limits, counted per data source", "fit_prompts_main"
     ),
+    "copy-corpus": Stage(
+        "agentrl.data.cli",
+        "write the copying conversations the embedded base model is pretrained on",
+        "copy_corpus_main",
+    ),
     "base-model": Stage("agentrl.model.cli", "build the embedded tiny model or resolve a hub id / path"),
     "fetch-model": Stage(
         "agentrl.model.cli", "link a local model folder or download a hub model at a revision", "fetch_main"

@@ -7,13 +7,22 @@ adding another.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
-from agentrl.config import EmbeddedModelConfig
+from agentrl.config import EmbeddedModelConfig, load_config
+
+
+def tiny_shape(**sizes) -> EmbeddedModelConfig:
+    """The embedded model's config with these sizes, Qwen3's tools block (what the tests' figures
+    were measured with) and the schema's other values."""
+    return dataclasses.replace(load_config({}).model.embedded, tool_header="qwen3", **sizes)
+
 
 # helpers.rollout's random and trained policies: faster than the embedded default, the same
 # architecture, context for multi-turn rollouts.
-ROLLOUT_POLICY = EmbeddedModelConfig(
+ROLLOUT_POLICY = tiny_shape(
     vocab_size=1024,
     hidden_size=64,
     num_layers=2,
@@ -24,7 +33,7 @@ ROLLOUT_POLICY = EmbeddedModelConfig(
     max_position_embeddings=2048,
 )
 # helpers.released's stand-ins for hub models, loaded by transformers and vLLM in workflow runs.
-RELEASED_STAND_IN = EmbeddedModelConfig(
+RELEASED_STAND_IN = tiny_shape(
     vocab_size=400,
     hidden_size=32,
     num_layers=2,
@@ -36,7 +45,7 @@ RELEASED_STAND_IN = EmbeddedModelConfig(
 )
 # helpers.sft_runs: the SFT stage's subprocess runs (1 vs 2 processes, ZeRO-2/3, resume), whose
 # loss must fall by a fifth in 12 steps.
-SFT_RUN = EmbeddedModelConfig(
+SFT_RUN = tiny_shape(
     vocab_size=480,
     hidden_size=48,
     num_layers=2,
@@ -47,7 +56,7 @@ SFT_RUN = EmbeddedModelConfig(
     max_position_embeddings=512,
 )
 # test_tracking_progress's SFT runs: one layer, only the tracked metrics matter.
-SFT_TRACKING = EmbeddedModelConfig(
+SFT_TRACKING = tiny_shape(
     vocab_size=480,
     hidden_size=32,
     num_layers=1,
@@ -58,7 +67,7 @@ SFT_TRACKING = EmbeddedModelConfig(
     max_position_embeddings=512,
 )
 # test_sft_batching's in-process gradients of packed and unpacked micro-batches.
-SFT_PACKING = EmbeddedModelConfig(
+SFT_PACKING = tiny_shape(
     vocab_size=300,
     hidden_size=32,
     num_layers=2,

@@ -37,6 +37,7 @@ TINY = {
             "num_kv_heads": 1,
             "head_dim": 16,
             "intermediate_size": 64,
+            "pretrain": {"conversations": 16},  # two steps of 8
         }
     },
     "sandbox": {"workers": 1},
@@ -60,6 +61,8 @@ TINY = {
 UPSTREAM_OF_EVAL = {
     "prepare_data",
     "base_model",
+    "copy_corpus",
+    "pretrain",
     "fit_rl_prompts",
     "fit_eval_prompts",
     "sft",

@@ -61,6 +61,19 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
+class PretrainConfig:
+    """The embedded model's pretraining on copying conversations before SFT (agentrl.sft.pretrain)."""
+
+    enable: bool
+    conversations: int  # copying conversations (agentrl.data.copy_corpus), each seen ``epochs`` times
+    max_spans: int  # spans named and copied per conversation, at most
+    epochs: int
+    global_batch_size: int
+    lr: float
+    warmup_ratio: float
+
+
+@dataclass(frozen=True)
 class EmbeddedModelConfig:
     vocab_size: int
     hidden_size: int
@@ -70,6 +83,8 @@ class EmbeddedModelConfig:
     head_dim: int
     intermediate_size: int
     max_position_embeddings: int
+    tool_header: Literal["compact", "qwen3"]
+    pretrain: PretrainConfig
 
     def __post_init__(self) -> None:
         # grouped-query attention shares each key/value head among num_heads / num_kv_heads query heads

@@ -136,3 +136,22 @@ def fit_prompts_main(argv: list[str]) -> int:
     args.stats.parent.mkdir(parents=True, exist_ok=True)
     args.stats.write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
     return 0
+
+
+def copy_corpus_main(argv: list[str]) -> int:
+    """``python -m agentrl copy-corpus``: the embedded model's pretraining conversations (:mod:`agentrl.data.copy_corpus`)."""
+    from agentrl.data.copy_corpus import copy_corpus
+
+    parser = stage_parser("copy-corpus", "write the copying conversations the embedded base model is pretrained on")
+    add_config_arguments(parser)
+    parser.add_argument("--out", type=Path, required=True, help="output: an SFT parquet (agentrl.data.records)")
+    args = parser.parse_args(argv)
+    setup_logging()
+    cfg = config_from_args(args)
+    check_writable((args.out, "--out", "file"))
+    pretrain = cfg.model.embedded.pretrain
+    write_records(copy_corpus(pretrain.conversations, cfg.seed, pretrain.max_spans), args.out)
+    log.info(
+        "%d copying conversations (at most %d spans each) -> %s", pretrain.conversations, pretrain.max_spans, args.out
+    )
+    return 0

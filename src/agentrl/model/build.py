@@ -37,7 +37,19 @@ from agentrl.config import EmbeddedModelConfig
 from agentrl.model.folder import resolve_pretrained as resolve_pretrained  # re-export: base-model's hub id / folder
 from agentrl.model.folder import stamp_model_digest
 
-CHAT_TEMPLATE = (Path(__file__).parent / "chat_template.jinja").read_text(encoding="utf-8")
+_TEMPLATES = Path(__file__).parent
+
+
+def chat_template(tool_header: str) -> str:
+    """The embedded tokenizer's chat template: Qwen3's turns after a ``tool_header`` system block.
+
+    ``qwen3``: Qwen3's own tools block (the JSON schema of each tool and the call instructions,
+    about 160 tokens here); ``compact``: one line of tool names (``model.embedded.tool_header``).
+    """
+    header = (_TEMPLATES / f"chat_template_header_{tool_header}.jinja").read_text(encoding="utf-8")
+    return header + (_TEMPLATES / "chat_template_turns.jinja").read_text(encoding="utf-8")
+
+
 PAD_TOKEN = "<|endoftext|>"
 EOS_TOKEN = "<|im_end|>"
 # Qwen3 marks <|im_start|>/<|im_end|>/<|endoftext|> special (dropped by skip_special_tokens) and the
@@ -51,8 +63,9 @@ TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_respons
 DIGIT_PAIR_REPEATS = 1000
 
 
-def train_tokenizer(corpus: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
-    """Byte-level BPE over two-digit number chunks, wrapped as a transformers tokenizer."""
+def train_tokenizer(corpus: Iterable[str], vocab_size: int, tool_header: str = "compact") -> PreTrainedTokenizerFast:
+    """Byte-level BPE over two-digit number chunks, wrapped as a transformers tokenizer with the
+    chat template of :func:`chat_template`."""
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.Sequence(
         [
@@ -78,7 +91,7 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int) -> PreTrainedTokeniz
         clean_up_tokenization_spaces=False,
         model_max_length=1_000_000,
     )
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.chat_template = chat_template(tool_header)
     return tokenizer
 
 
@@ -108,7 +121,7 @@ def build_tiny_qwen3(tokenizer: PreTrainedTokenizerFast, cfg: EmbeddedModelConfi
 
 def save_embedded_model(corpus: Iterable[str], cfg: EmbeddedModelConfig, seed: int, out_dir: str | Path) -> Path:
     out_dir = Path(out_dir)
-    tokenizer = train_tokenizer(corpus, cfg.vocab_size)
+    tokenizer = train_tokenizer(corpus, cfg.vocab_size, cfg.tool_header)
     model = build_tiny_qwen3(tokenizer, cfg, seed)
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)

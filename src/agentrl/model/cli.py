@@ -27,13 +27,13 @@ from agentrl.stage_cli import setup_logging, stage_parser
 log = logging.getLogger("agentrl.base_model")
 
 
-def embedded_corpus(sft_path: Path, rl_pool_path: Path) -> Iterator[str]:
+def embedded_corpus(sft_path: Path, rl_pool_path: Path, tool_header: str) -> Iterator[str]:
     """Text the tokenizer learns from: rendered SFT conversations and RL prompts (never eval sets)."""
     from agentrl.model.build import train_tokenizer
 
     # The template is plain Jinja: any tokenizer carrying it renders the same text, so a
     # throwaway one renders the corpus that the real tokenizer is then trained on.
-    renderer = train_tokenizer(["0123456789"], 300)
+    renderer = train_tokenizer(["0123456789"], 300, tool_header)
     for example in read_sft_examples(sft_path):
         yield renderer.apply_chat_template(example.messages, tools=example.tools, tokenize=False)
     for problem in read_problems(rl_pool_path):
@@ -59,7 +59,8 @@ def main(argv: list[str]) -> int:
     if cfg.model.base == "embedded":
         if not (args.sft and args.rl_pool):
             parser.error("the embedded model needs --sft and --rl-pool (its tokenizer is trained on them)")
-        build.save_embedded_model(embedded_corpus(args.sft, args.rl_pool), cfg.model.embedded, cfg.seed, args.out)
+        corpus = embedded_corpus(args.sft, args.rl_pool, cfg.model.embedded.tool_header)
+        build.save_embedded_model(corpus, cfg.model.embedded, cfg.seed, args.out)
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(args.out)

@@ -4,6 +4,10 @@ Reads the normalized SFT parquet, trains the model in ``--model``, writes the fi
 ``--out`` as a Hugging Face folder (safetensors, tokenizer, chat template), one JSON line of
 metrics per optimizer step to ``--metrics``, and resumable checkpoints to ``--checkpoint-dir``.
 
+``--recipe pretrain`` runs the embedded base model's copying pretraining instead
+(:mod:`agentrl.sft.pretrain`): the same trainer, with ``model.embedded.pretrain``'s epochs, batch,
+lr and warmup in place of SFT's, on the ``copy-corpus`` parquet.
+
 ``--nproc N`` (or ``auto``: the GPUs the scheduler granted) processes per node: when more than
 one process is needed and none is running yet, the command re-executes itself through torchrun
 (and srun on multi-node SLURM jobs); see :mod:`agentrl.training.launch`.
@@ -31,6 +35,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_arguments(parser)
     parser.add_argument("--model", type=Path, required=True, help="base model: Hugging Face folder")
     parser.add_argument("--data", type=Path, required=True, help="normalized SFT parquet (agentrl.data.records)")
+    parser.add_argument(
+        "--recipe",
+        choices=["sft", "pretrain"],
+        default="sft",
+        help="sft (the sft section) or pretrain (model.embedded.pretrain's recipe keys in place of sft's)",
+    )
     add_training_arguments(parser, "sft")
     return parser
 
@@ -56,6 +66,7 @@ def main(argv: list[str]) -> int:
     read_sft_examples(args.data)
     launch(parser, "sft", argv, args)
 
+    from agentrl.sft.pretrain import pretrain_sft_config
     from agentrl.sft.trainer import SftPaths, train_sft
 
     paths = SftPaths(
@@ -66,4 +77,5 @@ def main(argv: list[str]) -> int:
         checkpoint_dir=args.checkpoint_dir,
         deepspeed_config=deepspeed_config(args, cfg.sft.deepspeed.zero_stage),
     )
-    return run_trainer(lambda: train_sft(cfg.sft, cfg.seed, paths, cfg.tracking), log)
+    recipe = cfg.sft if args.recipe == "sft" else pretrain_sft_config(cfg.model.embedded.pretrain, cfg.sft)
+    return run_trainer(lambda: train_sft(recipe, cfg.seed, paths, cfg.tracking, stage=args.recipe), log)

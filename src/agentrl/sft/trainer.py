@@ -207,8 +207,13 @@ def _run_step(
     }
 
 
-def train_sft(cfg: SftConfig, seed: int, paths: SftPaths, tracking: TrackingConfig | None = None) -> dict[str, Any]:
+def train_sft(
+    cfg: SftConfig, seed: int, paths: SftPaths, tracking: TrackingConfig | None = None, stage: str = "sft"
+) -> dict[str, Any]:
     """Train ``paths.model_dir`` on ``paths.data``; write the HF folder and metrics. Returns a summary.
+
+    ``stage`` names the run in its logs, progress and checkpoint lock: ``sft``, or ``pretrain``
+    (the embedded model's copying pretraining, :mod:`agentrl.sft.pretrain`, runs this loop too).
 
     A SIGUSR1 or SIGTERM makes the running step the last: its checkpoint is written and
     :class:`~agentrl.training.preemption.StoppedForRetry` is raised (:mod:`agentrl.training.preemption`);
@@ -216,13 +221,15 @@ def train_sft(cfg: SftConfig, seed: int, paths: SftPaths, tracking: TrackingConf
     folder is locked for the run (:mod:`agentrl.training.folder_lock`): a second trainer refuses.
     """
     guards = training_stage(
-        "sft", paths.checkpoint_dir, "sft.collective_timeout_minutes", cfg.collective_timeout_minutes
+        stage, paths.checkpoint_dir, "sft.collective_timeout_minutes", cfg.collective_timeout_minutes
     )
     with guards as stop:
-        return _train_sft(cfg, seed, paths, stop, tracking)
+        return _train_sft(cfg, seed, paths, stop, tracking, stage)
 
 
-def _train_sft(cfg: SftConfig, seed: int, paths: SftPaths, stop, tracking: TrackingConfig | None) -> dict[str, Any]:
+def _train_sft(
+    cfg: SftConfig, seed: int, paths: SftPaths, stop, tracking: TrackingConfig | None, stage: str
+) -> dict[str, Any]:
     """The SFT stage's loop: its step and checkpoint in :class:`~agentrl.training.loop.TrainingLoop`."""
     import deepspeed
 
@@ -237,7 +244,7 @@ def _train_sft(cfg: SftConfig, seed: int, paths: SftPaths, stop, tracking: Track
     run = run_fingerprint(cfg, seed, ctx.world_size, paths)
     start, records = _resume_or_reset(engine, paths.checkpoint_dir, run, ctx)
     loop = TrainingLoop(
-        "sft",
+        stage,
         ctx,
         stop,
         start=start,
@@ -273,7 +280,8 @@ def _train_sft(cfg: SftConfig, seed: int, paths: SftPaths, stop, tracking: Track
     dse.save_hf_model(engine, engine.module.lm, tokenizer, paths.out_dir, ctx)
     wall = time.perf_counter() - started
     log.info(
-        "SFT done: %d steps (%d this run) in %.1f s; final loss %s -> %s",
+        "%s done: %d steps (%d this run) in %.1f s; final loss %s -> %s",
+        {"sft": "SFT", "pretrain": "pretraining"}.get(stage, stage),
         plan.total_steps,
         plan.total_steps - start,
         wall,

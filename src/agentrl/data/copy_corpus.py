@@ -1,0 +1,67 @@
+"""The copying corpus the embedded base model is pretrained on before SFT (``pretrain``).
+
+The paper's base is a pretrained instruct model that already copies text from its context; the
+embedded model starts from random weights, and copying numbers and expressions (from the problem
+into the code, from the tool's output into the answer) is the skill every embedded family's
+reward needs and the last one its SFT learns (docs/experiments.md). This corpus teaches that skill
+alone, densely, on short conversations:
+
+    user:      a: 58*21-7
+               b: A=6126, B=6131, C=6129, D=6122
+               c: 4871
+    assistant: c \\boxed{4871}
+               a print(58*21-7)
+               b dict(A=6126, B=6131, C=6129, D=6122)
+
+Each user turn names a few random spans (an embedded expression, an options line, a number, a
+word); the assistant turn writes every span again, in a random order, after its name and inside
+one of the wrappers the SFT trajectories use. SFT's loss covers the assistant turn only, so
+every trained token but a name and a wrapper is a copy: a lookup of where the name was and what
+followed it, the induction-style circuit copying needs. The spans come from a stream of their
+own (``seed``), never from the eval sets' text.
+"""
+
+from __future__ import annotations
+
+import random
+
+from agentrl.data.embedded import _arith_expression, _distractors, options_text
+from agentrl.data.records import SftExample
+
+NAMES = "abcdefgh"
+# How a copy is written in the SFT trajectories: code, a value, a box, the choice family's dict.
+WRAPPERS = ("print({})", "{}", "= {}", "\\boxed{{{}}}", "dict({})", "[{}]", "is {}.")
+
+
+def random_span(rng: random.Random) -> str:
+    """One span to copy: an expression (40%), an options line (20%), a number (25%) or a word."""
+    draw = rng.random()
+    if draw < 0.4:
+        return _arith_expression(rng, rng.randint(1, 5))
+    if draw < 0.6:
+        value = rng.randint(-999, 99999)
+        options = _distractors(rng, value) + [value]
+        rng.shuffle(options)
+        return options_text(options)
+    if draw < 0.85:
+        return str(rng.randint(-99999, 999999))
+    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(3, 8)))
+
+
+def copy_conversation(rng: random.Random, index: int, max_spans: int) -> SftExample:
+    """A user turn naming 2..``max_spans`` random spans, an assistant turn copying each of them."""
+    spans = [random_span(rng) for _ in range(rng.randint(2, max_spans))]
+    source = "\n".join(f"{NAMES[i]}: {span}" for i, span in enumerate(spans))
+    order = rng.sample(range(len(spans)), len(spans))
+    copies = "\n".join(f"{NAMES[i]} " + rng.choice(WRAPPERS).format(spans[i]) for i in order)
+    messages = [{"role": "user", "content": source}, {"role": "assistant", "content": copies}]
+    return SftExample(id=f"copy-{index:06d}", messages=messages, tools=[])
+
+
+def copy_corpus(count: int, seed: int, max_spans: int) -> list[SftExample]:
+    """``count`` copying conversations, the same for the same ``seed`` (a stream of their own:
+    the embedded problems draw from ``random.Random(seed)``)."""
+    if not 2 <= max_spans <= len(NAMES):
+        raise ValueError(f"max_spans must be in 2..{len(NAMES)}: {max_spans}")
+    rng = random.Random(f"{seed}:copy-corpus")
+    return [copy_conversation(rng, index, max_spans) for index in range(count)]
