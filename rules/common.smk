@@ -374,7 +374,7 @@ def eval_results(path, benchmarks_=None):
 
 
 # --------------------------------------------------------------------------- the cost table
-COST_RULES = ("sft", "grpo", "score_rl_pool", "evaluate")
+COST_RULES = ("pretrain", "sft", "grpo", "score_rl_pool", "evaluate")
 
 
 def cost_resources(w):

@@ -62,8 +62,11 @@ REPORT_TARGETS = [result("report/summary.md")]
 # The cost of every stage (agentrl.report.cost), written by the report job from Snakemake's
 # benchmark files of the jobs before it (it waits for the exports too, so that every job of the
 # default target but itself has written its file) and the stages' token counts.
+# The copying pretraining is a row of its own where SFT trained here from it.
+REPORT_PRETRAIN = PRETRAIN and "sft" in REPORT_TRAINING_STAGES
 COST_INPUTS = {
     **{f"{stage}_model": result(f"models/{stage}/config.json") for stage in REPORT_TRAINING_STAGES},
+    **({"pretrain_model": result("models/pretrained/config.json")} if REPORT_PRETRAIN else {}),
     **({"scoring_samples": result("filter/samples.jsonl")} if REPORT_FILTER else {}),
     "eval_samples": eval_results("eval/{model}/{half}{benchmark}/samples.jsonl"),
     "exports": LIVECODEBENCH_EXPORTS,
@@ -72,6 +75,11 @@ COST_ARGS = " ".join(
     [f"--{stage}-metrics {result(f'{stage}/metrics.jsonl')}" for stage in REPORT_TRAINING_STAGES]
     + [f"--{stage}-model {result(f'models/{stage}')}" for stage in REPORT_TRAINING_STAGES]
     + ([f"--scoring-samples {result('filter/samples.jsonl')}"] if REPORT_FILTER else [])
+    + (
+        [f"--pretrain-metrics {result('pretrain/metrics.jsonl')} --pretrain-model {result('models/pretrained')}"]
+        if REPORT_PRETRAIN
+        else []
+    )
 )
 
 

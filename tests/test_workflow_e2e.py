@@ -26,6 +26,7 @@ SMALL = {
             "eval_per_family": 4,
         }
     },
+    "model": {"embedded": {"pretrain": {"conversations": 32}}},  # 4 pretraining steps of 8
     "sandbox": {"workers": 2},
     "rollout": {"max_response_tokens": 128, "max_turns": 2},
     "reward": {"overlong": {"max_response_length": 128, "buffer_length": 32}},
@@ -140,7 +141,7 @@ def check_health_and_cost(results, report_html) -> None:
     assert (cost["wall_s"] > 0).all() and (cost.drop("total")["cpu_h"] > 0).all()
     for rule in ("score_rl_pool", "evaluate", "grpo"):
         assert cost.loc[rule, "generated_tokens"] > 0 and cost.loc[rule, "tokens_per_s"] > 0, rule
-    for rule in ("sft", "grpo"):
+    for rule in ("pretrain", "sft", "grpo"):
         assert cost.loc[rule, "trained_tokens"] > 0 and cost.loc[rule, "mfu_pct"] > 0, rule
     health = pd.read_csv(results / "report" / "health.csv")
     evaluated = {(p.parent.parent.name, p.parent.name) for p in (results / "eval").glob("*/*/metrics.json")}

@@ -5,8 +5,9 @@ Rows are rules, from Snakemake's benchmark files (``results/timings/<rule>.tsv``
 user + system CPU seconds of the job's processes, ``max_rss`` in MB) and the stages' own outputs
 for the tokens:
 
-- ``sft``: trained tokens = the tokens through the forward and backward passes (no padding),
-  ``tokens_per_s x step_time_s`` summed over ``results/sft/metrics.jsonl``;
+- ``sft`` and ``pretrain`` (the embedded model's copying pretraining, SFT's trainer): trained
+  tokens = the tokens through the forward and backward passes (no padding),
+  ``tokens_per_s x step_time_s`` summed over ``results/{sft,pretrain}/metrics.jsonl``;
 - ``grpo``: generated tokens = ``rollout/generated_tokens_mean x rollout/trajectories`` and
   trained tokens = ``actor/input_tokens`` (prompt + response through the update, all epochs),
   summed over the steps of ``results/rl/metrics.jsonl``;
@@ -54,7 +55,7 @@ PEAK_TFLOPS = {
     "L40S": 362.0,
     "B200": 2250.0,
 }
-TRAINING_RULES = ("sft", "grpo")
+TRAINING_RULES = ("pretrain", "sft", "grpo")
 COLUMNS = (
     "rule",
     "jobs",
@@ -282,6 +283,8 @@ def main(argv: list[str]) -> int:
 
     parser = stage_parser("report cost", __doc__)
     parser.add_argument("--timings", type=Path, required=True, help="the benchmark folder (results/timings)")
+    parser.add_argument("--pretrain-metrics", type=Path, help="results/pretrain/metrics.jsonl (its trained tokens)")
+    parser.add_argument("--pretrain-model", type=Path, help="the pretrained model folder (its parameter count)")
     parser.add_argument("--sft-metrics", type=Path, help="results/sft/metrics.jsonl (SFT's trained tokens)")
     parser.add_argument("--rl-metrics", type=Path, help="results/rl/metrics.jsonl (GRPO's tokens)")
     parser.add_argument("--sft-model", type=Path, help="the SFT model folder (its parameter count, for MFU)")
@@ -297,6 +300,8 @@ def main(argv: list[str]) -> int:
     setup_logging()
     check_writable((args.md, "--md"), (args.csv, "--csv"))
     tokens: dict[str, dict[str, float]] = {}
+    if args.pretrain_metrics is not None:
+        tokens["pretrain"] = sft_tokens(args.pretrain_metrics)
     if args.sft_metrics is not None:
         tokens["sft"] = sft_tokens(args.sft_metrics)
     if args.rl_metrics is not None:
@@ -306,7 +311,7 @@ def main(argv: list[str]) -> int:
     if args.eval_samples:
         tokens["evaluate"] = samples_tokens(args.eval_samples)
     parameters = {}
-    for rule, folder in (("sft", args.sft_model), ("grpo", args.rl_model)):
+    for rule, folder in (("pretrain", args.pretrain_model), ("sft", args.sft_model), ("grpo", args.rl_model)):
         if folder is not None:
             parameters[rule] = parameter_count(folder)
     gpus, threads = _pairs(args.gpus, "--gpus"), _pairs(args.threads, "--threads")
