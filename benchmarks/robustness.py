@@ -5,8 +5,8 @@ Every arm runs the real workflow (``snakemake``) in a results folder of its own 
 config.yaml) and ``--config seed=S results_dir=<arm folder>``:
 
 - SFT arms, one per seed of ``--seeds`` and thread count of ``--threads``: the SFT model and its
-  evaluation (``results/eval/sft/<benchmark>/metrics.json``), the SFT job at
-  ``--set-threads sft=T``. The config's ``seed`` also draws the embedded data and the base
+  evaluation (``results/eval/sft/<benchmark>/metrics.json``), the SFT job and the embedded
+  model's copying pretraining before it at ``--set-threads sft=T pretrain=T``. The config's ``seed`` also draws the embedded data and the base
   model's initial weights, so each seed builds its own; the thread counts of one seed share them
   (the first arm's ``data/`` and ``models/base/`` are copied, mtimes kept, into the others'
   folders: Snakemake finds them up to date and has no record of other params for them).
@@ -56,7 +56,15 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_THREADS = 2  # the sft rule's threads (rules/sft.smk): the default SFT model's
 COPY_SPANS = ("expression", "stated", "boxed")  # arith spans; the least of them is the copy figure
 SHARED_SFT_INPUTS = ("data", "models/base")  # seed-dependent, thread-independent
-SHARED_RL_INPUTS = ("data", "models/base", "models/sft", "sft/metrics.jsonl")  # both outputs of the sft rule
+# the outputs of the pretrain and sft rules (both outputs of each), which the RL arms start from
+SHARED_RL_INPUTS = (
+    "data",
+    "models/base",
+    "models/pretrained",
+    "pretrain/metrics.jsonl",
+    "models/sft",
+    "sft/metrics.jsonl",
+)
 
 
 @dataclass
@@ -162,7 +170,8 @@ def plan(args, config: dict) -> tuple[list[Arm], Arm | None, list[Arm]]:
             str(args.cores),
             "--rerun-incomplete",
             "--printshellcmds",  # the log shows each stage's --threads
-            *(["--set-threads", f"sft={arm.threads}"] if arm.threads else []),
+            # the embedded model's pretraining is part of the SFT recipe: it runs at the arm's threads too
+            *(["--set-threads", f"sft={arm.threads}", f"pretrain={arm.threads}"] if arm.threads else []),
             *[item for path in args.config_overlay for item in ("--configfile", str(path))],
             "--config",
             f"seed={arm.seed}",
