@@ -88,12 +88,11 @@ if PRETRAIN:
             checkpoints=result("pretrain/checkpoints"),
         priority: 10  # the training chain is the critical path
         threads: 2
-        resources:
-            gpu=0,
         shell:
+            # one CPU process: the embedded model only (model.base a hub id or folder is not pretrained)
             "python -m agentrl sft --recipe pretrain --config-json {params.cfg:q} --model {params.model_dir} "
             "--data {input.data} --out {params.out_dir} --metrics {output.metrics} "
-            "--checkpoint-dir {params.checkpoints} --nproc {resources.gpu} --threads {threads} 2>&1 | keep_log {log}"
+            "--checkpoint-dir {params.checkpoints} --nproc 0 --threads {threads} 2>&1 | keep_log {log}"
 
 
 # A released SFT model (sft.from) in place of the sft job: results/models/sft/ links (or downloads)

@@ -51,7 +51,7 @@ def model_dir(tmp_path_factory) -> Path:
     from agentrl.model.build import save_embedded_model, train_tokenizer
 
     out = tmp_path_factory.mktemp("model") / "sft"
-    renderer = train_tokenizer(["0123456789"], 300)
+    renderer = train_tokenizer(["0123456789"], 300, "qwen3")
     text = renderer.apply_chat_template(CONVERSATION, tools=[CODE_INTERPRETER_TOOL], tokenize=False)
     save_embedded_model([text] * 20, load_config({}).model.embedded, seed=0, out_dir=out)
     return out

@@ -66,7 +66,7 @@ def scored_workdir(tmp_path_factory) -> Path:
         for i in range(27)
     ]
     write_records(problems, workdir / "results/data/rl_pool.parquet")
-    renderer = train_tokenizer(["0123456789"], 300)  # renders the corpus the real tokenizer learns from
+    renderer = train_tokenizer(["0123456789"], 300, "qwen3")  # renders the corpus the real tokenizer learns from
     corpus = [
         renderer.apply_chat_template(
             p.prompt, tools=[CODE_INTERPRETER_TOOL], add_generation_prompt=True, tokenize=False

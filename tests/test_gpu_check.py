@@ -90,7 +90,7 @@ def test_parameter_count_from_safetensors_headers_matches_the_model(tmp_path):
     from agentrl.model.build import build_tiny_qwen3, count_parameters, train_tokenizer
 
     cfg = load_config({"model": {"embedded": gpu_check.SIZES["tiny"]["model"]}}).model.embedded
-    model = build_tiny_qwen3(train_tokenizer(["0123456789 abc"], 300), cfg, seed=0)
+    model = build_tiny_qwen3(train_tokenizer(["0123456789 abc"], 300, "qwen3"), cfg, seed=0)
     assert model.config.tie_word_embeddings  # the shared matrix must count once
     model.save_pretrained(tmp_path, safe_serialization=True)
     assert gpu_check.safetensors_parameter_count(tmp_path) == count_parameters(model)

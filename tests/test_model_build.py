@@ -38,7 +38,7 @@ def model_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("model") / "base"
     from agentrl.model.build import train_tokenizer
 
-    renderer = train_tokenizer(["0123456789"], 300)
+    renderer = train_tokenizer(["0123456789"], 300, "qwen3")
     text = renderer.apply_chat_template(CONVERSATION, tools=[CODE_INTERPRETER_TOOL], tokenize=False)
     save_embedded_model([text] * 20, load_config({}).model.embedded, seed=0, out_dir=out)
     return out
@@ -107,7 +107,7 @@ def test_same_seed_same_weights(tmp_path, model_dir):
     again = tmp_path / "again"
     from agentrl.model.build import train_tokenizer
 
-    renderer = train_tokenizer(["0123456789"], 300)
+    renderer = train_tokenizer(["0123456789"], 300, "qwen3")
     text = renderer.apply_chat_template(CONVERSATION, tools=[CODE_INTERPRETER_TOOL], tokenize=False)
     save_embedded_model([text] * 20, load_config({}).model.embedded, seed=0, out_dir=again)
     first = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()

@@ -82,7 +82,7 @@ def _tiny_lm_and_examples():
                 ],
             )
         )
-    tokenizer = train_tokenizer(["Add and It is Please Done"] * 5, 300)
+    tokenizer = train_tokenizer(["Add and It is Please Done"] * 5, 300, "qwen3")
     lm = build_tiny_qwen3(tokenizer, SFT_PACKING, seed=0)
     examples = tokenize_examples(conversations, tokenizer, max_length=256, truncation="right")
     return lm, tokenizer, examples

@@ -47,7 +47,7 @@ EXPECTED_TRAINED = [
 @pytest.fixture(scope="module")
 def tokenizer():
     corpus = ["Let me compute it with the tool. The answer is \\boxed{391}. print(17 * 23)"] * 20
-    return train_tokenizer(corpus, 400)
+    return train_tokenizer(corpus, 400, "qwen3")
 
 
 def _runs(ids: list[int], mask: list[int], value: int) -> list[list[int]]:
@@ -108,7 +108,7 @@ def test_bad_conversations_are_refused_with_the_message_named(tokenizer):
 
 
 def test_a_template_that_rewrites_earlier_turns_is_refused(tokenizer):
-    tokenizer = train_tokenizer(["abc"], 300)
+    tokenizer = train_tokenizer(["abc"], 300, "qwen3")
     # a template that writes the turn count first: every prefix renders differently
     tokenizer.chat_template = (
         "{{ messages | length }}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"

@@ -75,7 +75,7 @@ def sft_conversations(count: int, seed: int = 1) -> list[list[dict]]:
 def _corpus() -> list[str]:
     from agentrl.model.build import train_tokenizer
 
-    renderer = train_tokenizer(["0123456789"], 300)
+    renderer = train_tokenizer(["0123456789"], 300, "qwen3")
     return [
         renderer.apply_chat_template(m, tools=[CODE_INTERPRETER_TOOL], tokenize=False) for m in sft_conversations(64)
     ]

@@ -54,7 +54,7 @@ def sft_workspace(root: Path, examples: list[SftExample] | None = None, shape=SF
 
     examples = [sft_conversation(i) for i in range(24)] if examples is None else examples
     write_records(examples, root / "sft.parquet")
-    renderer = train_tokenizer(["0123456789"], 300)
+    renderer = train_tokenizer(["0123456789"], 300, "qwen3")
     corpus = [renderer.apply_chat_template(e.messages, tools=e.tools, tokenize=False) for e in examples]
     save_embedded_model(corpus, shape, seed=0, out_dir=root / "base")
     return root

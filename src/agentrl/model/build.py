@@ -63,7 +63,7 @@ TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_respons
 DIGIT_PAIR_REPEATS = 1000
 
 
-def train_tokenizer(corpus: Iterable[str], vocab_size: int, tool_header: str = "compact") -> PreTrainedTokenizerFast:
+def train_tokenizer(corpus: Iterable[str], vocab_size: int, tool_header: str) -> PreTrainedTokenizerFast:
     """Byte-level BPE over two-digit number chunks, wrapped as a transformers tokenizer with the
     chat template of :func:`chat_template`."""
     backend = Tokenizer(models.BPE())
