@@ -106,6 +106,17 @@ SFT_FROM = None if config["sft"]["from"] is None else model_source(config["sft"]
 # tokenizer's folder and the "base" of eval.models.
 PRETRAIN = config["model"]["base"] == "embedded" and config["model"]["embedded"]["pretrain"]["enable"]
 SFT_START = result("models/pretrained/config.json") if PRETRAIN else result("models/base/config.json")
+# The pretraining runs SFT's trainer with model.embedded.pretrain's epochs, batch, lr and warmup in
+# place of SFT's (agentrl.sft.pretrain); every other sft key applies to it and re-runs it.
+PRETRAIN_REPLACES = ("epochs", "global_batch_size", "lr", "warmup_ratio", "from")
+
+
+def pretrain_config(keys=None):
+    pretrain = config["model"]["embedded"]["pretrain"]
+    return {
+        "seed": config["seed"],
+        "model": {"embedded": {"pretrain": pretrain if keys is None else {k: pretrain[k] for k in keys}}},
+    }
 # eval.checkpoints: a string is a local folder read where it is; {id, revision} is fetched here.
 FETCHED_CHECKPOINTS = {
     name: model_source(value) for name, value in config["eval"]["checkpoints"].items() if not isinstance(value, str)

@@ -36,17 +36,6 @@ rule base_model:
 # The embedded model's copying pretraining (agentrl.sft.pretrain): SFT's trainer on conversations
 # that copy named spans, with model.embedded.pretrain's epochs, batch, lr and warmup in place of
 # SFT's; every other sft key applies to it too, and re-runs it when changed.
-PRETRAIN_REPLACES = ("epochs", "global_batch_size", "lr", "warmup_ratio", "from")
-
-
-def pretrain_config(keys=None):
-    pretrain = config["model"]["embedded"]["pretrain"]
-    return {
-        "seed": config["seed"],
-        "model": {"embedded": {"pretrain": pretrain if keys is None else {k: pretrain[k] for k in keys}}},
-    }
-
-
 if PRETRAIN:
 
     rule copy_corpus:

@@ -89,7 +89,7 @@ def test_each_arm_trains_from_its_sft_model_on_its_rl_data(plan):
         assert job["input"].split(", ")[:2] == [sft, data], (arm, job["input"])
     stitched_sft = _jobs(plan, "ablation_stitched_sft")[0]
     assert stitched_sft["input"].split(", ") == [
-        "results/models/base/config.json",
+        "results/models/pretrained/config.json",  # the model the main SFT starts from: only the data differs
         "results/ablations/shared/stitched_data/sft.parquet",
     ]
 
