@@ -34,6 +34,7 @@ sys.path.insert(0, SRC)  # the checkout's package decides what is read from the 
 from agentrl.config import load_config, process_count_problems  # noqa: E402
 from agentrl.config_schema import load_schema, rerun_keys  # noqa: E402
 from agentrl.hub import needs_hub  # noqa: E402
+from agentrl.sft.pretrain import PRETRAIN_KEYS  # noqa: E402
 
 NEEDS_HUB = needs_hub(load_config(config, origin="workflow config"))
 
@@ -108,7 +109,7 @@ PRETRAIN = config["model"]["base"] == "embedded" and config["model"]["embedded"]
 SFT_START = result("models/pretrained/config.json") if PRETRAIN else result("models/base/config.json")
 # The pretraining runs SFT's trainer with model.embedded.pretrain's epochs, batch, lr and warmup in
 # place of SFT's (agentrl.sft.pretrain); every other sft key applies to it and re-runs it.
-PRETRAIN_REPLACES = ("epochs", "global_batch_size", "lr", "warmup_ratio", "from")
+PRETRAIN_REPLACES = (*PRETRAIN_KEYS, "from")  # agentrl.sft.pretrain: the one list of the replaced keys
 
 
 def pretrain_config(keys=None):
