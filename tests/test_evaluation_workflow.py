@@ -32,9 +32,11 @@ def _dry_run(workdir: Path, *args: str) -> tuple[dict[str, int], str]:
 def workdir(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("eval_workflow")
     (root / "Snakefile").write_text(WRAPPER)
-    sources = [f"results/models/{m}/config.json" for m in ("base", "sft", "rl")]
+    # The default pretrains the embedded model before SFT: the cost table reads that stage too.
+    sources = [f"results/models/{m}/config.json" for m in ("base", "pretrained", "sft", "rl")]
     sources += [f"results/data/eval/{b}.parquet" for b in ("arith", "choice", "program")]
     sources += [
+        "results/pretrain/metrics.jsonl",
         "results/sft/metrics.jsonl",
         "results/rl/metrics.jsonl",
         "results/filter/stats.json",

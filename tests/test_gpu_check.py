@@ -188,6 +188,7 @@ def test_without_a_gpu_the_check_refuses_to_run(tmp_path):
     assert not (tmp_path / "s.json").exists()
 
 
+@pytest.mark.long  # CI: the DeepSpeed parts (the test without vllm) and tests/test_gpu_check_vllm.py
 @pytest.mark.slow
 def test_the_script_runs_every_stage_on_a_cpu_with_a_tiny_model(tmp_path):
     summary_path = tmp_path / "out" / "gpu_check.json"

@@ -94,6 +94,7 @@ def test_paper_rules_held(rehearsal):
     assert "Grading: math strict, choice exact" in summary
 
 
+@pytest.mark.long  # a second paper rehearsal; CI: the first one and the overlay's validation
 @pytest.mark.slow
 @pytest.mark.timeout(WHOLE_DAG_TIMEOUT_S)
 def test_the_as_released_overlay_runs_end_to_end_on_the_fitted_pool(as_released_rehearsal):

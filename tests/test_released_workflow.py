@@ -123,6 +123,7 @@ def test_rl_from_released_sft_preset_plans_no_sft_job(stand_ins, tmp_path):
     assert models_of(jobs, "evaluate") == {"sft", "rl"}
 
 
+@pytest.mark.long  # a whole run; CI: the eval preset's plan (test_eval_released_preset_plans_...)
 @pytest.mark.timeout(1800)  # a real run of the eval preset (up to 1200 s on a loaded machine)
 def test_rehearsal_of_the_eval_preset_reports_the_published_figures(stand_ins, tmp_path):
     preset_config(tmp_path, "paper-eval-released.yaml", merged(released_checkpoints(stand_ins), REHEARSAL))
@@ -191,6 +192,7 @@ def completed_from_sft(stand_ins, tmp_path_factory):
     return workdir
 
 
+@pytest.mark.long  # a whole run; CI: test_reruns' changed-parameter cases
 @pytest.mark.timeout(1800)  # its fixture runs the whole tiny DAG (up to 1200 s on a loaded machine)
 def test_a_changed_sft_from_reruns_what_is_built_on_the_sft_model_only(completed_from_sft, stand_ins, tmp_path):
     override = tmp_path / "override.yaml"

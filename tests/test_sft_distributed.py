@@ -89,6 +89,7 @@ def _wait_for_step(metrics: Path, step: int, proc: subprocess.Popen, timeout: fl
     raise TimeoutError(f"step {step} never appeared in {metrics}")
 
 
+@pytest.mark.long  # CI: test_reruns' killed sft job resumes under Snakemake
 def test_a_killed_run_resumes_from_its_last_checkpoint_and_ends_with_the_same_model(tiny_sft_workspace):
     sft = {**BASE_SFT, "epochs": 4, "save_every_steps": 4, "keep_checkpoints": 2}
     reference, reference_weights = train_sft_run(tiny_sft_workspace, "uninterrupted", sft)

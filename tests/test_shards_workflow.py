@@ -20,7 +20,8 @@ import pytest
 import yaml
 from helpers.workflows import prepare_results, rules_snakefile, workdir_with_results
 
-pytestmark = pytest.mark.slow
+# long: CI's shard checks are tests/test_shards.py and tests/test_snakemake_killed_mid_shard.py
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = {
