@@ -71,6 +71,22 @@ def test_difficulty_varies_within_each_family(dataset):
         assert len(levels) >= 3, f"{family}: levels {levels}"
 
 
+@pytest.mark.parametrize("level", range(1, embedded.ARITH_LEVELS + 1))
+def test_arith_levels_grow_in_operands_and_keep_answers_short(level):
+    """Levels 1-3 have 2 operands, 4-5 three, 6-7 four, 8 five; at most two products, so every
+    answer has at most 10 characters; levels 5 and 7 bracket their first pair."""
+    import random
+
+    rng = random.Random(level)
+    expressions = [embedded._arith_expression(rng, level) for _ in range(500)]
+    operands = {len(re.findall(r"\d+", e)) for e in expressions}
+    assert operands == {2 if level <= 3 else 3 if level <= 5 else 4 if level <= 7 else 5}, operands
+    assert max(e.count("*") for e in expressions) <= 2
+    assert max(len(str(eval(e))) for e in expressions) <= 10
+    assert all(e.startswith("(") for e in expressions) == (level in (5, 7))
+    assert all("(" not in e for e in expressions) == (level not in (5, 7))
+
+
 def test_arith_answers_are_the_true_values(dataset):
     for problem in dataset.eval_sets["arith"]:
         expression = problem.prompt[0]["content"].split("Compute ")[1].split(". Use")[0]

@@ -2,9 +2,9 @@
 
 - ``arith`` (like AIME): integer arithmetic with products that a 1-5 M-parameter model cannot
   compute itself; the answer is an integer in ``\\boxed{}``. Difficulty = number of operands
-  and digits (levels 1-5). Numbers stay short (at most 3 digits, answers at most 7) because
-  every digit must be copied exactly twice (problem -> code, tool output -> answer): a tiny
-  model copies a few digits reliably, and a 30-digit copy almost never.
+  and digits (levels 1-8). Numbers stay short (at most 3 digits, answers at most 10) because
+  every digit must be copied exactly twice (problem -> code, tool output -> answer): the tiny
+  pretrained model copies a dozen digits reliably, and a 30-digit copy almost never.
 - ``choice`` (like GPQA): four lettered options, one of them the value of such an
   expression, the others off by 1-9; the answer is the letter. The options are written
   ``A=-26, B=-21, C=-29, D=-24``, and the solver picks the letter *with the tool*: it copies the
@@ -44,22 +44,38 @@ NUM_CODE_CASES = 4
 
 
 # --------------------------------------------------------------------------- arithmetic
+# Levels 1-5 are short (2-3 operands of 1-3 digits); 6-8 have 4-5 operands of 2-3 digits, so
+# every problem -> code and tool output -> answer copy is longer and a sampled SFT model slips
+# more often: RL, which sharpens those copies, then has room to show (docs/experiments.md,
+# 2026-12-03).
+ARITH_LEVELS = 8
+_OPERANDS = {1: 2, 2: 2, 3: 2, 4: 3, 5: 3, 6: 4, 7: 4, 8: 5}
+_DIGITS = {1: (1, 2), 2: (2, 2), 3: (2, 3), 4: (1, 2), 5: (2, 2), 6: (2, 3), 7: (3, 3), 8: (2, 3)}
+_MAX_PRODUCTS = 2  # at most two '*' per expression: answers stay within 10 characters
+
+
 def _arith_expression(rng: random.Random, level: int) -> str:
-    """An integer expression whose size grows with ``level`` (1-5)."""
-    operands = {1: 2, 2: 2, 3: 2, 4: 3, 5: 3}[level]
-    digits = {1: (1, 2), 2: (2, 2), 3: (2, 3), 4: (1, 2), 5: (2, 2)}[level]
+    """An integer expression whose size grows with ``level`` (1-``ARITH_LEVELS``).
+
+    Levels 5 and 7 put one parenthesised pair around the first two operands, which changes the
+    order of operations.
+    """
+    operands = _OPERANDS[level]
     numbers = []
     for _ in range(operands):
-        width = rng.randint(*digits)
+        width = rng.randint(*_DIGITS[level])
         numbers.append(str(rng.randint(10 ** (width - 1), 10**width - 1)))
     ops = [rng.choice(["+", "-", "*"]) for _ in range(operands - 1)]
+    while ops.count("*") > _MAX_PRODUCTS:
+        ops[ops.index("*")] = rng.choice(["+", "-"])
     # No spaces: every token of the expression is then distinct from its neighbours, so copying it
     # into code is a chain of unambiguous "what came after this token" lookups.
-    expression = numbers[0]
-    for op, number in zip(ops, numbers[1:]):
+    head = f"{numbers[0]}{ops[0]}{numbers[1]}"
+    if level in (5, 7):
+        head = f"({head})"
+    expression = head
+    for op, number in zip(ops[1:], numbers[2:]):
         expression = f"{expression}{op}{number}"
-    if level == 5:  # one parenthesised pair changes the order of operations
-        expression = f"({numbers[0]}{ops[0]}{numbers[1]}){ops[1]}{numbers[2]}"
     return expression
 
 
@@ -195,11 +211,11 @@ class Draft:
 
 def _draft(family: str, rng: random.Random) -> Draft:
     if family == "arith":
-        level = rng.randint(1, 5)
+        level = rng.randint(1, ARITH_LEVELS)
         expression = _arith_expression(rng, level)
         return Draft(family, expression, {"expression": expression}, str(eval(expression)), level)
     if family == "choice":
-        level = rng.randint(1, 5)
+        level = rng.randint(1, ARITH_LEVELS)
         expression = _arith_expression(rng, level)
         value = eval(expression)
         options = _distractors(rng, value) + [value]
