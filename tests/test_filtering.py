@@ -289,7 +289,7 @@ def test_select_refuses_scores_of_another_pool(tmp_path: Path):
 def test_cfg_helper_matches_schema_defaults():
     cfg = _cfg()
     assert dataclasses.asdict(cfg) == {
-        "k": 8,
+        "k": 4,
         "temperature": 1.0,
         "top_p": 1.0,
         "low": 0.0,
