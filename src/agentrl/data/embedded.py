@@ -45,9 +45,9 @@ NUM_CODE_CASES = 4
 
 # --------------------------------------------------------------------------- arithmetic
 # Levels 1-5 are short (2-3 operands of 1-3 digits); 6-8 have 4-5 operands of 2-3 digits, so
-# every problem -> code and tool output -> answer copy is longer and a sampled SFT model slips
-# more often: RL, which sharpens those copies, then has room to show (docs/experiments.md,
-# 2026-12-03).
+# every problem -> code and tool output -> answer copy is longer. Measured, the pretrained SFT
+# model copies them almost as well (docs/experiments.md, 2026-12-03): they widen the task more
+# than they lower its accuracy.
 ARITH_LEVELS = 8
 _OPERANDS = {1: 2, 2: 2, 3: 2, 4: 3, 5: 3, 6: 4, 7: 4, 8: 5}
 _DIGITS = {1: (1, 2), 2: (2, 2), 3: (2, 3), 4: (1, 2), 5: (2, 2), 6: (2, 3), 7: (3, 3), 8: (2, 3)}
