@@ -44,6 +44,23 @@ def test_the_same_seed_gives_the_same_corpus_and_another_seed_another():
     assert copy_corpus(50, 1, 3) != copy_corpus(50, 2, 3)
 
 
+def test_a_verbatim_share_repeats_the_user_turn_and_share_0_never_does():
+    plain = copy_corpus(300, 4, 3)
+    assert not any(e.messages[1]["content"] == e.messages[0]["content"] for e in plain)
+    mixed = copy_corpus(300, 4, 3, verbatim_share=0.3)
+    verbatim = [e for e in mixed if e.messages[1]["content"] == e.messages[0]["content"]]
+    assert 0.2 < len(verbatim) / len(mixed) < 0.4
+    # the others are named copies in wrappers, as without the share
+    for example in mixed:
+        if example not in verbatim:
+            assert all(line.split(" ", 1)[0] in NAMES for line in example.messages[1]["content"].splitlines())
+
+
+def test_a_verbatim_share_outside_0_1_is_refused():
+    with pytest.raises(ValueError, match="verbatim_share"):
+        copy_corpus(1, 0, 3, verbatim_share=1.5)
+
+
 def test_max_spans_outside_the_names_is_refused():
     with pytest.raises(ValueError, match="max_spans"):
         copy_corpus(1, 0, len(NAMES) + 1)

@@ -12,7 +12,7 @@ from agentrl.config import EmbeddedDataConfig
 from agentrl.data import embedded
 
 
-def _generate(interpreter_and_sandbox, seed=0, per_family=12, share=0.5):
+def _generate(interpreter_and_sandbox, seed=0, per_family=12, share=0.5, direct=0.0):
     tool, sandbox = interpreter_and_sandbox
     setup = EmbeddedDataConfig(
         families=("arith", "choice", "program"),
@@ -20,6 +20,7 @@ def _generate(interpreter_and_sandbox, seed=0, per_family=12, share=0.5):
         rl_pool_per_family=per_family * 2,
         eval_per_family=per_family,
         failed_attempt_share=share,
+        direct_answer_share=direct,
         prompt_style="compact",
         sft_trajectories="real",
     )
@@ -98,6 +99,29 @@ def test_share_of_trajectories_recover_from_a_failed_attempt(dataset):
     assert 0.2 < len(recovering) / len(dataset.sft) < 0.8
     errors = [m["content"] for e in recovering for m in e.messages if m["role"] == "tool"]
     assert any("NameError" in text for text in errors) or any(text == "" for text in errors)
+
+
+def test_a_share_of_arith_trajectories_answer_without_the_tool(interpreter_and_sandbox, dataset):
+    """direct_answer_share: those trajectories are one assistant turn with the true value in the words
+    the tool-using ones end with; choice and program trajectories always call; share 0 draws none."""
+    assert all(_calls_of(e) for e in dataset.sft), "share 0: every trajectory calls the tool"
+    direct_data = _generate(interpreter_and_sandbox, per_family=40, direct=0.5)
+    direct = [e for e in direct_data.sft if not _calls_of(e)]
+    assert {e.id.split("-")[0] for e in direct} == {"arith"}
+    assert 0.3 < len(direct) / 40 < 0.7
+    tool_using = [e for e in direct_data.sft if e.id.startswith("arith") and _calls_of(e)]
+    for example in direct:
+        assert [m["role"] for m in example.messages] == ["user", "assistant"], example.id
+        value = eval(example.messages[0]["content"].split("Compute ")[1].split(". Use")[0])
+        assert example.messages[1]["content"] == f"The result is {value}.\n\\boxed{{{value}}}"
+    # The same closing words as the tool-using trajectories: only the first turn's start differs.
+    assert all(e.messages[-1]["content"].startswith("The result is ") for e in tool_using)
+    with pytest.raises(ValueError, match="only arith"):
+        embedded.direct_answer(embedded.Draft("choice", "k", {}, "A", 1))
+
+
+def _calls_of(example):
+    return [m for m in example.messages if m.get("tool_calls")]
 
 
 def test_trajectories_replayed_through_the_sandbox_reproduce_their_tool_outputs(interpreter_and_sandbox, dataset):

@@ -126,6 +126,27 @@ def test_forcerun_evaluate_replans_evaluation_and_its_consumers_only(completed):
             {"pretrain", "sft", "score_rl_pool", "gather_pass_rates", "scoring_config", "select_rl_data", "grpo"},
             {"sft", "rl"},
         ),
+        # the copying corpus: it, the pretraining and everything after, not the base model
+        (
+            {"model": {"embedded": {"pretrain": {"verbatim_share": 0.5}}}},
+            {
+                "copy_corpus",
+                "pretrain",
+                "sft",
+                "score_rl_pool",
+                "gather_pass_rates",
+                "scoring_config",
+                "select_rl_data",
+                "grpo",
+            },
+            {"sft", "rl"},
+        ),
+        # SFT's schedule is its own: pretraining has model.embedded.pretrain.lr_schedule
+        (
+            {"sft": {"lr_schedule": "constant"}},
+            {"sft", "score_rl_pool", "gather_pass_rates", "scoring_config", "select_rl_data", "grpo"},
+            {"sft", "rl"},
+        ),
         # an sft key pretraining shares (the SFT recipe's own epochs, batch, lr and warmup are not)
         (
             {"sft": {"weight_decay": 0.0}},
@@ -133,7 +154,16 @@ def test_forcerun_evaluate_replans_evaluation_and_its_consumers_only(completed):
             {"sft", "rl"},
         ),
     ],
-    ids=["filter.high", "filter.k", "sft.lr", "grpo.lr", "pretrain.lr", "sft.weight_decay"],
+    ids=[
+        "filter.high",
+        "filter.k",
+        "sft.lr",
+        "grpo.lr",
+        "pretrain.lr",
+        "pretrain.verbatim_share",
+        "sft.lr_schedule",
+        "sft.weight_decay",
+    ],
 )
 def test_a_changed_parameter_reruns_only_what_it_feeds(completed, tmp_path, overlay, reruns, evaluated_models):
     override = tmp_path / "override.yaml"

@@ -18,7 +18,7 @@ from agentrl.data.stitched import StitchedSolver, hand_steps
 SHARE = 0.5
 
 
-def _generate(interpreter_and_sandbox, writer):
+def _generate(interpreter_and_sandbox, writer, direct=0.0):
     tool, sandbox = interpreter_and_sandbox
     setup = EmbeddedDataConfig(
         families=("arith", "choice", "program"),
@@ -26,6 +26,7 @@ def _generate(interpreter_and_sandbox, writer):
         rl_pool_per_family=8,
         eval_per_family=6,
         failed_attempt_share=SHARE,
+        direct_answer_share=direct,
         prompt_style="compact",
         sft_trajectories="real",  # the writer is passed below
     )
@@ -161,6 +162,19 @@ def test_after_a_failed_call_the_text_goes_on_as_pre_written(pair):
     assert 0.2 < len(contradicted) / len(stitched.sft) < 0.8
 
 
+def test_the_same_problems_are_answered_without_the_tool_in_both_data_sets(interpreter_and_sandbox):
+    """direct_answer_share: nothing is stitched into a trajectory without a call, so the two sets
+    hold the very same direct answers, and the others still pair up call for call."""
+    real = _generate(interpreter_and_sandbox, embedded.ScriptedSolver, direct=0.5)
+    stitched = _generate(interpreter_and_sandbox, StitchedSolver, direct=0.5)
+    real_direct = [e for e in real.sft if not _calls(e)]
+    assert real_direct, "share 0.5 of 12 arith trajectories: some answer directly"
+    assert [e.messages for e in real_direct] == [e.messages for e in stitched.sft if not _calls(e)]
+    for r, s in zip(real.sft, stitched.sft):
+        assert bool(_calls(r)) == bool(_calls(s)), r.id
+        assert s.messages[-1] == r.messages[-1], r.id
+
+
 def test_spliced_outputs_are_the_real_outputs_of_their_code(interpreter_and_sandbox, pair):
     tool, _ = interpreter_and_sandbox
     _, stitched = pair
@@ -177,6 +191,7 @@ def test_prepare_data_writes_stitched_trajectories_when_configured(tmp_path):
             "rl_pool_per_family": 3,
             "eval_per_family": 2,
             "failed_attempt_share": 0.0,
+            "direct_answer_share": 0.0,
         }
     }
     written = {}

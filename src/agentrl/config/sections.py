@@ -25,6 +25,7 @@ class EmbeddedDataConfig:
     rl_pool_per_family: int
     eval_per_family: int
     failed_attempt_share: float
+    direct_answer_share: float
     prompt_style: Literal["compact", "paper"]
     sft_trajectories: Literal["real", "stitched"]
 
@@ -67,9 +68,11 @@ class PretrainConfig:
     enable: bool
     conversations: int  # copying conversations (agentrl.data.copy_corpus), each seen ``epochs`` times
     max_spans: int  # spans named and copied per conversation, at most
+    verbatim_share: float  # share of conversations whose assistant turn repeats the user turn as it stands
     epochs: int
     global_batch_size: int
     lr: float
+    lr_schedule: Literal["cosine", "constant"]
     warmup_ratio: float
 
 

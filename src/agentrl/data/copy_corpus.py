@@ -48,20 +48,33 @@ def random_span(rng: random.Random) -> str:
     return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(3, 8)))
 
 
-def copy_conversation(rng: random.Random, index: int, max_spans: int) -> SftExample:
-    """A user turn naming 2..``max_spans`` random spans, an assistant turn copying each of them."""
+def copy_conversation(rng: random.Random, index: int, max_spans: int, verbatim_share: float = 0.0) -> SftExample:
+    """A user turn naming 2..``max_spans`` random spans, an assistant turn copying each of them.
+
+    With probability ``verbatim_share`` the assistant turn repeats the user turn as it stands
+    (same order, names kept, no wrappers): every trained token is then the successor of the same
+    token in the user turn, the plain induction pattern, learnt before the name lookups the other
+    conversations need (docs/experiments.md). A share of 0 draws nothing: the stream stays that of
+    a corpus without it.
+    """
     spans = [random_span(rng) for _ in range(rng.randint(2, max_spans))]
     source = "\n".join(f"{NAMES[i]}: {span}" for i, span in enumerate(spans))
-    order = rng.sample(range(len(spans)), len(spans))
-    copies = "\n".join(f"{NAMES[i]} " + rng.choice(WRAPPERS).format(spans[i]) for i in order)
+    if verbatim_share > 0 and rng.random() < verbatim_share:
+        copies = source
+    else:
+        order = rng.sample(range(len(spans)), len(spans))
+        copies = "\n".join(f"{NAMES[i]} " + rng.choice(WRAPPERS).format(spans[i]) for i in order)
     messages = [{"role": "user", "content": source}, {"role": "assistant", "content": copies}]
     return SftExample(id=f"copy-{index:06d}", messages=messages, tools=[])
 
 
-def copy_corpus(count: int, seed: int, max_spans: int) -> list[SftExample]:
+def copy_corpus(count: int, seed: int, max_spans: int, verbatim_share: float = 0.0) -> list[SftExample]:
     """``count`` copying conversations, the same for the same ``seed`` (a stream of their own:
-    the embedded problems draw from ``random.Random(seed)``)."""
+    the embedded problems draw from ``random.Random(seed)``); ``verbatim_share`` of them repeat
+    their user turn verbatim."""
     if not 2 <= max_spans <= len(NAMES):
         raise ValueError(f"max_spans must be in 2..{len(NAMES)}: {max_spans}")
+    if not 0 <= verbatim_share <= 1:
+        raise ValueError(f"verbatim_share must be in [0, 1]: {verbatim_share}")
     rng = random.Random(f"{seed}:copy-corpus")
-    return [copy_conversation(rng, index, max_spans) for index in range(count)]
+    return [copy_conversation(rng, index, max_spans, verbatim_share) for index in range(count)]

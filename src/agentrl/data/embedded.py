@@ -22,8 +22,13 @@ paper's data: a scripted solver writes code, the code runs in the project's code
 (the same sandbox and output post-processing the agent loop uses), and the next assistant turn
 is written from the real tool output it got back. A configurable share of trajectories contains
 a failed first attempt (a crash, code that prints nothing, or a wrong program whose output does
-not match the example) followed by a recovery. Held-out eval problems never share their text
-with SFT or RL-pool problems.
+not match the example) followed by a recovery. Another share of the arith trajectories
+(``direct_answer_share``) answers at once, without the tool: the scripted solver states the true
+value, which the tiny model cannot compute, so the SFT model that imitates it answers wrongly
+there and RL learns to call the tool instead (the paper's SFT data, too, mixes tool-using with
+text-only solutions). Only arith: a direct answer there is never right, so the reward tells the
+two apart without noise (a guessed choice letter is right one time in four). Held-out eval
+problems never share their text with SFT or RL-pool problems.
 """
 
 from __future__ import annotations
@@ -283,6 +288,23 @@ def choice_conclusion(letter: str) -> str:
     return f"Option {letter} matches.\n\\boxed{{{letter}}}"
 
 
+def answers_directly(draft: Draft, rng: random.Random, direct_answer_share: float) -> bool:
+    """Whether this arith trajectory answers without the tool (share ``direct_answer_share``).
+
+    A share of 0 draws nothing, so the rest of the solver's random stream (its failed attempts)
+    stays what it was before the share existed.
+    """
+    return draft.family == "arith" and direct_answer_share > 0 and rng.random() < direct_answer_share
+
+
+def direct_answer(draft: Draft) -> str:
+    """The one assistant turn of an arith trajectory that answers without the tool: the words the
+    tool-using trajectory ends with, so the response's first words decide tool or no tool."""
+    if draft.family != "arith":
+        raise ValueError(f"only arith trajectories answer without the tool, not {draft.family!r}")
+    return f"The result is {draft.answer}.\n\\boxed{{{draft.answer}}}"
+
+
 def broken_print(expression: str, rng: random.Random) -> str:
     """A failed first attempt at printing ``expression``: a ``NameError`` or an assignment that prints nothing."""
     return f"prnt({expression})" if rng.random() < 0.5 else f"result = {expression}"
@@ -306,10 +328,17 @@ def last_line(text: str) -> str:
 class ScriptedSolver:
     """Writes the SFT trajectories: code goes through the real tool; answers come from its output."""
 
-    def __init__(self, execute: Callable[[str], str], rng: random.Random, failed_attempt_share: float):
+    def __init__(
+        self,
+        execute: Callable[[str], str],
+        rng: random.Random,
+        failed_attempt_share: float,
+        direct_answer_share: float = 0.0,
+    ):
         self.execute = execute  # code -> tool-response text, exactly as the agent loop shows it
         self.rng = rng
         self.failed_attempt_share = failed_attempt_share
+        self.direct_answer_share = direct_answer_share
 
     def _tool_turn(self, messages: list[Message], code: str, content: str) -> str:
         output = self.execute(code)
@@ -334,7 +363,9 @@ class ScriptedSolver:
 
     def solve(self, problem: Problem, draft: Draft) -> list[Message]:
         messages: list[Message] = [dict(problem.prompt[0])]
-        if draft.family == "arith":
+        if answers_directly(draft, self.rng, self.direct_answer_share):
+            messages.append({"role": "assistant", "content": direct_answer(draft)})
+        elif draft.family == "arith":
             value = self._compute(messages, draft.fields["expression"])
             messages.append({"role": "assistant", "content": f"The result is {value}.\n\\boxed{{{value}}}"})
         elif draft.family == "choice":
@@ -390,7 +421,7 @@ def generate(
     ``execute(code) -> text`` is the code-interpreter tool; ``run_program([(code, stdin)]) ->
     [stdout]`` runs reference solutions to make the hidden test cases of ``program`` problems.
     Eval problems are drawn first so that no later split can take their text.
-    ``trajectory_writer(execute, rng, failed_attempt_share)`` writes the SFT conversations:
+    ``trajectory_writer(execute, rng, failed_attempt_share, direct_answer_share)`` writes the SFT conversations:
     ScriptedSolver (real trajectories) or agentrl.data.stitched.StitchedSolver, the writer that
     ``cfg.sft_trajectories`` names (the caller picks it: stitched builds on this module).
     """
@@ -398,7 +429,7 @@ def generate(
     sft: list[SftExample] = []
     rl_pool: list[Problem] = []
     eval_sets: dict[str, list[Problem]] = {}
-    solver = trajectory_writer(execute, random.Random(seed + 1), cfg.failed_attempt_share)
+    solver = trajectory_writer(execute, random.Random(seed + 1), cfg.failed_attempt_share, cfg.direct_answer_share)
     for family in cfg.families:
         taken: set[str] = set()
         splits = {

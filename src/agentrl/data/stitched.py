@@ -32,7 +32,9 @@ So a stitched trajectory states its answer *before* any tool output, and the tex
 call is the pre-written conclusion whatever the output says. Where the spliced call failed, the
 output (an error, nothing, the buggy program's wrong output) contradicts the conclusion that
 follows it; no stitched trajectory recovers from an error, and each makes exactly one call.
-The real generator, by contrast, never states the value before the tool has printed it.
+The real generator, by contrast, never states the value before the tool has printed it. The
+arith trajectories that answer without the tool (``direct_answer_share``) have no call to
+stitch: both sets hold the same ones, word for word.
 
 Departure from the paper: its stitched data came from an LLM's text-only reasoning with calls
 inserted by another model; here the text-only solver is scripted, like the real one, so that
@@ -49,9 +51,11 @@ from collections.abc import Callable
 from agentrl.data.embedded import (
     PROGRAM_TEMPLATES,
     Draft,
+    answers_directly,
     broken_print,
     choice_code,
     choice_conclusion,
+    direct_answer,
     last_line,
     option_letters,
     tool_call_turn,
@@ -111,14 +115,22 @@ class StitchedSolver:
     """Writes stitched SFT trajectories; the interface of ScriptedSolver (``solve(problem, draft)``).
 
     ``execute(code) -> text`` is the code-interpreter tool, exactly as the agent loop shows its
-    output; ``rng`` and ``failed_attempt_share`` are drawn from as ScriptedSolver draws, so the
-    same problems get a failed call in both data sets.
+    output; ``rng``, ``failed_attempt_share`` and ``direct_answer_share`` are drawn from as
+    ScriptedSolver draws, so the same problems get a failed call in both data sets, and the same
+    problems are answered without the tool, in the same words (nothing is stitched into them).
     """
 
-    def __init__(self, execute: Callable[[str], str], rng: random.Random, failed_attempt_share: float):
+    def __init__(
+        self,
+        execute: Callable[[str], str],
+        rng: random.Random,
+        failed_attempt_share: float,
+        direct_answer_share: float = 0.0,
+    ):
         self.execute = execute
         self.rng = rng
         self.failed_attempt_share = failed_attempt_share
+        self.direct_answer_share = direct_answer_share
 
     def _spliced(self, messages: list[Message], pre_written: str, code: str, conclusion: str) -> None:
         """The pre-written text, the call spliced in after it with its real output, the conclusion."""
@@ -138,7 +150,9 @@ class StitchedSolver:
 
     def solve(self, problem: Problem, draft: Draft) -> list[Message]:
         messages: list[Message] = [dict(problem.prompt[0])]
-        if draft.family in ("arith", "choice"):
+        if answers_directly(draft, self.rng, self.direct_answer_share):
+            messages.append({"role": "assistant", "content": direct_answer(draft)})
+        elif draft.family in ("arith", "choice"):
             expression = draft.fields["expression"]
             worked, value = _worked_text(expression)
             if draft.family == "arith":

@@ -20,7 +20,7 @@ import dataclasses
 from agentrl.config import PretrainConfig, SftConfig
 
 # The sft keys model.embedded.pretrain replaces; every other sft key applies to pretraining too.
-PRETRAIN_KEYS = ("epochs", "global_batch_size", "lr", "warmup_ratio")
+PRETRAIN_KEYS = ("epochs", "global_batch_size", "lr", "lr_schedule", "warmup_ratio")
 
 
 def pretrain_sft_config(pretrain: PretrainConfig, sft: SftConfig) -> SftConfig:
