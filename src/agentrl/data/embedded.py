@@ -283,6 +283,11 @@ def _problem(draft: Draft, split: str, index: int, style: str, case_outputs: lis
 
 
 # --------------------------------------------------------------------------- the solver
+def arith_conclusion(value: str | int) -> str:
+    """The last turn of an arith trajectory (real, stitched and answered without the tool alike)."""
+    return f"The result is {value}.\n\\boxed{{{value}}}"
+
+
 def choice_conclusion(letter: str) -> str:
     """The last turn of a choice trajectory (real and stitched alike)."""
     return f"Option {letter} matches.\n\\boxed{{{letter}}}"
@@ -302,7 +307,7 @@ def direct_answer(draft: Draft) -> str:
     tool-using trajectory ends with, so the response's first words decide tool or no tool."""
     if draft.family != "arith":
         raise ValueError(f"only arith trajectories answer without the tool, not {draft.family!r}")
-    return f"The result is {draft.answer}.\n\\boxed{{{draft.answer}}}"
+    return arith_conclusion(draft.answer)
 
 
 def broken_print(expression: str, rng: random.Random) -> str:
@@ -367,7 +372,7 @@ class ScriptedSolver:
             messages.append({"role": "assistant", "content": direct_answer(draft)})
         elif draft.family == "arith":
             value = self._compute(messages, draft.fields["expression"])
-            messages.append({"role": "assistant", "content": f"The result is {value}.\n\\boxed{{{value}}}"})
+            messages.append({"role": "assistant", "content": arith_conclusion(value)})
         elif draft.family == "choice":
             setup, matches = choice_code(draft.fields["options"], draft.fields["expression"])
             printed = self._compute(messages, matches, setup)

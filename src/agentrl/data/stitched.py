@@ -52,6 +52,7 @@ from agentrl.data.embedded import (
     PROGRAM_TEMPLATES,
     Draft,
     answers_directly,
+    arith_conclusion,
     broken_print,
     choice_code,
     choice_conclusion,
@@ -162,7 +163,7 @@ class StitchedSolver:
                         f"{problem.id}: hand evaluation of {expression!r} gave {value}, not {draft.answer}"
                     )
                 pre_written = f"{worked} The result is {value}. Let me check it with the tool."
-                conclusion = f"The result is {value}.\n\\boxed{{{value}}}"
+                conclusion = arith_conclusion(value)
             else:
                 letter = option_letters(draft.fields["options"]).get(str(value))
                 if letter is None or letter != draft.answer:
