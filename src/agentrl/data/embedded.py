@@ -293,15 +293,6 @@ def choice_conclusion(letter: str) -> str:
     return f"Option {letter} matches.\n\\boxed{{{letter}}}"
 
 
-def answers_directly(draft: Draft, rng: random.Random, direct_answer_share: float) -> bool:
-    """Whether this arith trajectory answers without the tool (share ``direct_answer_share``).
-
-    A share of 0 draws nothing, so the rest of the solver's random stream (its failed attempts)
-    stays what it was before the share existed.
-    """
-    return draft.family == "arith" and direct_answer_share > 0 and rng.random() < direct_answer_share
-
-
 def direct_answer(draft: Draft) -> str:
     """The one assistant turn of an arith trajectory that answers without the tool: the words the
     tool-using trajectory ends with, so the response's first words decide tool or no tool."""
@@ -330,8 +321,10 @@ def last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-class ScriptedSolver:
-    """Writes the SFT trajectories: code goes through the real tool; answers come from its output."""
+class TrajectoryWriter:
+    """What every SFT trajectory writer holds: the tool, its random stream and the two shares it
+    draws from. The writers draw in the same order, so one seed gives the same problems a failed
+    call, or no call at all, in every data set."""
 
     def __init__(
         self,
@@ -344,6 +337,19 @@ class ScriptedSolver:
         self.rng = rng
         self.failed_attempt_share = failed_attempt_share
         self.direct_answer_share = direct_answer_share
+
+    def answers_directly(self, draft: Draft) -> bool:
+        """Whether this arith trajectory answers without the tool (share ``direct_answer_share``).
+
+        A share of 0 draws nothing, so the rest of the random stream (the failed attempts) stays
+        what it was before the share existed.
+        """
+        share = self.direct_answer_share
+        return draft.family == "arith" and share > 0 and self.rng.random() < share
+
+
+class ScriptedSolver(TrajectoryWriter):
+    """Writes the SFT trajectories: code goes through the real tool; answers come from its output."""
 
     def _tool_turn(self, messages: list[Message], code: str, content: str) -> str:
         output = self.execute(code)
@@ -368,7 +374,7 @@ class ScriptedSolver:
 
     def solve(self, problem: Problem, draft: Draft) -> list[Message]:
         messages: list[Message] = [dict(problem.prompt[0])]
-        if answers_directly(draft, self.rng, self.direct_answer_share):
+        if self.answers_directly(draft):
             messages.append({"role": "assistant", "content": direct_answer(draft)})
         elif draft.family == "arith":
             value = self._compute(messages, draft.fields["expression"])

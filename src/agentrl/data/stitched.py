@@ -45,13 +45,12 @@ order in which text and tool output were written.
 from __future__ import annotations
 
 import ast
-import random
 from collections.abc import Callable
 
 from agentrl.data.embedded import (
     PROGRAM_TEMPLATES,
     Draft,
-    answers_directly,
+    TrajectoryWriter,
     arith_conclusion,
     broken_print,
     choice_code,
@@ -112,26 +111,13 @@ def _worked_text(expression: str) -> tuple[str, int]:
     return f"By hand: {work}.", value
 
 
-class StitchedSolver:
+class StitchedSolver(TrajectoryWriter):
     """Writes stitched SFT trajectories; the interface of ScriptedSolver (``solve(problem, draft)``).
 
-    ``execute(code) -> text`` is the code-interpreter tool, exactly as the agent loop shows its
-    output; ``rng``, ``failed_attempt_share`` and ``direct_answer_share`` are drawn from as
-    ScriptedSolver draws, so the same problems get a failed call in both data sets, and the same
-    problems are answered without the tool, in the same words (nothing is stitched into them).
+    It draws from its random stream as ScriptedSolver draws, so the same problems get a failed call
+    in both data sets, and the same problems are answered without the tool, in the same words
+    (nothing is stitched into them).
     """
-
-    def __init__(
-        self,
-        execute: Callable[[str], str],
-        rng: random.Random,
-        failed_attempt_share: float,
-        direct_answer_share: float = 0.0,
-    ):
-        self.execute = execute
-        self.rng = rng
-        self.failed_attempt_share = failed_attempt_share
-        self.direct_answer_share = direct_answer_share
 
     def _spliced(self, messages: list[Message], pre_written: str, code: str, conclusion: str) -> None:
         """The pre-written text, the call spliced in after it with its real output, the conclusion."""
@@ -151,7 +137,7 @@ class StitchedSolver:
 
     def solve(self, problem: Problem, draft: Draft) -> list[Message]:
         messages: list[Message] = [dict(problem.prompt[0])]
-        if answers_directly(draft, self.rng, self.direct_answer_share):
+        if self.answers_directly(draft):
             messages.append({"role": "assistant", "content": direct_answer(draft)})
         elif draft.family in ("arith", "choice"):
             expression = draft.fields["expression"]
