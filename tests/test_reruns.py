@@ -36,6 +36,8 @@ from helpers.workflows import (
     write_config,
 )
 
+from agentrl.config.loading import load_config
+
 MODELS = {"base", "sft", "rl"}
 # A (model, benchmark) is sampled by its eval.shards evaluate jobs and gathered into its metrics.
 EVALUATION = {"evaluate", "gather_evaluation", "export_livecodebench", "report"}
@@ -230,7 +232,8 @@ def test_a_rerun_reason_names_the_changed_keys(completed, tmp_path):
     done = snakemake(completed, "-n", "--configfile", str(completed / "config.yaml"), str(override), timeout=180)
     reasons = [line.strip() for line in done.stdout.splitlines() if "Params have changed" in line]
     assert len(reasons) == 1, done.stdout[-3000:]  # the grpo job; what reads its model re-runs for its input
-    assert "before: 'grpo.lr=0.0001' now: 'grpo.lr=5e-05'" in reasons[0]
+    before = load_config(TINY).grpo.lr  # the finished run's rate, whatever the default is
+    assert f"before: 'grpo.lr={before}' now: 'grpo.lr=5e-05'" in reasons[0]
     assert "save_freq" not in reasons[0] and len(reasons[0]) < 300, reasons[0]
 
 

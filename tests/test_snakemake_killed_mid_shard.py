@@ -33,13 +33,17 @@ from agentrl.sampling.shards import PARTIAL_SUFFIX
 
 pytestmark = pytest.mark.slow
 
-# Enough problems that a job stopped within seconds of snakemake's death is mid-shard.
+# Enough problems, each long enough, that a job stopped within seconds of snakemake's death is
+# mid-shard: at SHARD_CONFIG's 24 tokens, 24 problems roll out in about a second, under the parent
+# watch's own period.
 SMALL = merged(
     SHARD_CONFIG,
     {
         "data": {
-            "embedded": {"families": ["arith"], "sft_per_family": 4, "rl_pool_per_family": 24, "eval_per_family": 24}
+            "embedded": {"families": ["arith"], "sft_per_family": 4, "rl_pool_per_family": 48, "eval_per_family": 48}
         },
+        "rollout": {"max_response_tokens": 96, "max_turns": 3},
+        "reward": {"overlong": {"max_response_length": 96, "buffer_length": 16}},
         "filter": {"k": 2},
         "eval": {"n": 2},
     },
@@ -92,11 +96,16 @@ def test_snakemake_killed_mid_shard_reruns_only_the_unfinished_problems(stage, i
         wait_for(lambda: partial.exists() and finished_problems(partial) >= 1, 600, "a finished problem", first)
         jobs = [pid for pid in descendants(first.pid) if "-m agentrl" in command_line(pid)]
         assert jobs, "the shard job runs under snakemake"
+        # frozen while snakemake dies, so that a loaded machine's delay here cannot let it finish
+        for pid in jobs:
+            os.kill(pid, signal.SIGSTOP)
         first.send_signal(signal.SIGKILL)  # snakemake alone: its jobs live on, orphaned
         first.wait()
     except BaseException:
         os.killpg(first.pid, signal.SIGKILL)
         raise
+    for pid in jobs:
+        os.kill(pid, signal.SIGCONT)
     gone = time.monotonic()
     while any(map(alive, jobs)):
         assert time.monotonic() - gone < ORPHAN_GONE_S, f"the orphan still runs {ORPHAN_GONE_S} s after snakemake died"
