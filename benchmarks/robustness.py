@@ -21,7 +21,9 @@ config.yaml) and ``--config seed=S results_dir=<arm folder>``:
 Per arm it reads avg@n (eval.n) of each benchmark and their mean (in %), the copy probe
 (``benchmarks/copy_probe.py`` on the arm's arith eval set, teacher forced: the probability of
 copying each span whole; the "copy" figure is the least of expression, stated and boxed; the
-choice options line is shown beside it, unchecked), the SFT job's minutes
+choice options line is shown beside it, unchecked), the step at which the embedded model's
+pretraining "clicked" (the first whose trailing mean loss over 100 steps is below 1.0: the plateau
+near 2 ends when the model starts copying) and its final loss, the SFT job's minutes
 (``results/timings/sft.tsv``), the arm's wall minutes and the load average over it. A threshold
 not met is FAIL; an arm whose workflow or probe failed is ERROR, with its log.
 
@@ -55,6 +57,10 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_THREADS = 2  # the sft rule's threads (rules/sft.smk): the default SFT model's
 COPY_SPANS = ("expression", "stated", "boxed")  # arith spans; the least of them is the copy figure
+# The copying "click" of the embedded model's pretraining: the first step whose trailing mean loss
+# over CLICK_WINDOW steps is below CLICK_LOSS (before it the loss plateaus near 2, after it falls
+# to about 0.2; docs/experiments.md, 2026-12-04).
+CLICK_WINDOW, CLICK_LOSS = 100, 1.0
 SHARED_SFT_INPUTS = ("data", "models/base")  # seed-dependent, thread-independent
 # the outputs of the pretrain and sft rules (both outputs of each), which the RL arms start from
 SHARED_RL_INPUTS = (
@@ -94,6 +100,8 @@ class Row:
     delta: float | None = None
     copy: dict[str, float] = field(default_factory=dict)  # span -> P(whole span)
     copy_min: float | None = None
+    pretrain_click_step: int | None = None  # None: no pretraining, or it never clicked
+    pretrain_final_loss: float | None = None  # trailing mean over the last CLICK_WINDOW steps
     sft_job_minutes: float | None = None
     wall_minutes: float | None = None
     load: dict[str, float] = field(default_factory=dict)
@@ -272,9 +280,27 @@ def copy_probe(model: Path, problems: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def pretraining_click(metrics: Path) -> tuple[int | None, float]:
+    """(the first step whose trailing mean loss over CLICK_WINDOW steps is below CLICK_LOSS, or None;
+    the trailing mean at the last step) of a pretraining metrics.jsonl."""
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    losses = [float(r["loss"]) for r in rows if "loss" in r]
+    if not losses:
+        raise ValueError(f"{metrics}: no row with a 'loss'")
+    click, window = None, []
+    for step, loss in zip((int(r["step"]) for r in rows if "loss" in r), losses, strict=True):
+        window = [*window[-(CLICK_WINDOW - 1) :], loss]
+        if click is None and len(window) == CLICK_WINDOW and statistics.fmean(window) < CLICK_LOSS:
+            click = step
+    return click, statistics.fmean(window)
+
+
 def read_sft(row: Row, folder: Path, names: list[str]) -> None:
     row.avg = read_avg(folder, "sft", names)
     row.mean = statistics.fmean(row.avg.values())
+    if (folder / "pretrain" / "metrics.jsonl").exists():
+        row.pretrain_click_step, final = pretraining_click(folder / "pretrain" / "metrics.jsonl")
+        row.pretrain_final_loss = round(final, 3)
     timing = folder / "timings" / "sft.tsv"
     if timing.exists():
         with timing.open() as stream:
@@ -336,6 +362,7 @@ def groups(rows: list[Row]) -> dict[str, dict]:
             "errors": sum(r.status != "ok" for r in members),
             "mean": spread([r.mean for r in members]),
             "copy": spread([r.copy_min for r in members]),
+            "click": spread([r.pretrain_click_step for r in members]),
             "delta": spread([r.delta for r in members]),
         }
         for name, members in found.items()
@@ -349,7 +376,8 @@ def _fmt(value: float | None, digits: int = 1) -> str:
 
 def table(rows: list[Row], names: list[str], n: int) -> str:
     head = ["arm", "seed", "threads", *(f"{b} avg@{n}" for b in names), f"mean avg@{n}", "SFT mean", "RL - SFT"]
-    head += [*(f"copy {s}" for s in (*COPY_SPANS, "options")), "SFT job min", "wall min", "load start/max", "checks"]
+    head += [*(f"copy {s}" for s in (*COPY_SPANS, "options")), "pretrain click step", "pretrain final loss"]
+    head += ["SFT job min", "wall min", "load start/max", "checks"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         checks = ", ".join(f"{name} {verdict}" for name, verdict in r.checks.items()) or "-"
@@ -359,6 +387,7 @@ def table(rows: list[Row], names: list[str], n: int) -> str:
         cells = [r.arm, str(r.seed), str(r.threads or "-"), *(_fmt(r.avg.get(b)) for b in names)]
         cells += [_fmt(r.mean), _fmt(r.sft_mean), _fmt(r.delta)]
         cells += [_fmt(r.copy.get(s), 3) for s in (*COPY_SPANS, "options")]
+        cells += [str(r.pretrain_click_step or "-"), _fmt(r.pretrain_final_loss, 3)]
         cells += [_fmt(r.sft_job_minutes), _fmt(r.wall_minutes), load, checks]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -366,12 +395,13 @@ def table(rows: list[Row], names: list[str], n: int) -> str:
 
 def spread_table(found: dict[str, dict]) -> str:
     lines = [
-        "| group | arms | errors | mean avg min/max/mean | copy min/max/mean | RL - SFT min/max/mean |",
-        "|---|---|---|---|---|---|",
+        "| group | arms | errors | mean avg min/max/mean | copy min/max/mean | pretrain click step min/max/mean "
+        "| RL - SFT min/max/mean |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, group in found.items():
         cells = []
-        for key, digits in (("mean", 1), ("copy", 3), ("delta", 1)):
+        for key, digits in (("mean", 1), ("copy", 3), ("click", 0), ("delta", 1)):
             s = group[key]
             cells.append("-" if s is None else "/".join(_fmt(s[k], digits) for k in ("min", "max", "mean")))
         lines.append(f"| {name} | {group['arms']} | {group['errors']} | " + " | ".join(cells) + " |")
