@@ -39,6 +39,7 @@ benchmark resumes where it stopped; its wall minutes then are those of the secon
 from __future__ import annotations
 
 import argparse
+import collections
 import csv
 import json
 import os
@@ -284,12 +285,12 @@ def pretraining_click(metrics: Path) -> tuple[int | None, float]:
     """(the first step whose trailing mean loss over CLICK_WINDOW steps is below CLICK_LOSS, or None;
     the trailing mean at the last step) of a pretraining metrics.jsonl."""
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    losses = [float(r["loss"]) for r in rows if "loss" in r]
-    if not losses:
+    points = [(int(r["step"]), float(r["loss"])) for r in rows if "loss" in r]
+    if not points:
         raise ValueError(f"{metrics}: no row with a 'loss'")
-    click, window = None, []
-    for step, loss in zip((int(r["step"]) for r in rows if "loss" in r), losses, strict=True):
-        window = [*window[-(CLICK_WINDOW - 1) :], loss]
+    click, window = None, collections.deque(maxlen=CLICK_WINDOW)
+    for step, loss in points:
+        window.append(loss)
         if click is None and len(window) == CLICK_WINDOW and statistics.fmean(window) < CLICK_LOSS:
             click = step
     return click, statistics.fmean(window)
