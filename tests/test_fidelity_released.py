@@ -379,7 +379,7 @@ def test_grpo_update_weighs_micro_batches_as_upstreams_dp_actor(monkeypatch):
     settings = resolve_algorithm(cfg.grpo)
     step = GrpoStep(Components(cfg, settings, ctx, engine, None, None, None, None, pad_token_id=0))
     plan = step.plan(2, samples)
-    assert len(plan) == 1 and len(plan[0]) == 4  # one mini-batch, one micro-batch per response
+    assert len(plan) == 1 and len(plan[0].micro_batches) == 4  # one mini-batch, one micro-batch per response
     step.recompute_logprobs(samples, plan)
     step.update(samples, plan)
 

@@ -125,7 +125,7 @@ def test_auto_on_the_fp32_hf_engine_skips_the_pass_with_the_same_update(temperat
     for engine_row, actor_row in zip(auto[2], recompute[2]):
         torch.testing.assert_close(torch.tensor(engine_row), torch.tensor(actor_row), atol=1e-5, rtol=0)
     # The recomputation forward ran once per micro-batch with `recompute`, never with `auto`.
-    micro_batches = sum(len(mini) for mini in recompute[0].plan(2, recompute[1]))
+    micro_batches = sum(len(mini.micro_batches) for mini in recompute[0].plan(2, recompute[1]))
     assert (auto[6], recompute[6]) == (0, micro_batches)
     # One update: the same loss, gradients and norms.
     auto_stats, recompute_stats = TokenWeightedStats.merge([auto[3]]), TokenWeightedStats.merge([recompute[3]])

@@ -235,7 +235,9 @@ def test_deepspeed_update_equals_the_plain_torch_update_whatever_the_micro_batch
     many_plan, _, many_norms, many_params, _, many_grads = deepspeed_update(
         model_dir, samples, 20, overrides, monkeypatch
     )
-    assert len(one_plan[0]) == 1 and len(many_plan[0]) == 4  # one micro-batch vs one per sample
+    assert (
+        len(one_plan[0].micro_batches) == 1 and len(many_plan[0].micro_batches) == 4
+    )  # one micro-batch vs one per sample
     reference, reference_norm, reference_grads = _reference_update(model_dir, samples, cfg)
     for name, grad in reference_grads.items():
         torch.testing.assert_close(one_grads[name], grad, atol=1e-7, rtol=1e-4, msg=name)
@@ -250,6 +252,57 @@ def test_deepspeed_update_equals_the_plain_torch_update_whatever_the_micro_batch
     # old_logp was recomputed on the update's own micro-batches: the first mini-batch starts on-policy.
     assert one_stats["actor/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
     assert one_stats["actor/clip_frac_high"] == 0 and one_stats["actor/clip_frac_low"] == 0
+
+
+def _with_advantages(samples, advantages):
+    for sample, advantage in zip(samples, advantages):
+        sample.advantage = advantage
+    return samples
+
+
+@pytest.mark.parametrize(
+    "advantages",
+    [[0.0, 0.0, 0.7, -0.7], [0.0, 0.0, 0.0, 0.0]],
+    ids=["one-uniform-group", "all-uniform"],
+)
+def test_zero_advantage_samples_skip_the_forward_with_the_same_update(advantages, monkeypatch):
+    """A sample of advantage 0 adds no gradient: skipping its forward and backward while its
+    tokens still count in the token-mean denominator gives the same gradients, norm and weights;
+    a mini-batch with nothing to train still takes its (zero-gradient) optimizer step."""
+    from helpers.rollout import random_policy
+
+    model_dir = random_policy()
+    samples = _with_advantages(_random_samples(vocab=300, seed=2), advantages)
+    runs = {
+        skip: deepspeed_update(model_dir, samples, 20, {"skip_zero_advantage": skip}, monkeypatch)
+        for skip in (False, True)
+    }
+    (full_plan, full_stats, full_norms, full_params, cfg, full_grads) = runs[False]
+    (skip_plan, skip_stats, skip_norms, skip_params, _, skip_grads) = runs[True]
+    trained = [i for i, a in enumerate(advantages) if a != 0.0]
+    assert full_plan[0].members == skip_plan[0].members == [0, 1, 2, 3]
+    assert sorted(i for micro in skip_plan[0].micro_batches for i in micro) == trained
+    assert len(skip_plan[0].micro_batches) == max(len(trained), 1)  # a padding micro-batch when none train
+    assert len(full_plan[0].micro_batches) == 4
+    assert len(full_norms) == len(skip_norms) == 1  # the optimizer step is taken either way
+    assert skip_norms[0] == pytest.approx(full_norms[0], rel=1e-5, abs=1e-12)
+    for name, grad in full_grads.items():
+        torch.testing.assert_close(skip_grads[name], grad, atol=1e-7, rtol=1e-4, msg=name)
+    for name, value in full_params.items():
+        torch.testing.assert_close(skip_params[name], value, atol=0.05 * cfg.grpo.lr, rtol=0, msg=name)
+    assert skip_stats["actor/pg_loss"] == pytest.approx(full_stats["actor/pg_loss"], abs=1e-7)
+    if not trained:
+        assert full_norms[0] == 0.0
+
+
+def test_zero_advantage_samples_train_where_they_have_a_gradient(monkeypatch):
+    """With a KL term (grpo_t) a sample of advantage 0 still has a gradient: none is skipped."""
+    from helpers.rollout import random_policy
+
+    model_dir = random_policy()
+    samples = _with_advantages(_random_samples(vocab=300, seed=2), [0.0, 0.0, 0.7, -0.7])
+    plan, *_ = deepspeed_update(model_dir, samples, 20, {"variant": "grpo_t", "skip_zero_advantage": True})
+    assert sorted(i for micro in plan[0].micro_batches for i in micro) == [0, 1, 2, 3]
 
 
 def test_kl_variant_measures_the_distance_to_the_reference_model():

@@ -314,6 +314,7 @@ class GrpoConfig:
     logit_chunk_tokens: int
     loss_weighting: Literal["mini_batch_tokens", "micro_batch_share"]
     share_prompts: bool
+    skip_zero_advantage: bool
     lr: float
     lr_schedule: Literal["constant", "cosine"]
     lr_warmup_steps: int

@@ -72,6 +72,16 @@ class PolicySample:
         )
 
 
+@dataclass(frozen=True)
+class MiniBatchPlan:
+    """One optimizer step of the update: ``members`` are its sample indices (its loss's token and
+    sequence counts), ``micro_batches`` those of them that run forward and backward, packed by
+    token budget (``[]``: a padding micro-batch of zero loss)."""
+
+    members: list[int]
+    micro_batches: list[list[int]]
+
+
 def pack_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
     """Indices grouped so that ``len(group) * max(length in group) <= token_budget`` (padded tokens).
 

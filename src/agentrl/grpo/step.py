@@ -22,7 +22,8 @@ The loop around the steps is :mod:`agentrl.grpo.trainer`. Per step, as upstream'
    is cut into micro-batches by token budget, each micro-batch's loss is divided by the
    mini-batch's loss-token count (summed over ranks, divided by the world size: DeepSpeed
    averages gradients over ranks) and back-propagated with ``scale_wrt_gas=False``, then one
-   DeepSpeed step;
+   DeepSpeed step. With ``grpo.skip_zero_advantage`` the samples of advantage 0 are counted in
+   that denominator but run no forward or backward (:meth:`GrpoStep.trains`);
 7. the new weights go to the rollout engine (``Engine.update_weights``: free when the ``hf``
    engine shares the module, an in-memory load for vLLM).
 
@@ -57,6 +58,7 @@ from agentrl.data.records import Problem, Trajectory
 from agentrl.grpo import algorithm as alg
 from agentrl.grpo.batching import (
     MicroBatch,
+    MiniBatchPlan,
     PolicySample,
     collate,
     pack_micro_batches,
@@ -222,19 +224,42 @@ class GrpoStep:
             out.append(adv.tolist())
         return out
 
-    def plan(self, num_groups: int, samples: Sequence[PolicySample]) -> list[list[list[int]]]:
-        """Mini-batches (by prompt groups) of micro-batches (by token budget) of sample indices,
-        with the counts agreed over the ranks; an empty micro-batch is ``[]``."""
+    @property
+    def skips_zero_advantage(self) -> bool:
+        """Whether samples of advantage 0 skip the update's forward and backward.
+
+        Exact where the loss of such a sample is 0 for every token and its only other part in the
+        update is the mini-batch's denominator: the policy-gradient term is ``-A * clip(ratio)``
+        (dual clip included) = 0 at ``A = 0``; a KL or entropy term would give it a gradient, and
+        ``micro_batch_share`` divides by each micro-batch's own counts."""
+        s = self.settings
+        return (
+            self.grpo.skip_zero_advantage
+            and s.kl_coef == 0
+            and s.entropy_coef == 0
+            and self.grpo.loss_weighting == "mini_batch_tokens"
+        )
+
+    def trains(self, sample: PolicySample) -> bool:
+        """Whether ``sample``'s forward and backward can change the update."""
+        if not self.skips_zero_advantage:
+            return True
+        return sample.advantage != 0.0 and sample.num_loss_tokens > 0
+
+    def plan(self, num_groups: int, samples: Sequence[PolicySample]) -> list[MiniBatchPlan]:
+        """Mini-batches (by prompt groups) of micro-batches (by token budget) of the sample
+        indices that train (:meth:`trains`), with the counts agreed over the ranks; an empty
+        micro-batch is ``[]``."""
         n = self.grpo.n
         per_mini = self.grpo.mini_batch_prompts // self.ctx.world_size
         local_minis = -(-num_groups // per_mini)
         num_minis = int(all_reduce(self.ctx, local_minis, "max"))
         plan = []
         for m in range(num_minis):
-            indices = list(range(m * per_mini * n, min((m + 1) * per_mini, num_groups) * n))
-            micro = self._micro_batches(samples, indices)
-            count = int(all_reduce(self.ctx, len(micro), "max"))
-            plan.append(micro + [[] for _ in range(count - len(micro))])
+            members = list(range(m * per_mini * n, min((m + 1) * per_mini, num_groups) * n))
+            micro = self._micro_batches(samples, [i for i in members if self.trains(samples[i])])
+            count = int(all_reduce(self.ctx, max(len(micro), 1), "max"))
+            plan.append(MiniBatchPlan(members, micro + [[] for _ in range(count - len(micro))]))
         return plan
 
     def _micro_batches(self, samples: Sequence[PolicySample], indices: list[int]) -> list[list[int]]:
@@ -304,7 +329,7 @@ class GrpoStep:
             return stats.state()
         actor.eval()
         try:
-            for micro in (mb for mini in plan for mb in mini if mb):
+            for micro in (mb for mini in plan for mb in mini.micro_batches if mb):
                 chosen = [samples[i] for i in micro]
                 batch = self.micro_batch(samples, micro)
                 if recompute_old:
@@ -330,7 +355,7 @@ class GrpoStep:
         measure_mismatch = not self.recomputes_old(plan)
         for epoch in range(self.grpo.ppo_epochs):
             for mini_index, mini in enumerate(plan):
-                chosen = [i for micro in mini for i in micro]
+                chosen = mini.members  # the denominators count the samples that skip the update too
                 local_tokens = sum(samples[i].num_loss_tokens for i in chosen)
                 local_seqs = sum(samples[i].num_loss_tokens > 0 for i in chosen)
                 # DeepSpeed averages gradients over ranks, so each rank divides by the all-rank count / W.
@@ -340,9 +365,9 @@ class GrpoStep:
                 # its share of a rank's sequences of the mini-batch (upstream: ppo_mini_batch_size per GPU)
                 mini_seqs = max(all_reduce(ctx, len(chosen)), 1.0) / ctx.world_size
                 mini_loss = 0.0  # the sum of the micro-batch losses is the mini-batch loss
-                for position, micro in enumerate(mini):
+                for position, micro in enumerate(mini.micro_batches):
                     # The last micro-batch is the boundary: DeepSpeed reduces the gradients there.
-                    engine.set_gradient_accumulation_boundary(position == len(mini) - 1)
+                    engine.set_gradient_accumulation_boundary(position == len(mini.micro_batches) - 1)
                     batch = self.micro_batch(samples, micro)
                     counts = (token_count, seq_count, 1.0)
                     if self.grpo.loss_weighting == "micro_batch_share":
@@ -453,7 +478,12 @@ class GrpoStep:
                 "update": update_stats,
                 "mismatch": mismatch,
                 "loss_tokens": sum(s.num_loss_tokens for s in samples),
-                "input_tokens": sum(len(s.input_ids) for s in samples) * self.grpo.ppo_epochs,
+                "samples": len(samples),
+                "trained": sum(len(micro) for mini in plan for micro in mini.micro_batches),
+                "input_tokens": sum(
+                    len(samples[i].input_ids) for mini in plan for micro in mini.micro_batches for i in micro
+                )
+                * self.grpo.ppo_epochs,
             },
         )
         record: dict[str, Any] = {"step": step, "epoch": sampler.progress}
@@ -473,6 +503,9 @@ class GrpoStep:
                 "actor/optimizer_steps": float(len(grad_norms)),
                 "actor/loss_tokens": float(sum(g["loss_tokens"] for g in gathered)),
                 "actor/input_tokens": float(sum(g["input_tokens"] for g in gathered)),
+                # the share of samples that ran forward and backward (the rest: advantage 0, skipped)
+                "actor/trained_share": sum(g["trained"] for g in gathered)
+                / max(sum(g["samples"] for g in gathered), 1),
                 **rollout_timing,
                 "timing/old_logp_s": t1 - t0,
                 "timing/update_s": t2 - t1,
@@ -480,6 +513,7 @@ class GrpoStep:
                 "timing/step_s": t3 - started,
             }
         )
-        # Prompt + response tokens through forward and backward per second of update, all ranks.
+        # Prompt + response tokens of the trained samples through forward and backward per second
+        # of update, all ranks.
         record["timing/train_tokens_per_s"] = record["actor/input_tokens"] / max(t2 - t1, 1e-9)
         return record
