@@ -257,7 +257,12 @@ class GrpoStep:
         plan = []
         for m in range(num_minis):
             members = list(range(m * per_mini * n, min((m + 1) * per_mini, num_groups) * n))
-            micro = self._micro_batches(samples, [i for i in members if self.trains(samples[i])])
+            trained = [i for i in members if self.trains(samples[i])]
+            if m == 0 and not trained:
+                # The sampler-actor mismatch is measured on the first mini-batch's forward: it
+                # runs even when nothing in it has a gradient (the update is the same).
+                trained = members
+            micro = self._micro_batches(samples, trained)
             count = int(all_reduce(self.ctx, max(len(micro), 1), "max"))
             plan.append(MiniBatchPlan(members, micro + [[] for _ in range(count - len(micro))]))
         return plan
@@ -479,11 +484,8 @@ class GrpoStep:
                 "mismatch": mismatch,
                 "loss_tokens": sum(s.num_loss_tokens for s in samples),
                 "samples": len(samples),
-                "trained": sum(len(micro) for mini in plan for micro in mini.micro_batches),
-                "input_tokens": sum(
-                    len(samples[i].input_ids) for mini in plan for micro in mini.micro_batches for i in micro
-                )
-                * self.grpo.ppo_epochs,
+                "trained": len(trained := [i for mini in plan for micro in mini.micro_batches for i in micro]),
+                "input_tokens": sum(len(samples[i].input_ids) for i in trained) * self.grpo.ppo_epochs,
             },
         )
         record: dict[str, Any] = {"step": step, "epoch": sampler.progress}
