@@ -261,39 +261,44 @@ def _with_advantages(samples, advantages):
 
 
 @pytest.mark.parametrize(
-    "advantages",
-    [[0.0, 0.0, 0.7, -0.7], [0.0, 0.0, 0.0, 0.0]],
-    ids=["one-uniform-group", "all-uniform-first-mini-batch"],
+    ("advantages", "mini_batch_prompts", "ran"),
+    [
+        ([0.0, 0.0, 0.7, -0.7], 2, [[2, 3]]),  # one uniform group: its samples are skipped
+        ([0.0, 0.0, 0.0, 0.0], 2, [[0, 1, 2, 3]]),  # nothing to train in the first mini-batch: it runs
+        ([0.7, -0.7, 0.0, 0.0], 1, [[0, 1], []]),  # a later mini-batch with nothing: one padding micro-batch
+    ],
+    ids=["one-uniform-group", "all-uniform-first-mini-batch", "uniform-second-mini-batch"],
 )
-def test_zero_advantage_samples_skip_the_forward_with_the_same_update(advantages, monkeypatch):
+def test_zero_advantage_samples_skip_the_forward_with_the_same_update(advantages, mini_batch_prompts, ran, monkeypatch):
     """A sample of advantage 0 adds no gradient: skipping its forward and backward while its
-    tokens still count in the token-mean denominator gives the same gradients, norm and weights;
-    a first mini-batch with nothing to train still runs (the mismatch is measured there) and
-    takes its zero-gradient optimizer step."""
+    tokens still count in the token-mean denominator gives the same gradients, norms and weights;
+    the first mini-batch always runs its forward (the mismatch is measured there), and every
+    mini-batch takes its optimizer step, a zero-gradient one where nothing trains."""
     from helpers.rollout import random_policy
 
     model_dir = random_policy()
     samples = _with_advantages(_random_samples(vocab=300, seed=2), advantages)
     runs = {
-        skip: deepspeed_update(model_dir, samples, 20, {"skip_zero_advantage": skip}, monkeypatch)
+        skip: deepspeed_update(
+            model_dir, samples, 20, {"skip_zero_advantage": skip, "mini_batch_prompts": mini_batch_prompts}, monkeypatch
+        )
         for skip in (False, True)
     }
     (full_plan, full_stats, full_norms, full_params, cfg, full_grads) = runs[False]
     (skip_plan, skip_stats, skip_norms, skip_params, _, skip_grads) = runs[True]
-    trained = [i for i, a in enumerate(advantages) if a != 0.0]
-    assert full_plan[0].members == skip_plan[0].members == [0, 1, 2, 3]
-    # With nothing to train, the first mini-batch still runs its forward (the mismatch is measured there).
-    assert sorted(i for micro in skip_plan[0].micro_batches for i in micro) == (trained or [0, 1, 2, 3])
-    assert len(full_plan[0].micro_batches) == 4
-    assert len(full_norms) == len(skip_norms) == 1  # the optimizer step is taken either way
-    assert skip_norms[0] == pytest.approx(full_norms[0], rel=1e-5, abs=1e-12)
+    assert [mini.members for mini in skip_plan] == [mini.members for mini in full_plan]
+    assert [sorted(i for micro in mini.micro_batches for i in micro) for mini in skip_plan] == ran
+    assert all(mini.micro_batches for mini in skip_plan)  # a padding micro-batch where nothing runs
+    assert sum(len(mini.micro_batches) for mini in full_plan) == 4  # one per sample without the skip
+    assert len(full_norms) == len(skip_norms) == len(ran)  # every optimizer step is taken either way
+    assert skip_norms == pytest.approx(full_norms, rel=1e-5, abs=1e-12)
     for name, grad in full_grads.items():
         torch.testing.assert_close(skip_grads[name], grad, atol=1e-7, rtol=1e-4, msg=name)
     for name, value in full_params.items():
         torch.testing.assert_close(skip_params[name], value, atol=0.05 * cfg.grpo.lr, rtol=0, msg=name)
     assert skip_stats["actor/pg_loss"] == pytest.approx(full_stats["actor/pg_loss"], abs=1e-7)
-    if not trained:
-        assert full_norms[0] == 0.0
+    if not any(advantages):
+        assert full_norms == [0.0]
 
 
 def test_zero_advantage_samples_train_where_they_have_a_gradient(monkeypatch):
