@@ -69,14 +69,14 @@ def test_max_spans_outside_the_names_is_refused():
 def test_the_stage_writes_an_sft_parquet_whose_trained_tokens_are_the_copies(tmp_path, random_policy_dir):
     out = tmp_path / "copy_corpus.parquet"
     config = tmp_path / "config.yaml"
-    config.write_text("model:\n  embedded:\n    pretrain: {conversations: 12, max_spans: 2}\n")
+    config.write_text("model:\n  embedded:\n    pretrain: {conversations: 12, max_spans: 2, verbatim_share: 0.5}\n")
     subprocess.run(
         [sys.executable, "-m", "agentrl", "copy-corpus", "--config", str(config), "--out", str(out)],
         check=True,
         capture_output=True,
     )
     examples = read_sft_examples(out)
-    assert len(examples) == 12 and examples == copy_corpus(12, 0, 2)
+    assert len(examples) == 12 and examples == copy_corpus(12, 0, 2, verbatim_share=0.5)
     tokenizer = AutoTokenizer.from_pretrained(random_policy_dir)
     tokenized = tokenize_examples(examples, tokenizer, 1024, "right", source=str(out), loss_mask_alignment="target")
     for example, tokens in zip(examples, tokenized):
