@@ -5,6 +5,7 @@ output to ``<log name>.attempts.log``, under a line naming the attempt. The job 
 released SFT model (``sft.from``) by a hub id that is in no cache, offline (``HF_HUB_OFFLINE=1``;
 a local path that is missing or no model folder is refused when the workflow loads): it fails in
 seconds and needs no other job, and ``--retries 1`` runs it twice, as a retry on a cluster would.
+Its exit status reaches Snakemake through the pipe into the log copy (the prefix's pipefail).
 """
 
 from __future__ import annotations
@@ -24,7 +25,11 @@ def test_a_retried_failing_job_keeps_the_first_attempts_log(tmp_path, monkeypatc
         workdir, "--retries", "1", "--configfile", str(ROOT / "config.yaml"), str(overlay), "--until", "released_sft"
     )
     assert done.returncode != 0, done.stdout[-2000:]
-    assert "Trying to restart job" in done.stdout + done.stderr
+    out = done.stdout + done.stderr
+    assert "Trying to restart job" in out
+    # the stage's exit status reaches Snakemake through `| keep_log` (pipefail): a failed job,
+    # not one that "completed successfully" with its outputs missing
+    assert "non-zero exit status" in out and "MissingOutputException" not in out, out[-3000:]
 
     logs = workdir / "results" / "logs"
     attempts = (logs / "released_sft.attempts.log").read_text()
