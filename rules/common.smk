@@ -31,8 +31,8 @@ KEEP_LOG = (
 # A prefix of our own replaces Snakemake's default one ("set -euo pipefail; "), so it is restated
 # first: without pipefail a command's exit status is keep_log's, and a stage that failed (or
 # stopped with 75 for a requeue) would count as a job that "completed successfully" with its
-# outputs missing. (Plain strings: Snakemake formats the prefix, so its braces are doubled.)
-shell.prefix("set -euo pipefail; export PYTHONPATH=" + SRC + ":${{PYTHONPATH:-}}; " + KEEP_LOG)
+# outputs missing. (Snakemake formats the prefix too: ${PYTHONPATH:-} needs its braces quadrupled.)
+shell.prefix(f"set -euo pipefail; export PYTHONPATH={SRC}:${{{{PYTHONPATH:-}}}}; {KEEP_LOG}")
 
 sys.path.insert(0, SRC)  # the checkout's package decides what is read from the hub
 from agentrl.config import load_config, process_count_problems  # noqa: E402
