@@ -5,7 +5,7 @@ code it sends to the tool, and the tool's output into its answer. This renders, 
 of an arith or choice eval set, the conversation the SFT data teaches (the prompt; the tool
 call's code: ``print(<expression>)`` for arith, ``options = dict(<options>)`` and the letters
 matching ``<expression>`` for choice; the tool's true output; the final turn ``The result is
-<value>.\n\\boxed{<value>}`` or ``Option (<letter>) matches.\n\\boxed{<letter>}``) with the
+<value>.\n\\boxed{<value>}`` or ``Option <letter> matches.\n\\boxed{<letter>}``) with the
 model's own chat template, and reads the model's probabilities for each copied span's tokens
 (``expression``, ``options``; ``stated``: the value or letter in the final sentence; ``boxed``:
 the one in the box):

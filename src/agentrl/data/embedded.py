@@ -289,11 +289,8 @@ def arith_conclusion(value: str | int) -> str:
 
 
 def choice_conclusion(letter: str) -> str:
-    """The last turn of a choice trajectory (real and stitched alike). The letter stands in
-    parentheses, as the tool printed it in brackets (``['C']``): the byte-level tokenizer then
-    gives it the same token in both, so the answer copies the tool's token, where ``Option C``
-    (the token `` C``) left the model a mapping to learn that one seed in five did not."""
-    return f"Option ({letter}) matches.\n\\boxed{{{letter}}}"
+    """The last turn of a choice trajectory (real and stitched alike)."""
+    return f"Option {letter} matches.\n\\boxed{{{letter}}}"
 
 
 def direct_answer(draft: Draft) -> str:
