@@ -46,7 +46,7 @@ if PRETRAIN:
         conda:
             "../envs/data.yaml"
         params:
-            **config_params(build=lambda w: pretrain_config(("conversations", "max_spans", "verbatim_share"))),
+            **config_params(build=lambda w: pretrain_config(("conversations", "max_spans", "verbatim_share", "letter_share"))),
         threads: 1
         shell:
             "python -m agentrl copy-corpus --config-json {params.cfg:q} --out {output} 2>&1 | keep_log {log}"

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import random
 
-from agentrl.data.embedded import _arith_expression, _distractors, options_text
+from agentrl.data.embedded import _arith_expression, _distractors, choice_conclusion, options_text
 from agentrl.data.records import SftExample
 
 NAMES = "abcdefgh"
@@ -48,7 +48,9 @@ def random_span(rng: random.Random) -> str:
     return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(3, 8)))
 
 
-def copy_conversation(rng: random.Random, index: int, max_spans: int, verbatim_share: float = 0.0) -> SftExample:
+def copy_conversation(
+    rng: random.Random, index: int, max_spans: int, verbatim_share: float = 0.0, letter_share: float = 0.0
+) -> SftExample:
     """A user turn naming 2..``max_spans`` random spans, an assistant turn copying each of them.
 
     With probability ``verbatim_share`` the assistant turn repeats the user turn as it stands
@@ -56,19 +58,32 @@ def copy_conversation(rng: random.Random, index: int, max_spans: int, verbatim_s
     token in the user turn, the plain induction pattern, learnt before the name lookups the other
     conversations need (docs/experiments.md). A share of 0 draws nothing: the stream stays that of
     a corpus without it.
+
+    With probability ``letter_share`` one span is a letter list as the choice family's tool prints
+    it (``['C']``), and its copy is the choice answer (``Option C matches.`` and the box): the
+    letter's token there (`` C``) is not the printed one (``C``), a mapping SFT alone may miss.
     """
     spans = [random_span(rng) for _ in range(rng.randint(2, max_spans))]
+    letter_at = None
+    if letter_share > 0 and rng.random() < letter_share:
+        letter_at = rng.randrange(len(spans))
+        spans[letter_at] = repr([rng.choice("ABCD")])
     source = "\n".join(f"{NAMES[i]}: {span}" for i, span in enumerate(spans))
     if verbatim_share > 0 and rng.random() < verbatim_share:
         copies = source
     else:
         order = rng.sample(range(len(spans)), len(spans))
-        copies = "\n".join(f"{NAMES[i]} " + rng.choice(WRAPPERS).format(spans[i]) for i in order)
+        copies = "\n".join(
+            f"{NAMES[i]} " + (choice_conclusion(spans[i][2]) if i == letter_at else rng.choice(WRAPPERS).format(spans[i]))
+            for i in order
+        )
     messages = [{"role": "user", "content": source}, {"role": "assistant", "content": copies}]
     return SftExample(id=f"copy-{index:06d}", messages=messages, tools=[])
 
 
-def copy_corpus(count: int, seed: int, max_spans: int, verbatim_share: float = 0.0) -> list[SftExample]:
+def copy_corpus(
+    count: int, seed: int, max_spans: int, verbatim_share: float = 0.0, letter_share: float = 0.0
+) -> list[SftExample]:
     """``count`` copying conversations, the same for the same ``seed`` (a stream of their own:
     the embedded problems draw from ``random.Random(seed)``); ``verbatim_share`` of them repeat
     their user turn verbatim."""
@@ -76,5 +91,7 @@ def copy_corpus(count: int, seed: int, max_spans: int, verbatim_share: float = 0
         raise ValueError(f"max_spans must be in 2..{len(NAMES)}: {max_spans}")
     if not 0 <= verbatim_share <= 1:
         raise ValueError(f"verbatim_share must be in [0, 1]: {verbatim_share}")
+    if not 0 <= letter_share <= 1:
+        raise ValueError(f"letter_share must be in [0, 1]: {letter_share}")
     rng = random.Random(f"{seed}:copy-corpus")
-    return [copy_conversation(rng, index, max_spans, verbatim_share) for index in range(count)]
+    return [copy_conversation(rng, index, max_spans, verbatim_share, letter_share) for index in range(count)]
