@@ -11,6 +11,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from agentrl.data.copy_corpus import NAMES, WRAPPERS, copy_corpus
+from agentrl.data.embedded import choice_conclusion
 from agentrl.data.records import read_sft_examples
 from agentrl.sft.batching import tokenize_examples
 
@@ -61,6 +62,30 @@ def test_a_verbatim_share_outside_0_1_is_refused():
         copy_corpus(1, 0, 3, verbatim_share=1.5)
 
 
+def test_a_letter_share_copies_a_printed_letter_list_as_the_choice_answer_and_share_0_never_does():
+    def letter_spans(example):
+        named = dict(line.split(": ", 1) for line in example.messages[0]["content"].splitlines())
+        return {name: span for name, span in named.items() if re.fullmatch(r"\['[A-D]'\]", span)}
+
+    assert not any(letter_spans(e) for e in copy_corpus(300, 4, 3, verbatim_share=0.3))
+    mixed = copy_corpus(400, 4, 3, verbatim_share=0.3, letter_share=0.5)
+    with_letter = [e for e in mixed if letter_spans(e)]
+    assert 0.4 < len(with_letter) / len(mixed) < 0.6
+    for example in with_letter:
+        ((name, span),) = letter_spans(example).items()
+        user, assistant = example.messages[0]["content"], example.messages[1]["content"]
+        if assistant == user:
+            continue  # a verbatim conversation copies the list as it stands
+        # the tool's printing of the letter, ['C'], answered as the choice trajectories answer it
+        assert f"{name} {choice_conclusion(span[2])}" in assistant
+        assert f"{name} Option {span[2]} matches." in assistant and span not in assistant
+
+
+def test_a_letter_share_outside_0_1_is_refused():
+    with pytest.raises(ValueError, match="letter_share"):
+        copy_corpus(1, 0, 3, letter_share=-0.1)
+
+
 def test_max_spans_outside_the_names_is_refused():
     with pytest.raises(ValueError, match="max_spans"):
         copy_corpus(1, 0, len(NAMES) + 1)
@@ -69,14 +94,16 @@ def test_max_spans_outside_the_names_is_refused():
 def test_the_stage_writes_an_sft_parquet_whose_trained_tokens_are_the_copies(tmp_path, random_policy_dir):
     out = tmp_path / "copy_corpus.parquet"
     config = tmp_path / "config.yaml"
-    config.write_text("model:\n  embedded:\n    pretrain: {conversations: 12, max_spans: 2, verbatim_share: 0.5}\n")
+    config.write_text(
+        "model:\n  embedded:\n    pretrain: {conversations: 12, max_spans: 2, verbatim_share: 0.5, letter_share: 0.5}\n"
+    )
     subprocess.run(
         [sys.executable, "-m", "agentrl", "copy-corpus", "--config", str(config), "--out", str(out)],
         check=True,
         capture_output=True,
     )
     examples = read_sft_examples(out)
-    assert len(examples) == 12 and examples == copy_corpus(12, 0, 2, verbatim_share=0.5)
+    assert len(examples) == 12 and examples == copy_corpus(12, 0, 2, verbatim_share=0.5, letter_share=0.5)
     tokenizer = AutoTokenizer.from_pretrained(random_policy_dir)
     tokenized = tokenize_examples(examples, tokenizer, 1024, "right", source=str(out), loss_mask_alignment="target")
     for example, tokens in zip(examples, tokenized):

@@ -15,7 +15,10 @@ alone, densely, on short conversations:
 
 Each user turn names a few random spans (an embedded expression, an options line, a number, a
 word); the assistant turn writes every span again, in a random order, after its name and inside
-one of the wrappers the SFT trajectories use. SFT's loss covers the assistant turn only, so
+one of the wrappers the SFT trajectories use. A share of the conversations (``letter_share``) also
+name a letter list as the choice family's tool prints it (``['C']``) and answer it as that family
+does (``Option C matches.``): the one step from a tool output to an answer that is not a token
+copy. SFT's loss covers the assistant turn only, so
 every trained token but a name and a wrapper is a copy: a lookup of where the name was and what
 followed it, the induction-style circuit copying needs. The spans come from a stream of their
 own (``seed``), never from the eval sets' text.
