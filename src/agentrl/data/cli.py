@@ -150,7 +150,12 @@ def copy_corpus_main(argv: list[str]) -> int:
     cfg = config_from_args(args)
     check_writable((args.out, "--out", "file"))
     pretrain = cfg.model.embedded.pretrain
-    write_records(copy_corpus(pretrain.conversations, cfg.seed, pretrain.max_spans, pretrain.verbatim_share, pretrain.letter_share), args.out)
+    write_records(
+        copy_corpus(
+            pretrain.conversations, cfg.seed, pretrain.max_spans, pretrain.verbatim_share, pretrain.letter_share
+        ),
+        args.out,
+    )
     log.info(
         "%d copying conversations (at most %d spans each) -> %s", pretrain.conversations, pretrain.max_spans, args.out
     )

@@ -77,7 +77,8 @@ def copy_conversation(
     else:
         order = rng.sample(range(len(spans)), len(spans))
         copies = "\n".join(
-            f"{NAMES[i]} " + (choice_conclusion(spans[i][2]) if i == letter_at else rng.choice(WRAPPERS).format(spans[i]))
+            f"{NAMES[i]} "
+            + (choice_conclusion(spans[i][2]) if i == letter_at else rng.choice(WRAPPERS).format(spans[i]))
             for i in order
         )
     messages = [{"role": "user", "content": source}, {"role": "assistant", "content": copies}]
