@@ -69,7 +69,7 @@ class PretrainConfig:
     conversations: int  # copying conversations (agentrl.data.copy_corpus), each seen ``epochs`` times
     max_spans: int  # spans named and copied per conversation, at most
     verbatim_share: float  # share of conversations whose assistant turn repeats the user turn as it stands
-    letter_share: float  # share of conversations with a printed letter list copied as the choice answer
+    letter_share: float  # share of conversations answering a printed letter list as the choice family does
     epochs: int
     global_batch_size: int
     lr: float

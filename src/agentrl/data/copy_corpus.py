@@ -15,13 +15,14 @@ alone, densely, on short conversations:
 
 Each user turn names a few random spans (an embedded expression, an options line, a number, a
 word); the assistant turn writes every span again, in a random order, after its name and inside
-one of the wrappers the SFT trajectories use. A share of the conversations (``letter_share``) also
-name a letter list as the choice family's tool prints it (``['C']``) and answer it as that family
-does (``Option C matches.``): the one step from a tool output to an answer that is not a token
-copy. SFT's loss covers the assistant turn only, so
+one of the wrappers the SFT trajectories use. SFT's loss covers the assistant turn only, so
 every trained token but a name and a wrapper is a copy: a lookup of where the name was and what
 followed it, the induction-style circuit copying needs. The spans come from a stream of their
 own (``seed``), never from the eval sets' text.
+
+A share of the conversations (``letter_share``) also name a letter list as the choice family's
+tool prints it (``['C']``) and answer it as that family does (``Option C matches.``): the one step
+from a tool output to an answer that is not a token copy.
 """
 
 from __future__ import annotations
@@ -67,18 +68,17 @@ def copy_conversation(
     letter's token there (`` C``) is not the printed one (``C``), a mapping SFT alone may miss.
     """
     spans = [random_span(rng) for _ in range(rng.randint(2, max_spans))]
-    letter_at = None
+    letter_at, letter = None, None
     if letter_share > 0 and rng.random() < letter_share:
-        letter_at = rng.randrange(len(spans))
-        spans[letter_at] = repr([rng.choice("ABCD")])
+        letter_at, letter = rng.randrange(len(spans)), rng.choice("ABCD")
+        spans[letter_at] = repr([letter])  # as the tool prints the matching letters: ['C']
     source = "\n".join(f"{NAMES[i]}: {span}" for i, span in enumerate(spans))
     if verbatim_share > 0 and rng.random() < verbatim_share:
         copies = source
     else:
         order = rng.sample(range(len(spans)), len(spans))
         copies = "\n".join(
-            f"{NAMES[i]} "
-            + (choice_conclusion(spans[i][2]) if i == letter_at else rng.choice(WRAPPERS).format(spans[i]))
+            f"{NAMES[i]} " + (choice_conclusion(letter) if i == letter_at else rng.choice(WRAPPERS).format(spans[i]))
             for i in order
         )
     messages = [{"role": "user", "content": source}, {"role": "assistant", "content": copies}]
@@ -90,7 +90,7 @@ def copy_corpus(
 ) -> list[SftExample]:
     """``count`` copying conversations, the same for the same ``seed`` (a stream of their own:
     the embedded problems draw from ``random.Random(seed)``); ``verbatim_share`` of them repeat
-    their user turn verbatim."""
+    their user turn verbatim, ``letter_share`` answer a printed letter list as the choice family."""
     if not 2 <= max_spans <= len(NAMES):
         raise ValueError(f"max_spans must be in 2..{len(NAMES)}: {max_spans}")
     if not 0 <= verbatim_share <= 1:
