@@ -14,7 +14,10 @@ real (not padding) tokens; ``pad_fraction`` is padded positions / all.
         --arm greedy='{"micro_batch_overhead_tokens": null}' --arm grouped='{}' --pairs 3 --steps 40
 
 An arm's ``"threads"`` key is not an sft key: it sets that arm's torch threads per process (the
-rule's ``threads:``), so ``--arm t1='{"threads": 1}' --arm t2='{"threads": 2}'`` compares them.
+rule's ``threads:``), so ``--arm t1='{"threads": 1}' --arm t2='{"threads": 2}'`` compares them;
+its ``"nproc"`` key sets that arm's data-parallel processes (torchrun with gloo on CPU), so
+``--arm p1='{"nproc": 1, "threads": 2}' --arm p2='{"nproc": 2, "threads": 1}'`` compares one
+two-thread process with two one-thread processes on the same global batch.
 
 Not a test: timings depend on the machine and its load (printed: CPU count, load average).
 """
@@ -102,6 +105,7 @@ def main() -> int:
     args = parser.parse_args()
     arms = dict(args.arm or [("greedy", {"micro_batch_overhead_tokens": None}), ("config", {})])
     threads = {name: sft.pop("threads", args.threads) for name, sft in arms.items()}
+    nproc = {name: sft.pop("nproc", args.nproc) for name, sft in arms.items()}
     base = yaml.safe_load(args.config.read_text()) or {}
     configs = {name: merged(base, {"sft": {"epochs": 1, "save_every_steps": 0, **sft}}) for name, sft in arms.items()}
     batch = {configs[name]["sft"].get("global_batch_size", 8) for name in arms}
@@ -112,9 +116,9 @@ def main() -> int:
         data = subset(args.data, args.steps * batch.pop(), Path(tmp) / "sft.parquet")
         for round_ in range(args.pairs):
             for name in arms:
-                result = run_once(configs[name], args.model, data, args.nproc, threads[name])
+                result = run_once(configs[name], args.model, data, nproc[name], threads[name])
                 results[name].append(result)
-                line = {"round": round_, "arm": name, "threads": threads[name], "loadavg": os.getloadavg()[0], **result}
+                line = {"round": round_, "arm": name, "nproc": nproc[name], "threads": threads[name], "loadavg": os.getloadavg()[0], **result}
                 print(json.dumps(line), flush=True)
     first = next(iter(arms))
     for name, runs in results.items():

@@ -214,18 +214,50 @@ def test_selection_is_deterministic_and_depends_on_the_seed():
     assert sorted(first) != sorted(other)
 
 
+def test_balance_sources_draws_every_family_down_to_the_smallest():
+    # In band: 20 arith, 6 code, 9 choice (solved 4 of 8); out of band: 10 arith solved always.
+    sources = ["embedded-arith"] * 30 + ["embedded-code"] * 6 + ["embedded-choice"] * 9
+    _, table = _pool([4] * 20 + [8] * 10 + [4] * 15, sources)
+    balanced = select_problems(table, _cfg(balance_sources=True), seed=2)
+    per_source = {s: v["total"] for s, v in balanced.stats["per_data_source"]["selected"].items()}
+    assert per_source == {"embedded-arith": 6, "embedded-choice": 6, "embedded-code": 6}
+    assert balanced.stats["source_balanced_out"] == 35 - 18 and balanced.stats["resampled_out"] == 0
+    assert all(table.set_index("id").loc[balanced.ids, "pass_rate"] == 0.5)  # only in-band problems
+    again = select_problems(table.sample(frac=1.0, random_state=1), _cfg(balance_sources=True), seed=2)
+    assert sorted(again.ids) == sorted(balanced.ids)  # seeded and by id, not by row order
+    other = select_problems(table, _cfg(balance_sources=True), seed=3)
+    assert sorted(other.ids) != sorted(balanced.ids)
+    every = select_problems(table, _cfg(balance_sources=False), seed=2)
+    assert len(every.ids) == 35 and every.stats["source_balanced_out"] == 0
+
+
+def test_balance_sources_after_the_histogram_draw():
+    # 30 arith (10 per bucket), 12 code (4 per bucket): the histogram draw keeps both whole, then
+    # code's 12 bound arith; the buckets keep roughly their shares.
+    sources = ["embedded-arith"] * 30 + ["embedded-code"] * 12
+    _, table = _pool([1] * 10 + [4] * 10 + [7] * 10 + [1] * 4 + [4] * 4 + [7] * 4, sources)
+    cfg = _cfg(balance_sources=True, target_histogram={"easy": 1, "medium": 1, "hard": 1})
+    selection = select_problems(table, cfg, seed=0, target_shares=cfg.target_histogram)
+    assert selection.stats["selected"]["total"] == 24
+    assert {s: v["total"] for s, v in selection.stats["per_data_source"]["selected"].items()} == {
+        "embedded-arith": 12,
+        "embedded-code": 12,
+    }
+
+
 # --------------------------------------------------------------------------- the select command
 def test_select_command_writes_the_rl_set_stats_and_histogram(tmp_path: Path):
     sources = ["embedded-arith"] * 18 + ["embedded-code"] * 9
     problems, table = _pool(list(range(K + 1)) * 3, sources)
     write_records(problems, tmp_path / "pool.parquet")
     write_pass_rates(table, tmp_path / "pass_rates.parquet")
-    cfg = load_config({"seed": 4})
+    given = {"seed": 4, "filter": {"balance_sources": False}}  # the paper's rule: every in-band problem
+    cfg = load_config(given)
     out, stats_path, png = tmp_path / "f/rl_train.parquet", tmp_path / "f/stats.json", tmp_path / "f/hist.png"
     args = [
         "select",
         "--config-json",
-        json.dumps({"seed": 4}),
+        json.dumps(given),
         "--pass-rates",
         str(tmp_path / "pass_rates.parquet"),
         "--pool",
@@ -299,6 +331,7 @@ def test_cfg_helper_matches_schema_defaults():
         "target_histogram": None,
         "target_pass_rates": None,
         "target_size": None,
+        "balance_sources": False,
         "shards": 1,
         "selection": "band",
     }

@@ -251,6 +251,7 @@ class FilterConfig:
     target_histogram: dict[str, float] | None
     target_pass_rates: str | None
     target_size: int | None
+    balance_sources: bool
     shards: int
     selection: Literal["band", "pool"]
 

@@ -15,6 +15,12 @@ resampled; drawing *down* to the largest set with the target shares (or to ``tar
 never repeats a problem - repeats would weight some prompts twice per epoch, which the paper
 does not describe. The draw is seeded and ordered by problem id, so the same table, config and
 seed always give the same ids.
+
+``balance_sources`` (not in the paper; off by default) then draws every data source down to the
+count of the smallest, the same way: the families of a mixed pool stay equally weighted in GRPO
+however unequally the SFT model finds them learnable. A strong SFT model leaves mostly the family
+it is worst at in the band; on the embedded model, GRPO on that mix let the other families drift
+at grpo.lr 2e-4, and balancing kept them (docs/experiments.md, 2026-12-05).
 """
 
 from __future__ import annotations
@@ -143,9 +149,33 @@ def resample_counts(
     return counts
 
 
-def selection_seed(seed: int) -> np.random.Generator:
-    """The select stage's own stream, derived from the global seed (stages never share draws)."""
-    return np.random.default_rng([seed, zlib.crc32(b"filter.select")])
+def selection_seed(seed: int, purpose: bytes = b"filter.select") -> np.random.Generator:
+    """The select stage's own streams, derived from the global seed (stages never share draws)."""
+    return np.random.default_rng([seed, zlib.crc32(purpose)])
+
+
+def draw_by_id(table: pd.DataFrame, candidates: pd.Index, size: int, rng: np.random.Generator) -> list[int]:
+    """``size`` of the ``candidates`` rows without replacement, independent of the table's row order."""
+    ordered = sorted(candidates, key=lambda i: str(table.at[i, "id"]))
+    return [ordered[j] for j in rng.choice(len(ordered), size=size, replace=False)] if size else []
+
+
+def balance_by_source(table: pd.DataFrame, kept: np.ndarray, seed: int) -> np.ndarray:
+    """``kept`` with every data source drawn down to the smallest source's kept count.
+
+    Sources with no kept problem do not count (a pool without code leaves code out, it does not
+    empty the set); the draw is seeded and by problem id, as the bucket draw.
+    """
+    counts = table.loc[kept, "data_source"].astype(str).value_counts()
+    if counts.empty:
+        return kept
+    per_source = int(counts.min())
+    rng = selection_seed(seed, b"filter.balance_sources")
+    balanced = np.zeros_like(kept)
+    for source in sorted(counts.index):
+        candidates = table.index[kept & (table["data_source"].astype(str) == source).to_numpy()]
+        balanced[draw_by_id(table, candidates, per_source, rng)] = True
+    return balanced
 
 
 @dataclass(frozen=True)
@@ -171,7 +201,8 @@ def select_problems(
     target_shares: Mapping[str, float] | None = None,
     origin: str = "pass rates",
 ) -> Selection:
-    """Keep ``cfg.low < pass rate < cfg.high``; resample buckets to ``target_shares`` if given.
+    """Keep ``cfg.low < pass rate < cfg.high``; resample buckets to ``target_shares`` if given;
+    then, with ``cfg.balance_sources``, draw every data source down to the smallest one's count.
 
     ``target_shares`` (easy/medium/hard, any scale) comes from ``cfg.target_histogram`` or
     from another model's table (:func:`target_shares_from_table`); the caller resolves which.
@@ -190,9 +221,10 @@ def select_problems(
         kept[:] = False
         for bucket in BUCKETS:
             candidates = table.index[band & (table["bucket"] == bucket).to_numpy()]
-            candidates = sorted(candidates, key=lambda i: str(table.at[i, "id"]))  # order-free draw
-            chosen = rng.choice(len(candidates), size=draw[bucket], replace=False) if draw[bucket] else []
-            kept[[candidates[j] for j in chosen]] = True
+            kept[draw_by_id(table, candidates, draw[bucket], rng)] = True
+    resampled = int(kept.sum())
+    if cfg.balance_sources:
+        kept = balance_by_source(table, kept, seed)
     rates = table["pass_rate"].to_numpy(dtype=float)
     after = bucket_counts(table.loc[kept, "bucket"])
     stats = {
@@ -203,7 +235,9 @@ def select_problems(
         "dropped_at_or_above_high": int((rates >= cfg.high).sum()),
         "in_band": {"total": int(band.sum()), **available},
         "target_shares": shares,
-        "resampled_out": int(band.sum() - kept.sum()),
+        "resampled_out": int(band.sum()) - resampled,
+        "balance_sources": cfg.balance_sources,
+        "source_balanced_out": resampled - int(kept.sum()),
         "selected": {"total": int(kept.sum()), **after},
         "selected_shares": {b: after[b] / max(1, int(kept.sum())) for b in BUCKETS},
         "per_data_source": {
