@@ -218,7 +218,7 @@ def test_workflow_reports_a_bad_key_with_the_short_message(tmp_path):
 def test_rerun_keys_leave_out_the_keys_marked_x_rerun_false():
     keys = rerun_keys(validate_and_fill({}))
     assert {"grpo.lr", "sandbox.memory_mb", "rollout.vllm.tensor_parallel_size", "seed"} <= set(keys)
-    assert keys["grpo.lr"] == 2e-4
+    assert keys["grpo.lr"] == 1e-4  # the schema default
     for key in ("sandbox.workers", "sft.save_every_steps", "grpo.save_freq", "rollout.vllm.gpu_memory_utilization"):
         assert key in rerun_free_keys() and key not in keys
     # a mapping of free names is one key: adding a checkpoint to evaluate is one change
