@@ -118,7 +118,14 @@ def main() -> int:
             for name in arms:
                 result = run_once(configs[name], args.model, data, nproc[name], threads[name])
                 results[name].append(result)
-                line = {"round": round_, "arm": name, "nproc": nproc[name], "threads": threads[name], "loadavg": os.getloadavg()[0], **result}
+                line = {
+                    "round": round_,
+                    "arm": name,
+                    "nproc": nproc[name],
+                    "threads": threads[name],
+                    "loadavg": os.getloadavg()[0],
+                    **result,
+                }
                 print(json.dumps(line), flush=True)
     first = next(iter(arms))
     for name, runs in results.items():
