@@ -45,6 +45,7 @@ rule ablation_stitched_data:
             }
         ),
         eval_dir=parent_dir("eval"),
+    priority: 10  # the stitched arm's chain (data, SFT, then its GRPO runs) is the ablations' longest
     threads: 2
     shell:
         "python -m agentrl prepare-data --config-json {params.cfg:q} "
@@ -69,6 +70,7 @@ rule ablation_stitched_sft:
         model_dir=input_dir("model"),
         out_dir=parent_dir("model"),
         checkpoints=ablation_result("shared/stitched_sft/checkpoints"),
+    priority: 10  # first, not after the other arms' short jobs: its GRPO runs and evaluations wait on it
     threads: 2
     resources:
         gpu=0,  # the job's GPUs, all on one node (0: one CPU process); the profiles set it for GPU runs
