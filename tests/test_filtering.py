@@ -23,6 +23,7 @@ from agentrl.filtering.selection import (
     select_problems,
     target_shares_from_table,
 )
+from agentrl.report.tables import filter_markdown
 
 K = 8
 
@@ -229,6 +230,8 @@ def test_balance_sources_draws_every_family_down_to_the_smallest():
     assert sorted(other.ids) != sorted(balanced.ids)
     every = select_problems(table, _cfg(balance_sources=False), seed=2)
     assert len(every.ids) == 35 and every.stats["source_balanced_out"] == 0
+    assert "balanced out (filter.balance_sources): 17." in filter_markdown(balanced.stats)  # the report's note
+    assert "balanced out" not in filter_markdown(every.stats)
 
 
 def test_balance_sources_after_the_histogram_draw():

@@ -288,8 +288,11 @@ def filter_markdown(stats: Mapping[str, Any]) -> str:
     note = (
         f"Band: {t['low']:g} < pass rate < {t['high']:g}; easy >= {t['easy_min']:g}, hard <= {t['hard_max']:g}. "
         f"Dropped at or below the band: {stats['dropped_at_or_below_low']}, at or above: "
-        f"{stats['dropped_at_or_above_high']}, resampled out: {stats['resampled_out']}."
+        f"{stats['dropped_at_or_above_high']}, resampled out: {stats['resampled_out']}"
     )
+    if stats.get("balance_sources"):  # absent in the stats of runs before filter.balance_sources
+        note += f", balanced out (filter.balance_sources): {stats['source_balanced_out']}"
+    note += "."
     return markdown_table(["RL pool", "problems", "easy", "medium", "hard"], rows) + "\n\n" + note
 
 
