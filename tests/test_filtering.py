@@ -236,7 +236,7 @@ def test_balance_sources_draws_every_family_down_to_the_smallest():
 
 def test_balance_sources_after_the_histogram_draw():
     # 30 arith (10 per bucket), 12 code (4 per bucket): the histogram draw keeps both whole, then
-    # code's 12 bound arith; the buckets keep roughly their shares.
+    # code's 12 bound arith.
     sources = ["embedded-arith"] * 30 + ["embedded-code"] * 12
     _, table = _pool([1] * 10 + [4] * 10 + [7] * 10 + [1] * 4 + [4] * 4 + [7] * 4, sources)
     cfg = _cfg(balance_sources=True, target_histogram={"easy": 1, "medium": 1, "hard": 1})
@@ -254,13 +254,12 @@ def test_select_command_writes_the_rl_set_stats_and_histogram(tmp_path: Path):
     problems, table = _pool(list(range(K + 1)) * 3, sources)
     write_records(problems, tmp_path / "pool.parquet")
     write_pass_rates(table, tmp_path / "pass_rates.parquet")
-    given = {"seed": 4, "filter": {"balance_sources": False}}  # the paper's rule: every in-band problem
-    cfg = load_config(given)
+    cfg = load_config({"seed": 4})
     out, stats_path, png = tmp_path / "f/rl_train.parquet", tmp_path / "f/stats.json", tmp_path / "f/hist.png"
     args = [
         "select",
         "--config-json",
-        json.dumps(given),
+        json.dumps({"seed": 4}),
         "--pass-rates",
         str(tmp_path / "pass_rates.parquet"),
         "--pool",

@@ -166,14 +166,15 @@ def balance_by_source(table: pd.DataFrame, kept: np.ndarray, seed: int) -> np.nd
     Sources with no kept problem do not count (a pool without code leaves code out, it does not
     empty the set); the draw is seeded and by problem id, as the bucket draw.
     """
-    counts = table.loc[kept, "data_source"].astype(str).value_counts()
+    sources = table["data_source"].astype(str)
+    counts = sources[kept].value_counts()
     if counts.empty:
         return kept
     per_source = int(counts.min())
     rng = selection_seed(seed, b"filter.balance_sources")
     balanced = np.zeros_like(kept)
     for source in sorted(counts.index):
-        candidates = table.index[kept & (table["data_source"].astype(str) == source).to_numpy()]
+        candidates = table.index[kept & (sources == source).to_numpy()]
         balanced[draw_by_id(table, candidates, per_source, rng)] = True
     return balanced
 
