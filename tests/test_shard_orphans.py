@@ -22,7 +22,10 @@ from helpers.workflows import ROOT
 from agentrl.data.records import write_records
 from agentrl.sampling.shards import PARTIAL_SUFFIX
 
-POOL_SIZE = 30  # enough that a job stopped within seconds of its parent's death is mid-pool
+# Enough that a job stopped within seconds of its parent's death is mid-pool: the random policy
+# scores about 33 problems a second on one fast core, and the parent watch looks every 2 s (30
+# problems were once all done before the orphan noticed).
+POOL_SIZE = 200
 
 
 @pytest.fixture(scope="module")
