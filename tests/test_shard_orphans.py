@@ -23,8 +23,8 @@ from agentrl.data.records import write_records
 from agentrl.sampling.shards import PARTIAL_SUFFIX
 
 # Enough that a job stopped within seconds of its parent's death is mid-pool: the random policy
-# scores about 33 problems a second on one fast core, and the parent watch looks every 2 s (30
-# problems were once all done before the orphan noticed).
+# scores about 33 problems a second on one fast core, and the parent watch looks every
+# parent_watch.CHECK_EVERY_S (2 s).
 POOL_SIZE = 200
 
 
