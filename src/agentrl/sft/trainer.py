@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 import warnings
 from dataclasses import dataclass
@@ -54,6 +55,7 @@ from agentrl.sft.batching import (
     tokenize_examples,
 )
 from agentrl.training import deepspeed_engine as dse
+from agentrl.training.collectives import max_over_ranks
 from agentrl.training.fingerprint import fingerprint_of, without_keys
 from agentrl.training.loop import TrainingLoop, training_stage
 from agentrl.training.model import load_causal_lm
@@ -65,7 +67,16 @@ LOGIT_CHUNK_TOKENS = 4096
 
 
 class AssistantTokenNll(torch.nn.Module):
-    """A causal LM returning (summed NLL of the trained next-token targets, their count)."""
+    """A causal LM returning (summed NLL of the trained next-token targets, their count).
+
+    The vocabulary projection runs in chunks of ``logit_chunk_tokens`` trained targets, and every
+    rank runs as many chunks as the rank with the most (:func:`max_over_ranks`): under ZeRO-3 each
+    call of the output embedding gathers its parameters, a collective the ranks must issue alike.
+    A chunk beyond a rank's targets (all of them on a rank with none) projects one position and
+    weighs its NLL 0, which also gives every parameter a gradient, as ZeRO-2/3's reductions need.
+    Activation checkpointing of the chunks is decided on the agreed count too, since its backward
+    recomputes (calls) the projection again.
+    """
 
     def __init__(self, lm: torch.nn.Module, logit_chunk_tokens: int = LOGIT_CHUNK_TOKENS):
         super().__init__()
@@ -85,18 +96,18 @@ class AssistantTokenNll(torch.nn.Module):
         trained = loss_mask[:, 1:].bool()  # (B, T-1): is token t+1 a trained target
         hidden_at = hidden[:, :-1][trained]  # (N, H), the positions that predict trained tokens
         targets = input_ids[:, 1:][trained]  # (N,)
+        chunks = max_over_ranks(max(1, math.ceil(targets.numel() / self.logit_chunk_tokens)), targets.device)
         total = hidden.new_zeros((), dtype=torch.float32)
-        if targets.numel() == 0:
-            # Zero loss through every parameter: under ZeRO-2/3 each rank must produce a gradient
-            # for every parameter in every backward, or their reductions fall out of step.
-            dummy = self._chunk_nll(hidden[:1, 0], input_ids[:1, 0])
-            return total + 0.0 * dummy, targets.new_zeros(())
-        for start in range(0, targets.numel(), self.logit_chunk_tokens):
+        for start in range(0, chunks * self.logit_chunk_tokens, self.logit_chunk_tokens):
             chunk = slice(start, start + self.logit_chunk_tokens)
-            if targets.numel() > self.logit_chunk_tokens:
-                total = total + checkpoint(self._chunk_nll, hidden_at[chunk], targets[chunk], use_reentrant=False)
+            states, chunk_targets, weight = hidden_at[chunk], targets[chunk], 1.0
+            if chunk_targets.numel() == 0:
+                states, chunk_targets, weight = hidden[:1, 0], input_ids[:1, 0], 0.0
+            if chunks > 1:
+                nll = checkpoint(self._chunk_nll, states, chunk_targets, use_reentrant=False)
             else:
-                total = total + self._chunk_nll(hidden_at[chunk], targets[chunk])
+                nll = self._chunk_nll(states, chunk_targets)
+            total = total + weight * nll
         return total, torch.tensor(targets.numel(), device=targets.device)
 
 
