@@ -360,3 +360,62 @@ def test_a_hub_model_neither_cached_nor_reachable_is_refused_naming_its_key(tmp_
                             "--out", out, cwd=tmp_path)  # fmt: skip
     assert_refused(completed, "sft.from='nobody/no-such-model' at revision 'v1'", "not in the local hub cache")
     assert not out.exists()
+
+
+# --------------------------------------------------------------------------- hub ids that cannot be fetched
+_UPSTREAM_TYPO = {"sft": {"id": "Gen-Verse/Open-AgentRL-SFT-3k", "file": "sft.parquet", "revision": "v2"}}
+# name -> (stage arguments, what the message names); the hub is offline and the cache empty
+HUB_UNREACHABLE = {
+    "hub-download of a data set": (["hub-download", "--config-json", json.dumps({"data": {"source": "upstream", "upstream": _UPSTREAM_TYPO}}),
+                                    "--manifest", "manifest.json"],
+                                   "data.upstream.sft='Gen-Verse/Open-AgentRL-SFT-3k' at revision 'v2', file 'sft.parquet'"),
+    "prepare-data from the hub": (["prepare-data", "--config-json", json.dumps({"data": {"source": "upstream", "upstream": _UPSTREAM_TYPO}}),
+                                   "--sft", "s.parquet", "--rl-pool", "r.parquet", "--eval-dir", "e"],
+                                  "data.upstream.sft='Gen-Verse/Open-AgentRL-SFT-3k' at revision 'v2'"),
+    "a hub base model": (["base-model", "--config-json", json.dumps({"model": {"base": "Qwen/Qwen3-4b-Instruct"}}), "--out", "base"],
+                         "model.base='Qwen/Qwen3-4b-Instruct' (revision: the default branch)"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(HUB_UNREACHABLE))
+def test_a_hub_id_not_in_the_cache_while_offline_is_refused_naming_key_id_and_what_to_do(tmp_path, monkeypatch, case):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache: nothing was fetched
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    args, named = HUB_UNREACHABLE[case]
+    completed = run_agentrl(*args, cwd=tmp_path)
+    assert_refused(completed, named, "not in the local hub cache", "HF_HUB_OFFLINE=1", "hub-download", "spelling")
+    assert len(completed.stderr.strip().splitlines()) == 1, completed.stderr
+    for output in ("manifest.json", "s.parquet", "r.parquet", "base"):
+        assert not (tmp_path / output).exists(), output
+
+
+def _hub_answer(code: str, status: int = 404) -> Exception:
+    """The error huggingface_hub raises for the hub's answer ``X-Error-Code: code`` (its own translation)."""
+    import httpx2
+    from huggingface_hub.utils import hf_raise_for_status
+
+    request = httpx2.Request("GET", "https://huggingface.co/api/models/Qwen/Qwen3-4b/revision/v9")
+    try:
+        hf_raise_for_status(httpx2.Response(status, headers={"X-Error-Code": code}, request=request))
+    except Exception as exc:  # noqa: BLE001 - the point is which kind it is
+        return exc
+    raise AssertionError(f"{code}: no error raised")
+
+
+def test_a_hub_answer_names_the_key_and_what_to_fix():
+    from agentrl.hub_ids import hub_fetch_refusal
+
+    cases = {  # the hub's answer -> what the message says to do
+        ("RepoNotFound", 404): "the hub has no such repository; check the id's spelling",
+        ("GatedRepo", 403): "a gated repository; accept its terms",
+        ("RevisionNotFound", 404): "no such branch, tag or commit; check the revision",
+        ("EntryNotFound", 404): "no such file at that revision",
+    }
+    for (code, status), fragment in cases.items():
+        refusal = hub_fetch_refusal(_hub_answer(code, status), "model.base", "Qwen/Qwen3-4b", "v9")
+        assert refusal is not None and fragment in str(refusal), (code, refusal)
+        assert str(refusal).startswith("model.base='Qwen/Qwen3-4b' at revision 'v9': "), refusal
+    assert hub_fetch_refusal(KeyError("a bug"), "model.base", "Qwen/Qwen3-4b", None) is None, (
+        "a bug keeps its traceback"
+    )

@@ -25,6 +25,11 @@ class ModelFolderError(UserInputError):
     """A model folder is missing, incomplete or has an unreadable file."""
 
 
+class HubSourceError(UserInputError):
+    """A hub id (a data set or a model) that cannot be fetched: not in the local cache while the hub
+    is offline or unreachable, or not on the hub as spelled (repository, revision or file)."""
+
+
 class OutputPathError(UserInputError):
     """An output path cannot be written (checked before any work)."""
 

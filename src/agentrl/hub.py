@@ -23,7 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from agentrl.config import Config, SourceConfig
-from agentrl.hub_ids import refuse_path_typos
+from agentrl.errors import HubSourceError
+from agentrl.hub_ids import fetching, refuse_path_typos
 
 log = logging.getLogger("agentrl.hub")
 LOCAL_DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
@@ -37,20 +38,23 @@ def is_hub_id(name: str) -> bool:
     return name.count("/") == 1 and not name.startswith((".", "/", "~"))
 
 
-def dataset_file(source: SourceConfig) -> Path:
-    """The local path of ``source.file`` of the hub dataset ``source.id`` at ``source.revision``."""
+def dataset_file(source: SourceConfig, key: str = "data source") -> Path:
+    """The local path of ``source.file`` of the hub dataset ``source.id`` at ``source.revision``;
+    one that cannot be fetched raises HubSourceError naming ``key`` (its config key)."""
     from huggingface_hub import hf_hub_download
 
     if not source.file:
-        raise ValueError(f"data source {source.id!r}: a hub dataset needs 'file' (the file inside it)")
-    return Path(hf_hub_download(source.id, source.file, repo_type="dataset", revision=source.revision))
+        raise HubSourceError(f"{key}: {source.id!r} is a hub dataset and needs 'file' (the file inside it)")
+    with fetching(key, source.id, source.revision, source.file):
+        return Path(hf_hub_download(source.id, source.file, repo_type="dataset", revision=source.revision))
 
 
-def model_snapshot(repo_id: str, revision: str | None) -> Path:
-    """The local folder holding the hub model ``repo_id`` at ``revision``."""
+def model_snapshot(repo_id: str, revision: str | None, key: str = "model.base") -> Path:
+    """The local folder holding the hub model ``repo_id`` at ``revision``; errors as :func:`dataset_file`."""
     from huggingface_hub import snapshot_download
 
-    return Path(snapshot_download(repo_id, revision=revision))
+    with fetching(key, repo_id, revision):
+        return Path(snapshot_download(repo_id, revision=revision))
 
 
 def hub_dataset_sources(cfg: Config) -> Iterator[tuple[str, SourceConfig]]:
@@ -110,7 +114,7 @@ def download(cfg: Config) -> dict[str, dict[str, str | None]]:
     check_sources(cfg)
     manifest: dict[str, dict[str, str | None]] = {}
     for key, source in hub_dataset_sources(cfg):
-        path = dataset_file(source)
+        path = dataset_file(source, key)
         commit = _snapshot_commit(path)
         _pin_note(key + ".revision", source.revision, commit)
         manifest[key] = {"id": source.id, "file": source.file, "revision": source.revision, "commit": commit}

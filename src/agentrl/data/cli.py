@@ -66,12 +66,14 @@ def prepare(cfg: Config, sft_out: Path, rl_out: Path, eval_dir: Path) -> dict[st
         sft, rl_pool, eval_sets = dataset.sft, dataset.rl_pool, dataset.eval_sets
     else:
         up = cfg.data.upstream
-        sft = upstream.normalize_sft(upstream.read_rows(up.sft, up.max_sft_rows), upstream.source_name(up.sft))
-        rl_pool = upstream.normalize_rl(
-            upstream.read_rows(up.rl, up.max_rl_rows), upstream.source_name(up.rl), up.rl_prompt_wrapping
-        )
+        sft_rows = upstream.read_rows(up.sft, up.max_sft_rows, "data.upstream.sft")
+        sft = upstream.normalize_sft(sft_rows, upstream.source_name(up.sft))
+        rl_rows = upstream.read_rows(up.rl, up.max_rl_rows, "data.upstream.rl")
+        rl_pool = upstream.normalize_rl(rl_rows, upstream.source_name(up.rl), up.rl_prompt_wrapping)
         eval_sets = {
-            name: upstream.normalize_eval(name, upstream.read_rows(source), upstream.source_name(source))
+            name: upstream.normalize_eval(
+                name, upstream.read_rows(source, key=f"data.upstream.eval.{name}"), upstream.source_name(source)
+            )
             for name, source in up.eval.items()
         }
     problem_sets = {"rl_pool": rl_pool, **{f"eval/{k}": v for k, v in eval_sets.items()}}

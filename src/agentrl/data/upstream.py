@@ -36,8 +36,9 @@ def source_name(source: SourceConfig) -> str:
     return source.id if _is_local(source.id) else f"{source.id}/{source.file or ''}"
 
 
-def read_rows(source: SourceConfig, limit: int | None = None) -> list[dict[str, Any]]:
-    """All rows of a source as plain dicts (nested structs and lists become Python objects)."""
+def read_rows(source: SourceConfig, limit: int | None = None, key: str = "data source") -> list[dict[str, Any]]:
+    """All rows of a source as plain dicts (nested structs and lists become Python objects);
+    ``key`` is the source's config key, named when a hub source cannot be fetched."""
     import datasets  # heavy import, needed only when upstream data is asked for
 
     if _is_local(source.id):
@@ -47,7 +48,7 @@ def read_rows(source: SourceConfig, limit: int | None = None) -> list[dict[str, 
     else:  # through the hub cache, at the pinned revision (offline when HF_HUB_OFFLINE=1)
         from agentrl.hub import dataset_file
 
-        path = dataset_file(source)
+        path = dataset_file(source, key)
     builder = "parquet" if path.suffix == ".parquet" else "json"
     if builder == "json":
         _check_json_rows(path)  # datasets' own error names neither the file nor the row
