@@ -20,6 +20,15 @@ The text the loop inserts after a call (end of the assistant turn, the user turn
 renders a small conversation with the tokenizer's own chat template and cuts it around a
 sentinel, so a model with another template (another system block, a thinking prefix in the
 generation prompt) gets its own framing.
+
+The tool turn's tokens are the chat template's one-pass tokenization of the rendered turn (as
+upstream's loop tokenizes it, and as SFT's :func:`agentrl.sft.masking.render_with_assistant_mask`
+tokenizes the same turn): the framing is cut at the template's special tokens nearest the
+output, and the text between them (``user\\n<tool_response>\\n`` + output +
+``\\n</tool_response>``) is one BPE pass, so a merge across the output's edge (Qwen's ``\\n\\n``
+after a ``print``) is the merge the template's rendering gets. That one pass splits special
+tokens (a deliberate departure: upstream parses them in the output too), so a program that
+prints ``<|im_end|>`` cannot forge a turn boundary.
 """
 
 from __future__ import annotations
@@ -158,23 +167,33 @@ class ToolTurnFormat:
         self.before_text, self.after_text = tail.split(_SENTINEL)
         if framing == "upstream":
             self.before_text = _without_newline_after_end_of_turn(tokenizer, self.before_text)
-        self.before_ids = self._encode(self.before_text)
-        self.after_ids = self._encode(self.after_text)
-        assert self.before_ids, "the chat template inserts nothing between a tool call and its response"
-        self.end_of_turn_id = self.before_ids[0]
+        before_ids = self._encode(self.before_text)
+        assert before_ids, "the chat template inserts nothing between a tool call and its response"
+        self.end_of_turn_id = before_ids[0]
         assert self.end_of_turn_id in tokenizer.all_special_ids, (
             f"the chat template closes an assistant turn with {tokenizer.decode([self.end_of_turn_id])!r}, "
             "which is not a special token; cannot use it as the end-of-turn stop token"
         )
+        specials = [t.content for t in tokenizer.added_tokens_decoder.values() if t.special]
+        head, self._lead = _cut_at_special(self.before_text, specials, last=True)
+        self._trail, tail = _cut_at_special(self.after_text, specials, last=False)
+        self._head_ids, self._tail_ids = self._encode(head), self._encode(tail)
+        for probe in ("", "42\n", "a\n\n", "  x  \n"):
+            one_pass = self._encode(self.response_text(probe))
+            assert self.response_ids(probe) == one_pass, (
+                f"the tool turn around {probe!r} does not tokenize as the template's rendering in one pass "
+                "(a special token of the template that takes in the whitespace beside it?)"
+            )
 
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def response_ids(self, text: str) -> list[int]:
-        """Template framing + tool output. The output is tokenized with special tokens split, so a
-        program that prints ``<|im_end|>`` cannot forge a turn boundary."""
-        content = self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-        return self.before_ids + content + self.after_ids
+        """The tool turn around ``text`` as the template renders it, tokenized in one pass (the
+        module docstring), special tokens split inside the output's stretch of text."""
+        middle = self._lead + text + self._trail
+        content = self.tokenizer(middle, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        return self._head_ids + content + self._tail_ids
 
     def response_text(self, text: str) -> str:
         return self.before_text + text + self.after_text
@@ -182,6 +201,16 @@ class ToolTurnFormat:
     @property
     def stop_token_ids(self) -> tuple[int, int]:
         return (self.end_of_turn_id, self.call_end_id)
+
+
+def _cut_at_special(text: str, specials: list[str], last: bool) -> tuple[str, str]:
+    """``text`` cut right after its last (``last``) or right before its first special token:
+    special tokens are where a tokenizer splits the text before BPE, so the pieces tokenize apart
+    exactly as within the whole."""
+    ends = [text.rindex(s) + len(s) for s in specials if s in text] if last else []
+    starts = [] if last else [text.index(s) for s in specials if s in text]
+    cut = max(ends, default=0) if last else min(starts, default=len(text))
+    return text[:cut], text[cut:]
 
 
 def _without_newline_after_end_of_turn(tokenizer, before_text: str) -> str:
