@@ -84,3 +84,37 @@ def test_the_paper_preset_accumulates_and_reduces_bf16_gradients_in_fp32(process
     assert buffers and all(b.dtype == torch.float32 for b in buffers)
     assert any(bool(b.abs().sum() > 0) for b in buffers), "the gradients went into that buffer"
     engine.step()
+
+
+def test_a_bf16_load_gives_the_master_weights_of_a_float32_load(process_group, tmp_path):
+    """The trainers load the model in the training dtype: DeepSpeed casts the module to bf16 and
+    builds its fp32 master weights from that cast, so the float32 load's 2x memory buys nothing."""
+    from transformers import Qwen3ForCausalLM
+
+    from agentrl.training.model import load_causal_lm
+
+    torch.manual_seed(0)  # float32 weights that bf16 cannot hold exactly
+    Qwen3ForCausalLM(qwen3_bf16().config).float().save_pretrained(tmp_path / "policy")
+    settings = _paper_section("grpo")
+    masters = []
+    for load_dtype in (torch.float32, torch.bfloat16):
+        model = load_causal_lm(tmp_path / "policy", dtype=load_dtype)
+        assert next(model.parameters()).dtype == load_dtype
+        if load_dtype == torch.float32:
+            assert any(not torch.equal(p, p.bfloat16().float()) for p in model.parameters())
+        engine = build_stage_engine(
+            model,
+            settings,
+            find_deepspeed_config(2),
+            process_group,
+            torch.bfloat16,
+            hidden_size=32,
+            micro_batch_size=1,
+            accumulation=1,
+            warmup_steps=0,
+            total_steps=1,
+        )
+        masters.append([p.clone() for p in engine.optimizer.single_partition_of_fp32_groups])
+    assert all(m.dtype == torch.float32 for m in masters[0])
+    for from_fp32, from_bf16 in zip(*masters, strict=True):
+        assert torch.equal(from_fp32, from_bf16)

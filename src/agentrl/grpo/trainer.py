@@ -36,13 +36,13 @@ from agentrl.grpo.prompts import PromptSampler
 from agentrl.grpo.step import Components, GrpoStep
 from agentrl.grpo.validation import EvalSet, fit_eval_sets, limit_problems, validate
 from agentrl.grpo.variants import AlgorithmSettings, grpo_reward_config, resolve_algorithm
-from agentrl.model.folder import stamp_model_digest
 from agentrl.model.tokenizer import load_chat_tokenizer, pad_token_id
 from agentrl.precision import resolve_dtype
 from agentrl.rewards.ground_truth import read_gradable_problems
 from agentrl.rollout.memory_plan import TrainerMemory, trainer_growth_bytes
 from agentrl.training import deepspeed_engine as dse
 from agentrl.training.fingerprint import fingerprint_of, without_keys
+from agentrl.training.hf_export import save_hf_folder
 from agentrl.training.loop import TrainingLoop, training_stage
 from agentrl.training.model import load_causal_lm
 from agentrl.training.seeds import derived_seed, rng_state_kept
@@ -161,8 +161,10 @@ def build_components(cfg: Config, paths: GrpoPaths, ctx: dse.DistributedContext,
     tokenizer = load_chat_tokenizer(paths.model)
     pad_id = pad_token_id(tokenizer)
     dtype = resolve_dtype(cfg.grpo.deepspeed.dtype, ctx.device)
+    # In the training dtype: DeepSpeed casts the module to it and builds its fp32 master weights
+    # from the cast copy, so a float32 load would only cost a transient 16 GB per 4B rank.
     model = load_causal_lm(
-        paths.model, device=ctx.device, gradient_checkpointing=cfg.grpo.deepspeed.gradient_checkpointing
+        paths.model, dtype=dtype, device=ctx.device, gradient_checkpointing=cfg.grpo.deepspeed.gradient_checkpointing
     )
     actor = ResponseLogProbs(model, logit_chunk_tokens=cfg.grpo.logit_chunk_tokens, temperature=cfg.rollout.temperature)
     engine = build_engine(actor, cfg, paths, ctx, dtype, steps)
@@ -217,14 +219,6 @@ def trainer_memory(cfg: Config, policy: torch.nn.Module, world_size: int) -> Tra
         growth_bytes=trainer_growth_bytes(parameters, world_size, cfg.grpo.deepspeed.zero_stage, param_bytes),
         trajectories_per_rank=cfg.grpo.batch_prompts * cfg.grpo.n // world_size,
     )
-
-
-def export_policy(model, tokenizer, folder: Path) -> None:
-    """The policy as a Hugging Face folder: config, safetensors, tokenizer, chat template."""
-    folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(folder))
-    tokenizer.save_pretrained(str(folder))
-    stamp_model_digest(folder)
 
 
 def train(cfg: Config, paths: GrpoPaths) -> int:
@@ -324,7 +318,7 @@ def _run_steps(
             trainer_state={"sampler": sampler.state_dict(), "total_steps": steps, "variant": cfg.grpo.variant},
             fingerprint=fingerprint,
             metrics=records,
-            export_model=lambda folder: export_policy(policy, tokenizer, folder),
+            export_model=lambda folder: save_hf_folder(policy, tokenizer, folder),
             ctx=ctx,
             keep=cfg.grpo.keep_checkpoints,
         )

@@ -43,9 +43,9 @@ import numpy as np
 import torch
 
 from agentrl.config import ConfigError
-from agentrl.model.folder import stamp_model_digest
 from agentrl.training import checkpoint_files
 from agentrl.training.checkpoint_files import LATEST, PARTIAL_SUFFIX, TRAINER_STATE
+from agentrl.training.hf_export import save_hf_folder
 
 log = logging.getLogger("agentrl.training")
 
@@ -506,7 +506,9 @@ def save_hf_model(engine, model: torch.nn.Module, tokenizer, out_dir: str | Path
     """Write ``model`` (a module inside the engine) and the tokenizer as a Hugging Face folder.
 
     Under ZeRO-3 the parameters are gathered on every rank first (a collective); rank 0 writes
-    ``<out>.tmp`` and renames it, so a killed job never leaves a folder that looks complete.
+    ``<out>.tmp`` one tensor at a time (:func:`agentrl.training.hf_export.save_hf_folder`: no
+    clone of ZeRO-2's flat buffer) and renames it, so a killed job never leaves a folder that
+    looks complete.
     """
     import deepspeed
 
@@ -517,10 +519,7 @@ def save_hf_model(engine, model: torch.nn.Module, tokenizer, out_dir: str | Path
     with deepspeed.zero.GatheredParameters(params, modifier_rank=None, enabled=zero3):
         if ctx.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
-            # no explicit state_dict: save_pretrained then sees tied weights and writes them once
-            model.save_pretrained(tmp, safe_serialization=True)
-            tokenizer.save_pretrained(tmp)
-            stamp_model_digest(tmp)
+            save_hf_folder(model, tokenizer, tmp)
     if ctx.is_main:
         shutil.rmtree(out_dir, ignore_errors=True)
         tmp.rename(out_dir)
