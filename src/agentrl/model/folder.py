@@ -61,11 +61,12 @@ def model_digest(folder: str | Path) -> str:
         raise ModelFolderError(f"{folder}: no weight files ({', '.join('*' + s for s in WEIGHT_SUFFIXES)})")
     files = sorted(p for p in entries if p.name.endswith(WEIGHT_SUFFIXES) or p.name in MODEL_FILE_NAMES)
     digest = hashlib.sha256()
+    block = memoryview(bytearray(1 << 24))  # one buffer for every read: a trainer's export hashes 8 GB
     for path in files:
         digest.update(path.name.encode() + b"\0")
         with path.open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 24), b""):
-                digest.update(block)
+            while size := handle.readinto(block):
+                digest.update(block[:size])
     return digest.hexdigest()
 
 
