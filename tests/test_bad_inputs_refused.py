@@ -214,6 +214,7 @@ WORKFLOW_CASES = {
     "model.base a mistyped path": ("model:\n  base: ./models/qwen\n", ["model.base='./models/qwen'", "probably a typo"]),
     "fetched checkpoint a mistyped path": ("eval:\n  checkpoints: {{mine: {{id: results/rl/step_9}}}}\n", ["eval.checkpoints.mine='results/rl/step_9'", "probably a typo"]),
     "eval.checkpoints without tokenizer": ("eval:\n  checkpoints: {{mine: {tokenless}}}\n", ["eval.checkpoints.mine", "no tokenizer"]),
+    "model.base without a chat template": ("model:\n  base: {templateless}\n", ["model.base", "templateless", "no chat template"]),
 }  # fmt: skip
 
 
@@ -223,10 +224,12 @@ def test_the_workflow_refuses_at_load(tmp_path, case):
     released.mkdir()
     (released / "weights.safetensors").write_bytes(b"")
     tokenless = fake_model(tmp_path / "tokenless", tokenizer=False)
+    templateless = fake_model(tmp_path / "templateless")
+    (templateless / "chat_template.jinja").unlink()
     overlay, fragments = WORKFLOW_CASES[case]
     workdir = tmp_path / "run"
     workdir.mkdir()
-    done = _dry_run(workdir, overlay.format(released=released, tokenless=tokenless))
+    done = _dry_run(workdir, overlay.format(released=released, tokenless=tokenless, templateless=templateless))
     output = done.stdout + done.stderr
     assert done.returncode != 0
     assert "Traceback" not in output, output[-3000:]
@@ -419,3 +422,40 @@ def test_a_hub_answer_names_the_key_and_what_to_fix():
     assert hub_fetch_refusal(KeyError("a bug"), "model.base", "Qwen/Qwen3-4b", None) is None, (
         "a bug keeps its traceback"
     )
+
+
+# --------------------------------------------------------------------------- model folders that cannot be used
+def _unusable(folder: Path, case: str) -> list[str]:
+    """Break a real model folder as ``case`` says; returns what the message must name."""
+    if case == "no chat template":
+        (folder / "chat_template.jinja").unlink()  # transformers would fail at the first chat it renders
+        return ["no chat template", "chat_template.jinja"]
+    config = json.loads((folder / "config.json").read_text())
+    key, value, named = {
+        "intermediate_size": ("intermediate_size", 2 * config["intermediate_size"], "mlp.down_proj.weight"),
+        "vocab_size": ("vocab_size", config["vocab_size"] + 8, "model.embed_tokens.weight"),
+        "layer count": ("num_hidden_layers", config["num_hidden_layers"] + 1, "the weights hold layers 0..1 (2)"),
+    }[case]
+    (folder / "config.json").write_text(json.dumps({**config, key: value}))
+    return ["config.json does not match the weights", key, named]
+
+
+@pytest.mark.parametrize("case", ["no chat template", "intermediate_size", "vocab_size", "layer count"])
+@pytest.mark.parametrize("stage", ["base-model", "sft"])
+def test_a_model_folder_that_cannot_be_used_is_refused_when_read(random_policy_dir, tmp_path, case, stage):
+    import shutil
+
+    folder = Path(shutil.copytree(random_policy_dir, tmp_path / "policy"))
+    fragments = _unusable(folder, case)
+    if stage == "base-model":  # model.base a local folder: linked into results/models/base/
+        args = ["base-model", "--config-json", json.dumps({"model": {"base": str(folder)}}), "--out", tmp_path / "base"]
+        absent = [tmp_path / "base", tmp_path / "base.tmp"]
+    else:
+        rows = [SftExample(f"s{i}", SFT_EXAMPLE.messages, []).to_row() for i in range(8)]  # one batch: it would train
+        data = problems_file(tmp_path / "sft.parquet", rows)
+        args, absent = sft_command(tmp_path, folder, data), [tmp_path / "out/sft", tmp_path / "out/metrics.jsonl"]
+    completed = run_agentrl(*args, cwd=tmp_path)
+    assert_refused(completed, str(folder), *fragments)
+    assert "Loading" not in completed.stderr, "refused before the model loaded"
+    for path in absent:
+        assert not path.exists(), path

@@ -42,10 +42,11 @@ def workdir(tmp_path_factory) -> Path:
         "results/filter/stats.json",
         "results/filter/pass_rate_hist.png",
         "results/filter/samples.jsonl",  # the scoring's tokens, for the report's cost table
-        # a released checkpoint is checked as a model folder at load: config, weights, tokenizer
+        # a released checkpoint is checked as a model folder at load: config, weights, tokenizer, chat template
         "ckpt/step_30/config.json",
         "ckpt/step_30/pytorch_model.bin",
         "ckpt/step_30/tokenizer.json",
+        "ckpt/step_30/chat_template.jinja",
     ]
     for source in sources:
         (root / source).parent.mkdir(parents=True, exist_ok=True)

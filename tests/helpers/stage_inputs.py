@@ -21,13 +21,15 @@ CODE_PROBLEM = Problem(
 
 
 def fake_model(folder: Path, tokenizer: bool = True) -> Path:
-    """A folder that passes the cheap checks: config, a valid safetensors header, a tokenizer file."""
+    """A folder that passes the cheap checks: config, a valid safetensors header, a tokenizer file
+    with a chat template."""
     folder.mkdir(parents=True)
     (folder / "config.json").write_text('{"model_type": "llama"}')
     header = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
     (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 4)
     if tokenizer:
         (folder / "tokenizer.json").write_text("{}")
+        (folder / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
     return folder
 
 

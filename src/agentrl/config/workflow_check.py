@@ -86,12 +86,14 @@ def check_preset_order(sources: list[tuple[str, dict[str, Any]]]) -> None:
 
 
 def check_model_sources(cfg: Config) -> None:
-    """``sft.from`` and each ``eval.checkpoints`` entry that names an existing folder must be a
-    model folder (config.json, weights, tokenizer): else the link or the evaluation fails hours
-    later. A hub id or a folder still to be made is left to its rule. Raises ModelFolderError."""
+    """``model.base``, ``sft.from`` and each ``eval.checkpoints`` entry that names an existing folder
+    must be a model folder (config.json, weights matching it, a tokenizer with a chat template): else
+    the link, the training or the evaluation fails hours later. A hub id or a folder still to be
+    made is left to its rule. Raises ModelFolderError."""
     from agentrl.model.folder import check_model_folder  # lazy: the folder module is not needed to load a config
 
-    sources = [("sft.from", cfg.sft.from_)] + [(f"eval.checkpoints.{k}", v) for k, v in cfg.eval.checkpoints.items()]
-    for key, source in sources:
-        if source is not None and Path(source.id).expanduser().is_dir():
-            check_model_folder(Path(source.id).expanduser(), key)
+    sources = [("model.base", cfg.model.base), ("sft.from", cfg.sft.from_ and cfg.sft.from_.id)]
+    sources += [(f"eval.checkpoints.{k}", v.id) for k, v in cfg.eval.checkpoints.items()]
+    for key, name in sources:
+        if name is not None and name != "embedded" and Path(name).expanduser().is_dir():
+            check_model_folder(Path(name).expanduser(), key)

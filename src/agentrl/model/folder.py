@@ -23,11 +23,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import struct
 from pathlib import Path
+from typing import Any
 
 from agentrl.errors import ModelFolderError
+from agentrl.hub_ids import fetching
 
 MODEL_DIGEST_KEY = "agentrl_model_sha256"
 # Where a linked or downloaded model came from (resolve_pretrained): id, revision asked for, commit.
@@ -149,20 +152,12 @@ def resolve_pretrained(base: str, out_dir: str | Path, revision: str | None = No
 
 def _download_snapshot(repo_id: str, revision: str | None, key: str) -> Path:
     """The hub snapshot folder of ``repo_id`` at ``revision``; a repository or revision the hub
-    (or, offline, the local cache) does not have is the user's to fix: one line naming the key."""
+    (or, offline, the local cache) does not have is the user's to fix: one line naming the key
+    (:func:`agentrl.hub_ids.hub_fetch_refusal`)."""
     from huggingface_hub import snapshot_download  # only needed when a hub model is asked for
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
-    at = f" at revision {revision!r}" if revision else ""
-    try:
+    with fetching(key, repo_id, revision):
         return Path(snapshot_download(repo_id=repo_id, revision=revision))
-    except LocalEntryNotFoundError as exc:  # offline (HF_HUB_OFFLINE=1 or no network) and not cached
-        raise ModelFolderError(
-            f"{key}={repo_id!r}{at}: not in the local hub cache and the hub cannot be reached "
-            f"({str(exc).splitlines()[0]}); run hub-download where the network is, or name a local folder"
-        ) from exc
-    except HfHubHTTPError as exc:  # not found, gated, bad revision: the hub answered
-        raise ModelFolderError(f"{key}={repo_id!r}{at}: the hub refused it ({str(exc).splitlines()[0]})") from exc
 
 
 def _record_source(folder: Path, record: dict[str, str | None]) -> None:
@@ -181,8 +176,9 @@ _TOKENIZER_FILE_SETS = (("tokenizer.json",), ("vocab.json", "merges.txt"), ("tok
 def check_model_folder(folder: str | Path, what: str = "--model", tokenizer: bool = True) -> None:
     """Raise ModelFolderError naming the file unless ``folder`` is a loadable Hugging Face model folder:
     it exists (a local path, never looked up on the hub), ``config.json`` is a JSON object, there are
-    weight files and each ``*.safetensors`` has a readable header, and (``tokenizer``) the tokenizer
-    files are there. Cheap: no weight is read.
+    weight files and each ``*.safetensors`` has a readable header whose tensor shapes are the ones
+    ``config.json`` describes (:func:`_shape_mismatch`), and (``tokenizer``) the tokenizer files
+    are there with a chat template (every stage renders chats). Cheap: no weight is read.
     """
     folder = Path(folder)
     if not folder.is_dir():
@@ -199,17 +195,48 @@ def check_model_folder(folder: str | Path, what: str = "--model", tokenizer: boo
     weights = sorted(p for p in folder.iterdir() if p.name.endswith(WEIGHT_SUFFIXES))
     if not weights:
         raise ModelFolderError(f"{what} {folder}: no weight files ({', '.join('*' + s for s in WEIGHT_SUFFIXES)})")
+    shapes = {}
     for path in weights:
         if path.name.endswith(".safetensors"):
-            _check_safetensors_header(path)
-    if tokenizer and not any(all((folder / name).is_file() for name in names) for names in _TOKENIZER_FILE_SETS):
+            shapes.update({name: (path.name, shape) for name, shape in _safetensors_shapes(path).items()})
+    mismatch = _shape_mismatch(config, shapes)
+    if mismatch:
+        raise ModelFolderError(
+            f"{what} {folder}: config.json does not match the weights: {mismatch}; is config.json from another "
+            "model (or were the weights saved after a change to it)?"
+        )
+    if not tokenizer:
+        return
+    if not any(all((folder / name).is_file() for name in names) for names in _TOKENIZER_FILE_SETS):
         raise ModelFolderError(
             f"{what} {folder}: no tokenizer (tokenizer.json, or vocab.json + merges.txt, or tokenizer.model)"
         )
+    if not _has_chat_template(folder):
+        raise ModelFolderError(
+            f"{what} {folder}: the tokenizer has no chat template (neither chat_template.jinja nor a chat_template in "
+            "tokenizer_config.json), and every stage renders chats with it; use the instruct model's folder or "
+            "copy its chat_template.jinja here"
+        )
 
 
-def _check_safetensors_header(path: Path) -> None:
-    """A safetensors file is an 8-byte header length, a JSON header, then the tensors' bytes."""
+def _has_chat_template(folder: Path) -> bool:
+    """Where transformers looks for a tokenizer's chat template: chat_template.jinja, chat_template.json
+    or the ``chat_template`` key of tokenizer_config.json."""
+    for name in ("chat_template.jinja", "chat_template.json"):
+        if (folder / name).is_file() and (folder / name).stat().st_size > 0:
+            return True
+    try:
+        tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return False
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelFolderError(f"{folder / 'tokenizer_config.json'}: not a readable JSON file ({exc})") from None
+    return isinstance(tokenizer_config, dict) and bool(tokenizer_config.get("chat_template"))
+
+
+def _safetensors_shapes(path: Path) -> dict[str, list[int]]:
+    """Each tensor's shape in a safetensors file, from its header: an 8-byte header length, a JSON
+    header, then the tensors' bytes. A truncated or damaged file raises ModelFolderError."""
     try:
         size = path.stat().st_size
         with open(path, "rb") as fh:
@@ -221,8 +248,61 @@ def _check_safetensors_header(path: Path) -> None:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ModelFolderError(f"{path}: not a readable safetensors file ({exc})") from None
     try:
-        ends = [int(entry["data_offsets"][1]) for key, entry in header.items() if key != "__metadata__"]
+        tensors = {key: entry for key, entry in header.items() if key != "__metadata__"}
+        ends = [int(entry["data_offsets"][1]) for entry in tensors.values()]
+        shapes = {key: [int(n) for n in entry["shape"]] for key, entry in tensors.items()}
     except (AttributeError, KeyError, TypeError, IndexError, ValueError):
         raise ModelFolderError(f"{path}: not a safetensors file (its header lists no tensor offsets)") from None
     if ends and max(ends) > size - 8 - header_size:
         raise ModelFolderError(f"{path}: truncated safetensors file ({size} bytes, the header needs more)")
+    return shapes
+
+
+# The decoder-layer tensors of the Llama family (Llama, Qwen2/2.5/3, Mistral, ...) as transformers
+# names them; their shapes follow from config.json alone.
+_LAYER_TENSOR = re.compile(r"(?:^|\.)layers\.(\d+)\.(self_attn|mlp)\.(q|k|v|o|gate|up|down)_proj\.weight$")
+
+
+def _shape_mismatch(config: dict[str, Any], shapes: dict[str, tuple[str, list[int]]]) -> str | None:
+    """The first tensor whose shape is not what ``config`` says (or a layer count the weights do not
+    have), as a sentence naming the tensor, its file and the config keys; None when all agree or
+    ``config`` is not a plain decoder the shapes follow from (quantized, multimodal, keys missing).
+
+    transformers refuses a mismatched shape only after it started loading (``ignore_mismatched_sizes``)
+    and fills missing layers with random weights, so both are checked here from the headers alone.
+    """
+    names = ("hidden_size", "vocab_size", "num_attention_heads", "intermediate_size", "num_hidden_layers")
+    if (
+        "quantization_config" in config
+        or "text_config" in config
+        or not all(isinstance(config.get(k), int) for k in names)
+    ):
+        return None
+    hidden, vocab, heads, inner = (config[k] for k in names[:4])
+    kv_heads = config.get("num_key_value_heads") or heads
+    head_dim = config.get("head_dim") or hidden // heads
+    expected = {
+        "q": ([heads * head_dim, hidden], "num_attention_heads x head_dim, hidden_size"),
+        "k": ([kv_heads * head_dim, hidden], "num_key_value_heads x head_dim, hidden_size"),
+        "v": ([kv_heads * head_dim, hidden], "num_key_value_heads x head_dim, hidden_size"),
+        "o": ([hidden, heads * head_dim], "hidden_size, num_attention_heads x head_dim"),
+        "gate": ([inner, hidden], "intermediate_size, hidden_size"),
+        "up": ([inner, hidden], "intermediate_size, hidden_size"),
+        "down": ([hidden, inner], "hidden_size, intermediate_size"),
+    }
+    layers = set()
+    for name, (file, shape) in sorted(shapes.items()):
+        want, keys = None, ""
+        if name.endswith(("embed_tokens.weight", "lm_head.weight")):
+            want, keys = [vocab, hidden], "vocab_size, hidden_size"
+        elif (match := _LAYER_TENSOR.search(name)) is not None:
+            layers.add(int(match.group(1)))
+            want, keys = expected[match.group(3)]
+        if want is not None and shape != want:
+            return f"{name} in {file} is {shape}, config.json ({keys}) makes it {want}"
+    if layers and layers != set(range(config["num_hidden_layers"])):
+        return (
+            f"config.json has num_hidden_layers {config['num_hidden_layers']}, the weights hold layers "
+            f"{min(layers)}..{max(layers)} ({len(layers)})"
+        )
+    return None
