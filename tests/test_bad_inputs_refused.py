@@ -459,3 +459,38 @@ def test_a_model_folder_that_cannot_be_used_is_refused_when_read(random_policy_d
     assert "Loading" not in completed.stderr, "refused before the model loaded"
     for path in absent:
         assert not path.exists(), path
+
+
+# --------------------------------------------------------------------------- blank prompts in upstream rows
+_SFT_ROW = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}], "tools": "[]"}
+_RL_ROW = {
+    "prompt": [{"role": "user", "content": "1+1?"}],
+    "data_source": "aime2024",
+    "reward_model": {"ground_truth": "2"},
+}
+_AIME_ROW = {"Problem": "What is 1+1?", "Answer": "2"}
+# name -> (the file given a blank third row, its changed columns, the column named)
+BLANK_PROMPTS = {
+    "an empty RL prompt": ("rl", {"prompt": [{"role": "user", "content": ""}]}, "prompt"),
+    "a whitespace RL prompt": ("rl", {"prompt": [{"role": "user", "content": " \n\t "}]}, "prompt"),
+    "a whitespace eval question": ("aime2024", {"Problem": "   "}, "Problem"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(BLANK_PROMPTS))
+def test_a_blank_prompt_is_refused_when_data_is_prepared(tmp_path, case):
+    blank_in, changes, column = BLANK_PROMPTS[case]
+    rows = {"sft": [_SFT_ROW], "rl": [_RL_ROW] * 3, "aime2024": [_AIME_ROW] * 3}
+    rows[blank_in] = [*rows[blank_in][:2], {**rows[blank_in][2], **changes}]
+    for name, table in rows.items():
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in table))
+    upstream = {name: {"id": str(tmp_path / f"{name}.jsonl")} for name in ("sft", "rl")}
+    data = {
+        "source": "upstream",
+        "upstream": {**upstream, "eval": {"aime2024": {"id": str(tmp_path / "aime2024.jsonl")}}},
+    }
+    out = tmp_path / "prepared"
+    completed = run_agentrl("prepare-data", "--config-json", json.dumps({"data": data}), "--sft", out / "sft.parquet",
+                            "--rl-pool", out / "rl_pool.parquet", "--eval-dir", out / "eval", cwd=tmp_path)  # fmt: skip
+    assert_refused(completed, f"{blank_in}.jsonl: row 2, column '{column}'", "blank (empty or whitespace)")
+    assert [p for p in out.rglob("*") if p.is_file()] == [], "nothing written"

@@ -232,6 +232,8 @@ def normalize_rl(rows: list[dict[str, Any]], origin: str, wrapping: str = "per_r
         content = prompt[0].get("content")
         if prompt[0].get("role") != "user" or not isinstance(content, str):
             raise row.error("prompt", "expected one {role: user, content: <string>} message")
+        if not content.strip():  # the wrapping below would make it a prompt that asks nothing
+            raise row.error("prompt", "the user message is blank (empty or whitespace); fill it or drop the row")
         reward_model = row.json("reward_model")
         if not isinstance(reward_model, dict) or "ground_truth" not in reward_model:
             raise row.error("reward_model", "expected an object with a ground_truth key")
@@ -257,8 +259,16 @@ def normalize_rl(rows: list[dict[str, Any]], origin: str, wrapping: str = "per_r
 
 
 # --------------------------------------------------------------------------- eval sets
+def _question(row: _Row, column: str) -> str:
+    """A row's question; a blank one would be wrapped into a prompt that asks nothing."""
+    text = row.get(column, str)
+    if not text.strip():
+        raise row.error(column, "blank (empty or whitespace): no question to ask; fill it or drop the row")
+    return text
+
+
 def _aime(row: _Row, problem_col: str, answer_col: str) -> tuple[str, Any, str]:
-    return prompts.aime_prompt(row.get(problem_col, str)), str(row.get(answer_col, (str, int))), "math"
+    return prompts.aime_prompt(_question(row, problem_col)), str(row.get(answer_col, (str, int))), "math"
 
 
 def _aime2024(row: _Row):
@@ -273,7 +283,7 @@ def _gpqa(row: _Row):
     letter = row.get("solution", str).strip()
     if letter not in ("A", "B", "C", "D"):
         raise row.error("solution", f"expected one letter A-D, got {letter!r}")
-    return prompts.gpqa_prompt(row.get("problem", str), row.get("domain", str)), letter, "science"
+    return prompts.gpqa_prompt(_question(row, "problem"), row.get("domain", str)), letter, "science"
 
 
 def _livecodebench(row: _Row):
@@ -283,7 +293,7 @@ def _livecodebench(row: _Row):
     if not isinstance(truth, dict) or not truth.get("inputs") or "outputs" not in truth:
         raise row.error("reward_model", "expected ground_truth.inputs / ground_truth.outputs")
     # Upstream's map_lcb writes str() of the whole ground_truth.inputs / .outputs lists.
-    content = prompts.lcb_prompt(row.get("problem", str), truth["inputs"], truth["outputs"])
+    content = prompts.lcb_prompt(_question(row, "problem"), truth["inputs"], truth["outputs"])
     return content, truth, "code"
 
 
