@@ -494,3 +494,28 @@ def test_a_blank_prompt_is_refused_when_data_is_prepared(tmp_path, case):
                             "--rl-pool", out / "rl_pool.parquet", "--eval-dir", out / "eval", cwd=tmp_path)  # fmt: skip
     assert_refused(completed, f"{blank_in}.jsonl: row 2, column '{column}'", "blank (empty or whitespace)")
     assert [p for p in out.rglob("*") if p.is_file()] == [], "nothing written"
+
+
+# --------------------------------------------------------------------------- a response budget below the overlong window
+# name -> (config file, fragments of the message)
+OVERLONG_WINDOWS = {
+    "budget below the buffer": (
+        "rollout:\n  max_response_tokens: 100\n",  # max_response_length follows it; the buffer is 128
+        ["reward.overlong.buffer_length (128) exceeds the response budget, rollout.max_response_tokens"],
+    ),
+    "budget below max_response_length": (
+        "rollout:\n  max_response_tokens: 256\nreward:\n  overlong: {max_response_length: 512}\n",
+        ["rollout.max_response_tokens (256) is below reward.overlong.max_response_length (512)"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OVERLONG_WINDOWS))
+def test_a_stage_run_alone_refuses_a_budget_below_the_overlong_window(tmp_path, case):
+    content, fragments = OVERLONG_WINDOWS[case]
+    (tmp_path / "budget.yaml").write_text(content)
+    problems = problems_file(tmp_path / "eval.parquet", [CODE_PROBLEM.to_row()])
+    completed = run_agentrl("evaluate", "run", "--config", "budget.yaml", "--model", fake_model(tmp_path / "model"),
+                            "--problems", problems, "--samples", "s.jsonl", "--metrics", "m.json", cwd=tmp_path)  # fmt: skip
+    assert_refused(completed, "budget.yaml: ", *fragments)
+    assert not (tmp_path / "s.jsonl").exists() and not (tmp_path / "m.json").exists()

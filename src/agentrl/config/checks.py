@@ -37,19 +37,8 @@ def cross_key_problems(cfg: Config) -> list[str]:
         problems.append("rollout.temperature must be > 0 for GRPO: greedy rollouts of a group are identical")
     if cfg.rollout.engine == "vllm" and "rl" in cfg.eval.models:  # GRPO on vLLM (evaluation-only runs may use TP)
         problems += colocated_engine_problems(cfg.rollout)
+    problems += overlong_window_problems(cfg)
     overlong = cfg.reward.overlong
-    if overlong.enable and overlong.buffer_length > overlong.max_response_length:
-        problems.append(
-            f"reward.overlong.buffer_length ({overlong.buffer_length}) exceeds reward.overlong.max_response_length "
-            f"({overlong.max_response_length}): the penalty would start before the response does"
-        )
-    if overlong.enable and cfg.rollout.max_response_tokens < overlong.max_response_length:
-        problems.append(
-            f"rollout.max_response_tokens ({cfg.rollout.max_response_tokens}) is below "
-            f"reward.overlong.max_response_length ({overlong.max_response_length}): no response can reach the "
-            "penalty's full length (at or below max_response_length - buffer_length it never applies); make them "
-            "equal (upstream) or turn the overlong shaping off"
-        )
     if not overlong.enable and cfg.grpo.algorithm.overlong_shaping:
         problems.append(
             "grpo.algorithm.overlong_shaping: true asks GRPO for reward.overlong's penalty, which "
@@ -63,6 +52,34 @@ def cross_key_problems(cfg: Config) -> list[str]:
             "local sandbox forks its children under sandbox.memory_mb and a run can only lower it"
         )
     problems += _filter_problems(cfg.filter)
+    return problems
+
+
+def overlong_window_problems(cfg: Config) -> list[str]:
+    """Where the overlong penalty's window (the last ``buffer_length`` tokens before
+    ``max_response_length``) does not fit the response budget ``rollout.max_response_tokens``, the
+    penalty means something else than the config says. Every stage that rolls out scores with it,
+    so :func:`agentrl.config.config_from_args` refuses these at each stage's config load, not only
+    the workflow and GRPO (:func:`cross_key_problems`)."""
+    overlong, budget = cfg.reward.overlong, cfg.rollout.max_response_tokens
+    if not overlong.enable:
+        return []
+    problems = []
+    if overlong.buffer_length > overlong.max_response_length:
+        length = f"reward.overlong.max_response_length ({overlong.max_response_length})"
+        if overlong.max_response_length == budget:  # null follows the budget: the key the user set is that one
+            length = f"the response budget, rollout.max_response_tokens = {length}"
+        problems.append(
+            f"reward.overlong.buffer_length ({overlong.buffer_length}) exceeds {length}: the penalty would start "
+            "before the response does; lower buffer_length, raise the budget or set reward.overlong.enable: false"
+        )
+    if budget < overlong.max_response_length:
+        problems.append(
+            f"rollout.max_response_tokens ({budget}) is below reward.overlong.max_response_length "
+            f"({overlong.max_response_length}): no response can reach the penalty's full length (at or below "
+            "max_response_length - buffer_length it never applies); make them equal (upstream) or turn the "
+            "overlong shaping off"
+        )
     return problems
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from agentrl.config.checks import overlong_window_problems
 from agentrl.config.sections import Config, ConfigError, ModelSourceConfig
 from agentrl.config_schema import coerce_to_schema, load_schema
 
@@ -226,12 +227,20 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
+    """The config a stage CLI was given, with the overlong window checked against the response
+    budget (:func:`agentrl.config.checks.overlong_window_problems`): each stage that rolls out
+    scores with the penalty, and a stage run alone gets no workflow load-time check."""
     if getattr(args, "config_json", None):
         try:
             raw = json.loads(args.config_json)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"--config-json is not valid JSON: {exc}") from None
-        return load_config(raw, origin="--config-json")
-    if getattr(args, "config", None):
-        return load_config_file(args.config)
-    return load_config({})
+        cfg, origin = load_config(raw, origin="--config-json"), "--config-json"
+    elif getattr(args, "config", None):
+        cfg, origin = load_config_file(args.config), str(args.config)
+    else:
+        cfg, origin = load_config({}), "config"
+    problems = overlong_window_problems(cfg)
+    if problems:
+        raise ConfigError(f"{origin}: " + "; ".join(problems))
+    return cfg
