@@ -70,15 +70,16 @@ rule ablation_stitched_sft:
         model_dir=input_dir("model"),
         out_dir=parent_dir("model"),
         checkpoints=ablation_result("shared/stitched_sft/checkpoints"),
+        gpus_per_node=gpus_per_node,  # rules/common.smk: the gpu resource counts every node's GPUs
     priority: 10  # first, not after the other arms' short jobs: its GRPO runs and evaluations wait on it
     threads: 2
     resources:
-        gpu=0,  # the job's GPUs, all on one node (0: one CPU process); the profiles set it for GPU runs
+        gpu=0,  # the job's GPUs, every node's (0: one CPU process); the profiles set it for GPU runs
+        nodes=1,  # AGENTRL_NODES: more (rules/cluster.smk); one torchrun per node
     shell:
-        on_gpus(
+        on_training_nodes(
             "python -m agentrl sft --config-json {params.cfg:q} --model {params.model_dir} --data {input.data} "
-            "--out {params.out_dir} --metrics {output.metrics} --checkpoint-dir {params.checkpoints} "
-            "--nproc {resources.gpu} --threads {threads}"
+            "--out {params.out_dir} --metrics {output.metrics} --checkpoint-dir {params.checkpoints}"
         )
         + " 2>&1 | keep_log {log}"
 
@@ -105,14 +106,16 @@ rule ablation_grpo:
         out_dir=parent_dir("model"),
         # a param, not an output: a re-run job must find its checkpoints to resume (rules/rl.smk)
         checkpoints=lambda wildcards: ablation_result(f"{wildcards.arm}/seed{wildcards.seed}/rl/checkpoints"),
+        gpus_per_node=gpus_per_node,  # rules/common.smk: the gpu resource counts every node's GPUs
     threads: 2
     resources:
         gpu=0,
+        nodes=1,
     shell:
-        on_gpus(
+        on_training_nodes(
             "python -m agentrl grpo --config-json {params.cfg:q} --model {params.model_dir} "
             "--train {input.train} --eval {input.eval} --out {params.out_dir} --metrics {output.metrics} "
-            "--checkpoint-dir {params.checkpoints} --nproc {resources.gpu} --threads {threads}"
+            "--checkpoint-dir {params.checkpoints}"
         )
         + " 2>&1 | keep_log {log}"
 

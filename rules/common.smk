@@ -147,24 +147,25 @@ def on_gpus(command):
     return f"python -m agentrl.devices --gpus {{resources.gpu}} -- {command}"
 
 
-def check_one_node_per_job():
-    """Refuse ``nodes > 1`` before anything is submitted (agentrl.training.launch explains why).
+def on_training_nodes(command):
+    """A training stage's ``command`` on the job's nodes, GPUs and threads, through on_gpus.
 
-    The SLURM executor runs every job inside a one-task ``srun`` step that holds all of the
-    job's GPUs, so the per-node ``srun`` a multi-node torchrun needs cannot start from there.
+    The ``gpu`` resource counts all of a job's GPUs (what the SLURM plugin submits as ``--gpus``),
+    ``nodes`` its nodes (1 unless AGENTRL_NODES asks for more; rules/cluster.smk checks them):
+    each node claims and runs ``params.gpus_per_node`` (:func:`gpus_per_node`) processes, and
+    ``threads`` are a node's. With several nodes the stage starts one torchrun per node with srun
+    (agentrl.training.launch).
     """
-    defaults = workflow.resource_settings._parsed_default_resources  # --default-resources
-    for each in workflow.rules:
-        for key in ("nodes", "node", "slurm_nodes"):  # the names the SLURM job-step plugin reads
-            given = each.resources.get(key) or (defaults.get(key) if defaults is not None else None)
-            nodes = getattr(given, "value", None)  # a callable stays unchecked here
-            if isinstance(nodes, int) and nodes > 1:
-                raise WorkflowError(
-                    f"resources {key}={nodes} in the {each.name} rule. A job of this workflow runs on one node: "
-                    "the SLURM executor starts each job in a one-task srun step that already holds its GPUs, "
-                    "so a per-node srun for torchrun cannot start. Use nodes: 1 with up to a node's GPUs, or "
-                    "submit multi-node training with sbatch (docs/paper-scale.md, 'Several nodes')."
-                )
+    return (
+        "python -m agentrl.devices --gpus {params.gpus_per_node} -- "
+        + command
+        + " --nproc {params.gpus_per_node} --nodes {resources.nodes} --threads {threads}"
+    )
+
+
+def gpus_per_node(wildcards, resources):
+    """The GPUs of each node of a training job (a param of ``resources``: no rerun when it changes)."""
+    return resources.gpu // max(resources.nodes, 1)
 
 
 def _constant(resource):
@@ -231,31 +232,47 @@ def check_gpu_requests():
         )
 
 
-def check_grpo_process_counts(checked):
-    """Refuse, before anything is submitted, a GRPO job whose processes cannot split its batches.
+def _world_size(each):
+    """The ranks of a training rule's job: its GPUs (every node's), or one CPU process per node."""
+    resources = _rule_resources(each)
+    gpus, nodes = resources.get("gpu", 0), resources.get("nodes", 1)
+    if not (isinstance(gpus, int) and isinstance(nodes, int)):
+        return None  # a callable resource stays unchecked here; the stage checks it
+    return max(gpus // max(nodes, 1), 1) * max(nodes, 1)
 
-    A GRPO job runs one rank per GPU of its ``gpu`` resource (set by the profile or
-    ``--set-resources``), and every rank rolls out and updates on the same number of prompts, so
-    both batch sizes must be multiples of that count (``agentrl.config.process_count_problems``).
-    The stage checks it again once its ranks started; here a mismatch costs no queue time. The
-    ablation jobs only get a warning: the targets are not known while the workflow loads, and a
-    profile sized for the paper's batches must not stop the main workflow for them.
+
+def check_process_counts(checked):
+    """Refuse, before anything is submitted, a training job whose ranks cannot split its batches.
+
+    A training job runs one rank per GPU of its ``gpu`` resource (all of its nodes'; set by the
+    profile, AGENTRL_GPUS_PER_NODE and AGENTRL_NODES), and every rank takes the same share: GRPO's
+    batch sizes (``agentrl.config.process_count_problems``) and SFT's global batch must be
+    multiples of that count. The stages check it again once their ranks started; here a mismatch
+    costs no queue time. The ablation jobs only get a warning: the targets are not known while the
+    workflow loads, and a profile sized for the paper's batches must not stop the main workflow for
+    them.
     """
     for each in workflow.rules:
-        if each.name not in ("grpo", "ablation_grpo"):
+        if each.name not in ("sft", "grpo", "ablation_grpo"):
             continue
-        gpus = getattr(each.resources.get("gpu"), "value", each.resources.get("gpu"))
-        if not isinstance(gpus, int):
-            continue  # a callable resource stays unchecked here; the stage checks it
-        main = each.name == "grpo"
-        section = "grpo" if main else "ablations.grpo"
-        problems = process_count_problems(checked.grpo if main else checked.ablations.grpo, gpus, section)
+        world = _world_size(each)
+        if world is None:
+            continue
+        main = each.name != "ablation_grpo"
+        if each.name == "sft":
+            size = checked.sft.global_batch_size
+            problems = [] if size % world == 0 else [f"sft.global_batch_size ({size}) must be a multiple of it"]
+        else:
+            section = "grpo" if main else "ablations.grpo"
+            problems = process_count_problems(checked.grpo if main else checked.ablations.grpo, world, section)
         if not problems:
             continue
-        message = f"config: the {each.name} rule's gpu resource ({gpus}): " + "; ".join(problems)
+        nodes = _rule_resources(each).get("nodes", 1)
+        on_nodes = f" on {nodes} nodes" if nodes > 1 else ""
+        message = f"config: the {each.name} rule's gpu resource ({world}{on_nodes}): " + "; ".join(problems)
         if main:
             sys.exit(message)
-        logger.warning(f"{message}. `snakemake ablations` would stop at that stage: --set-resources {each.name}:gpu=N")
+        logger.warning(f"{message}. `snakemake ablations` would stop at that stage: AGENTRL_GPUS_PER_NODE / AGENTRL_NODES")
 
 
 # The conda env of the stages that roll out (filter scoring, GRPO, evaluation): vLLM when it is the engine.

@@ -29,14 +29,16 @@ rule grpo:
         model_dir=input_dir("model"),
         out_dir=parent_dir("model"),
         checkpoints=result("rl/checkpoints"),
+        gpus_per_node=gpus_per_node,  # rules/common.smk: the gpu resource counts every node's GPUs
     priority: 10  # the training chain is the critical path: before evaluations that could wait
     threads: 2
     resources:
-        gpu=0,  # the job's GPUs, all on one node (0: one CPU process); the profiles set it for GPU runs
+        gpu=0,  # the job's GPUs, every node's (0: one CPU process); the profiles set it for GPU runs
+        nodes=1,  # AGENTRL_NODES: more (rules/cluster.smk); one torchrun per node
     shell:
-        on_gpus(
+        on_training_nodes(
             "python -m agentrl grpo --config-json {params.cfg:q} --model {params.model_dir} "
             "--train {input.train} --eval {input.eval} --out {params.out_dir} --metrics {output.metrics} "
-            "--checkpoint-dir {params.checkpoints} --nproc {resources.gpu} --threads {threads}"
+            "--checkpoint-dir {params.checkpoints}"
         )
         + " 2>&1 | keep_log {log}"

@@ -12,7 +12,7 @@ from agentrl.training.launch import (
     job_cpus,
     master_port,
     resolve_nproc_per_node,
-    strip_nproc,
+    strip_launch_options,
     visible_gpus,
 )
 
@@ -79,8 +79,11 @@ def test_slurm_one_node_eight_gpus():
 
 
 def test_slurm_two_nodes_from_the_batch_step_goes_through_srun_once_per_node():
-    env = _slurm(2, 8)  # the batch script: no step variables
-    cmd = build_launch_command(ARGS, env, resolve_nproc_per_node("auto", env), python="py")
+    """The batch step of a job with an mpi resource, as the SLURM job-step plugin runs its command: no
+    SLURM_* variable but the job id (its run_job drops the rest), the node's GPUs claimed by
+    agentrl.devices, the node count from --nodes (the rule's resource)."""
+    env = {"SLURM_JOB_ID": "123456", "SLURM_JOBID": "123456", "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
+    cmd = build_launch_command(ARGS, env, resolve_nproc_per_node("8", env), nnodes=2, threads=64, python="py")
     assert cmd == [
         "srun",
         "--nodes",
@@ -92,12 +95,38 @@ def test_slurm_two_nodes_from_the_batch_step_goes_through_srun_once_per_node():
         "--kill-on-bad-exit=1",
         "--gpus-per-node",
         "8",
+        "--cpus-per-task",
+        "64",
+        "--mem=0",
         "py",
         "-m",
         *ARGS,
         "--nproc",
         "8",
+        "--nodes",
+        "2",
     ]
+
+
+def test_an_sbatch_script_of_two_nodes_is_read_from_its_environment():
+    env = _slurm(2, 8)  # a batch script of its own: the allocation's variables, no step variables
+    cmd = build_launch_command(ARGS, env, resolve_nproc_per_node("auto", env), python="py")
+    assert cmd[:9] == [
+        "srun",
+        "--nodes",
+        "2",
+        "--ntasks",
+        "2",
+        "--ntasks-per-node",
+        "1",
+        "--kill-on-bad-exit=1",
+        "--gpus-per-node",
+    ]
+
+
+def test_several_nodes_outside_slurm_are_refused():
+    with pytest.raises(ValueError, match="--nodes 2 outside a SLURM job"):
+        build_launch_command(ARGS, {}, 2, nnodes=2)
 
 
 @pytest.mark.parametrize("node_id", ["0", "1"])
@@ -125,7 +154,7 @@ def test_slurm_two_nodes_inside_the_per_node_step_runs_static_torchrun(node_id):
 
 def test_slurm_multi_node_refuses_a_step_with_one_task_per_gpu():
     env = _slurm(2, 8, SLURM_STEP_NUM_NODES="2", SLURM_STEP_NUM_TASKS="16")
-    with pytest.raises(ValueError, match="submit multi-node training with sbatch"):
+    with pytest.raises(ValueError, match="AGENTRL_NODES"):
         build_launch_command(ARGS, env, 8)
 
 
@@ -210,8 +239,9 @@ def test_is_launched():
     assert not is_launched({"SLURM_PROCID": "0"})
 
 
-def test_strip_nproc_removes_both_spellings():
-    assert strip_nproc(["sft", "--nproc", "2", "--out", "o", "--nproc=auto"]) == ["sft", "--out", "o"]
+def test_strip_launch_options_removes_both_spellings():
+    argv = ["sft", "--nproc", "2", "--out", "o", "--nproc=auto", "--nodes", "2", "--nodes=2", "--threads", "4"]
+    assert strip_launch_options(argv) == ["sft", "--out", "o", "--threads", "4"]
 
 
 def test_sft_options_survive_torchrun_argument_parsing():
@@ -225,7 +255,7 @@ def test_sft_options_survive_torchrun_argument_parsing():
         o
         for action in build_parser()._actions
         for o in action.option_strings
-        if o.startswith("--") and o not in ("--help", "--nproc")
+        if o.startswith("--") and o not in ("--help", "--nproc", "--nodes")  # launch options: never forwarded
     ]
     clashes = [(ours, theirs) for ours in forwarded for theirs in torchrun_options if theirs.startswith(ours)]
     assert clashes == []

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -28,17 +29,19 @@ WORKFLOW_PROFILE = ROOT / "workflow" / "profiles" / "default" / "config.yaml"
 RUNTIMES = {"sft": 1440, "grpo": 1440, "score_rl_pool": 360, "evaluate": 360}
 
 
-def _env(gpus: int | None = 8) -> dict[str, str]:
+def _env(gpus: int | None = 8, **extra: str) -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
-    env.pop("AGENTRL_GPUS_PER_NODE", None)
+    for key in ("AGENTRL_GPUS_PER_NODE", "AGENTRL_NODES"):
+        env.pop(key, None)
+    env.update(extra)
     return env if gpus is None else {**env, "AGENTRL_GPUS_PER_NODE": str(gpus)}
 
 
-def _submissions(*args: str, gpus: int | None = 8) -> dict[str, list[dict]]:
+def _submissions(*args: str, gpus: int | None = 8, **extra: str) -> dict[str, list[dict]]:
     done = subprocess.run(
         [sys.executable, str(ROOT / "tests" / "helpers" / "slurm_submissions.py"), *args],
         cwd=ROOT,
-        env=_env(gpus),
+        env=_env(gpus, **extra),
         capture_output=True,
         text=True,
         timeout=300,
@@ -131,21 +134,97 @@ def test_the_hub_download_is_the_only_local_job_with_network(submissions):
     assert not submissions["prepare_data"][0]["localrule"] and not submissions["base_model"][0]["localrule"]
 
 
-def _dry_run(*args: str, gpus: int | None = 8) -> subprocess.CompletedProcess:
+def _dry_run(*args: str, gpus: int | None = 8, **extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["snakemake", "-n", *args], cwd=ROOT, env=_env(gpus), capture_output=True, text=True, timeout=300
+        ["snakemake", "-n", *args], cwd=ROOT, env=_env(gpus, **extra), capture_output=True, text=True, timeout=300
     )
 
 
+@pytest.fixture(scope="module")
+def two_node_submissions() -> dict[str, list[dict]]:
+    return _submissions("all", "--profile", "profiles/slurm", "--configfile", PAPER, AGENTRL_NODES="sft:2,grpo:2")
+
+
+@pytest.mark.parametrize("rule", ["sft", "grpo"])
+def test_a_two_node_training_job_is_one_task_per_node_with_every_node_gpus(two_node_submissions, rule):
+    """AGENTRL_NODES=grpo:2: one sbatch job of 2 nodes, one task each, 16 GPUs (8 on each node of 8), the
+    batch step running the rule's command (the job-step plugin's mpi branch: no srun -n1), and that command
+    starting one srun task per node with a node's GPUs and CPUs (agentrl.training.launch)."""
+    from agentrl.grpo.cli import build_parser as grpo_parser
+    from agentrl.sft.cli import build_parser as sft_parser
+    from agentrl.training.launch import build_launch_command, resolve_nproc_per_node, strip_launch_options
+
+    (job,) = two_node_submissions[rule]
+    sbatch = _flags(job["sbatch"])
+    assert {"--nodes=2", "--ntasks=2", "--gpus=16", "--cpus-per-gpu=8", "--mem", "-p"} <= set(sbatch), job["sbatch"]
+    assert not any(f.startswith(("--ntasks-per-gpu", "--cpus-per-task", "--gres")) for f in sbatch), job["sbatch"]
+    assert job["mpi"] and job["srun"] is None, "the job-step plugin runs the command in the batch step"
+    assert job["threads"] == 64, "threads are one node's"
+    # the rule's command: the node's 8 GPUs claimed, then the stage with its launch options
+    command = shlex.split(job["command"].split(" 2>&1 |")[0])
+    assert command[:6] == ["python", "-m", "agentrl.devices", "--gpus", "8", "--"], command[:8]
+    stage_argv = command[command.index(rule) + 1 :]
+    args = (grpo_parser if rule == "grpo" else sft_parser)().parse_args(stage_argv)
+    assert (args.nproc, args.nodes, args.threads) == ("8", 2, 64)
+    # the batch step as the job-step plugin's run_job leaves it (no SLURM_* but the job id), after the claim
+    batch = {"SLURM_JOB_ID": "4242", "SLURM_JOBID": "4242", "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
+    module = ["agentrl", rule, *strip_launch_options(stage_argv)]
+    nproc = resolve_nproc_per_node(args.nproc, batch)
+    srun = build_launch_command(module, batch, nproc, nnodes=args.nodes, threads=args.threads, python="python")
+    step = srun[: srun.index("python")]
+    assert step == ["srun", "--nodes", "2", "--ntasks", "2", "--ntasks-per-node", "1", "--kill-on-bad-exit=1",
+                    "--gpus-per-node", "8", "--cpus-per-task", "64", "--mem=0"]  # fmt: skip
+    assert srun[-4:] == ["--nproc", "8", "--nodes", "2"]
+    # each node's task: torchrun of 8 ranks, rendezvous on the first node
+    node = {**batch, "SLURM_NODEID": "1", "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NUM_TASKS": "2",
+            "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_JOB_NUM_NODES": "2"}  # fmt: skip
+    torchrun = build_launch_command(module, node, 8, nnodes=2, python="python")
+    assert torchrun[:13] == ["python", "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", "1",
+                             "--master_addr", "gpu07", "--master_port", str(15000 + 4242), "--nproc_per_node", "8"]  # fmt: skip
+
+
+def test_one_node_jobs_stay_as_they_were_beside_a_two_node_one(two_node_submissions):
+    (sft,) = two_node_submissions["sft"]
+    for job in two_node_submissions["evaluate"] + two_node_submissions["score_rl_pool"]:
+        assert not job["mpi"] and "--nodes=1" in job["sbatch"] and "--gpus=1" in job["sbatch"]
+    assert sft["mpi"]
+
+
 @pytest.mark.parametrize(
-    ("option", "rule"),
-    [(["--set-resources", "sft:nodes=2"], "sft"), (["--default-resources", "nodes=2"], "")],
+    ("option", "said"),
+    [
+        (["--set-resources", "grpo:nodes=2"], "resources nodes=2 in the grpo rule without the mpi resource"),
+        (["--default-resources", "nodes=2"], "only the training rules"),
+    ],
 )
-def test_nodes_above_one_are_refused_before_anything_is_submitted(option, rule):
+def test_nodes_without_the_workflow_profile_are_refused_before_anything_is_submitted(option, said):
     done = _dry_run("--profile", "profiles/slurm", "--configfile", PAPER, *option)
-    said = done.stdout + done.stderr
-    assert done.returncode != 0, said[-2000:]
-    assert f"resources nodes=2 in the {rule}" in said and "submit multi-node training with sbatch" in said
+    out = done.stdout + done.stderr
+    assert done.returncode != 0, out[-2000:]
+    assert said in out, out[-2000:]
+
+
+def test_several_nodes_on_one_machine_are_refused():
+    done = _dry_run("--profile", "profiles/local", "--configfile", PAPER, AGENTRL_NODES="grpo:2")
+    out = done.stdout + done.stderr
+    assert done.returncode != 0, out[-2000:]
+    assert "resources nodes=2 in the grpo rule: this run has no SLURM executor" in out, out[-2000:]
+
+
+def test_two_nodes_that_do_not_split_the_batches_are_refused():
+    """16 ranks: the paper's SFT global batch (32) splits, GRPO's 64 prompts in mini-batches of 16 do too;
+    4 nodes of 8 (32 ranks) do not split 16-prompt mini-batches."""
+    done = _dry_run("--profile", "profiles/slurm", "--configfile", PAPER, AGENTRL_NODES="grpo:4")
+    out = done.stdout + done.stderr
+    assert done.returncode != 0 and "the grpo rule's gpu resource (32 on 4 nodes)" in out, out[-2000:]
+
+
+def test_a_slurm_run_without_a_gpu_count_is_refused():
+    done = _dry_run("--profile", "profiles/slurm", "--configfile", PAPER, gpus=None)
+    out = done.stdout + done.stderr
+    assert done.returncode != 0 and "AGENTRL_GPUS_PER_NODE is not set: under the SLURM executor" in out, out[-2000:]
+    cpu_run = _dry_run("--profile", "profiles/slurm", "--configfile", PAPER, gpus=0)
+    assert cpu_run.returncode == 0, (cpu_run.stdout + cpu_run.stderr)[-2000:]
 
 
 def test_local_profile_gives_gpu_jobs_their_gpus_and_cpus():
@@ -156,7 +235,7 @@ def test_local_profile_gives_gpu_jobs_their_gpus_and_cpus():
     seen = {"training": 0, "rollouts": 0}
     for command in commands:
         if re.search(r"python -m agentrl (sft|grpo) ", command):
-            kind, gpus, threads = "training", 8, "--nproc 8 --threads 64"
+            kind, gpus, threads = "training", 8, "--nproc 8 --nodes 1 --threads 64"
         elif re.search(r"python -m agentrl (evaluate (run|shard)|filter score)", command):
             kind, gpus, threads = "rollouts", 1, "--threads 16"
         else:

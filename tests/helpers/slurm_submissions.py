@@ -10,7 +10,9 @@ printing the DAG it hands every job to the plugin's own builders and prints one 
   plugin picks from ``slurm-partition-config``);
 - ``srun``: the job step's settings from snakemake-executor-plugin-slurm-jobstep
   (``get_cpu_setting``, ``get_gpu_setting``, ``get_node_setting``), as its ``run_job`` builds the
-  ``srun -n1`` call inside the allocation;
+  ``srun -n1`` call inside the allocation; None for a job with an ``mpi`` resource, whose command
+  ``run_job`` runs in the batch step as it is (its ``"mpi" in job.resources.keys()`` branch);
+- ``command``: the job's shell command with its params, resources and threads filled in;
 - the job's rule, threads, resources and whether its rule is a local rule.
 
 Only what talks to a real cluster is left out: the account check (``sacctmgr``), so the account
@@ -53,9 +55,9 @@ def describe(job) -> dict:
         "workdir": None,
     }
     sbatch = get_submit_command(job, params, SETTINGS) + set_gres_string(job)
-    srun = " ".join(
-        [jobstep.get_cpu_setting(job, gpu_job), jobstep.get_gpu_setting(job), jobstep.get_node_setting(job)]
-    )
+    mpi = "mpi" in job.resources.keys()
+    step = [jobstep.get_cpu_setting(job, gpu_job), jobstep.get_gpu_setting(job), jobstep.get_node_setting(job)]
+    srun = None if mpi else " ".join(step)
     resources = {k: v for k, v in job.resources.items() if isinstance(v, (int, str, float))}
     return {
         "rule": job.name,
@@ -63,12 +65,13 @@ def describe(job) -> dict:
         "localrule": job.rule.name in job.dag.workflow._localrules or job.rule.norun,
         "threads": job.threads,
         "resources": resources,
-        "mpi": "mpi" in job.resources.keys(),
+        "mpi": mpi,
         "sbatch": sbatch,
         "srun": srun,
         # what the job runs and in which env (tests/test_envs.py checks the env has what it imports)
         "conda_env": str(job.rule.conda_env) if job.rule.conda_env else None,
         "shell": job.rule.shellcmd,
+        "command": job.format_wildcards(job.rule.shellcmd) if job.rule.shellcmd else None,
         "shell_prefix": job_shell._process_prefix,  # what every job's command starts with
         "output": sorted(map(str, job.output)),
     }

@@ -1,7 +1,7 @@
 """What the ``sft`` and ``grpo`` CLIs share: their training arguments, the launch, the exit codes.
 
-Both take ``--out``, ``--metrics``, ``--checkpoint-dir``, ``--deepspeed-config``, ``--nproc`` and
-``--threads`` (:func:`add_training_arguments`); both re-execute themselves under torchrun/srun
+Both take ``--out``, ``--metrics``, ``--checkpoint-dir``, ``--deepspeed-config``, ``--nproc``,
+``--nodes`` and ``--threads`` (:func:`add_training_arguments`); both re-execute themselves under torchrun/srun
 when one process is not enough (:func:`launch`, :mod:`agentrl.training.launch`); both exit with
 :data:`~agentrl.training.preemption.EXIT_CODE` after a stop request and 1 when another trainer
 holds the checkpoint folder (:func:`run_trainer`).
@@ -39,9 +39,16 @@ def add_training_arguments(parser: argparse.ArgumentParser, section: str) -> Non
         help="processes per node: a number (0 = one CPU process) or auto (GPUs granted, else 1)",
     )
     parser.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        help="nodes of a SLURM job, one torchrun each (started with srun; default: the allocation's, else 1)",
+    )
+    parser.add_argument(
         "--threads",
         type=int,
-        help="the job's CPU threads (the rule's threads); each of the node's processes gets an equal share",
+        help="the CPU threads of one node of the job (the rule's threads); each of the node's processes gets an "
+        "equal share",
     )
 
 
@@ -59,7 +66,7 @@ def launch(parser: argparse.ArgumentParser, stage: str, argv: Sequence[str], arg
 
     os.environ.update(cuda_allocator_settings(os.environ))
     try:
-        relaunch_if_needed(stage, list(argv), args.nproc)
+        relaunch_if_needed(stage, list(argv), args.nproc, nnodes=args.nodes, threads=args.threads)
     except ValueError as exc:
         parser.error(str(exc))
     import deepspeed

@@ -1,0 +1,110 @@
+# What a run asks of the cluster it submits to, checked when the workflow loads (before any job):
+# the executor, the nodes of each job and the GPU count. Path helpers and the other load-time
+# checks are in rules/common.smk, included before this file.
+import contextlib
+import io
+import os
+
+# The rules whose stage starts one torchrun per node (agentrl.training.launch); the workflow
+# profile gives them several nodes with AGENTRL_NODES=RULE:N.
+MULTI_NODE_RULES = ("sft", "grpo", "ablation_stitched_sft", "ablation_grpo")
+NODES_SETTING = "AGENTRL_NODES"  # read by the workflow profile, workflow/profiles/default
+
+
+def site_executor():
+    """The executor plugin this run submits with (``"slurm"``; None: the local one) and whether it
+    is a dry run, read from the command line and profiles as Snakemake's own parser reads them.
+
+    Snakemake loads the Snakefile before it picks its executor (``workflow.executor_plugin`` is
+    still None here, and a dry run swaps in the dry-run executor anyway), so the site profile's
+    ``executor:`` is known only from the arguments. Run through the API rather than the command
+    line (the tests' workflow wrappers), nothing is known: (None, False).
+    """
+    import snakemake.cli
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # it says again which profiles it reads
+            _, args = snakemake.cli.parse_args(sys.argv[1:])
+    except (SystemExit, Exception):  # not Snakemake's command line
+        return None, False
+    return getattr(args, "executor", None), bool(getattr(args, "dryrun", False))
+
+
+EXECUTOR, DRY_RUN = site_executor() if workflow.is_main_process else (None, False)
+
+
+def _rule_nodes(each):
+    """A rule's constant node count, under any name the SLURM plugins read."""
+    resources = _rule_resources(each)  # rules/common.smk: with --default-resources
+    for key in ("nodes", "node", "slurm_nodes"):
+        if isinstance(resources.get(key), int):
+            return key, resources[key]
+    return "nodes", 1
+
+
+def check_nodes():
+    """Refuse, when the workflow loads, node counts no job could run with.
+
+    Several nodes are for the training rules under the SLURM executor, with the ``mpi`` resource
+    the workflow profile adds for AGENTRL_NODES: only then does the job-step plugin run the command
+    in the batch step, from where srun starts a torchrun on each node (a job without it runs inside
+    ``srun -n1``, which holds the job's GPUs: the per-node srun could not start). ``gpu`` counts
+    every node's GPUs, so it must split evenly over them.
+    """
+    for each in workflow.rules:
+        key, nodes = _rule_nodes(each)
+        if nodes <= 1:
+            continue
+        where = f"resources {key}={nodes} in the {each.name} rule"
+        if EXECUTOR != "slurm":
+            raise WorkflowError(
+                f"{where}: this run has no SLURM executor (profiles/local, or none), and runs every job on this "
+                "one machine. Several nodes need the SLURM profile (--profile profiles/slurm with "
+                f"{NODES_SETTING}={each.name}:{nodes}); here use nodes: 1"
+            )
+        if each.name not in MULTI_NODE_RULES:
+            raise WorkflowError(
+                f"{where}: only the training rules ({', '.join(MULTI_NODE_RULES)}) run on several nodes; "
+                "every other job is one process. Leave it at nodes: 1"
+            )
+        resources = _rule_resources(each)
+        if "mpi" not in each.resources.keys():  # a text value is an expression evaluated per job: not in resources
+            raise WorkflowError(
+                f"{where} without the mpi resource: the SLURM job-step plugin would run its command inside a one-task "
+                "srun step holding the GPUs, where no per-node srun can start. Ask with "
+                f"{NODES_SETTING}={each.name}:{nodes} instead (the workflow profile adds mpi, tasks and the GPUs of every "
+                "node; --set-resources on the command line replaces every rule's entry of the workflow profile)"
+            )
+        gpus = resources.get("gpu", 0)
+        if isinstance(gpus, int) and gpus % nodes:
+            raise WorkflowError(
+                f"{where}: gpu={gpus} does not split over {nodes} nodes; gpu counts the GPUs of all of them "
+                f"(AGENTRL_GPUS_PER_NODE x nodes, as the workflow profile sets it)"
+            )
+
+
+def check_gpu_count():
+    """Refuse a SLURM run whose GPU stages would ask for no GPU.
+
+    The workflow profile sizes every GPU rule from AGENTRL_GPUS_PER_NODE; unset, it sets nothing,
+    and under SLURM there is no GPU pool for check_gpu_requests (rules/common.smk) to compare with:
+    sft, grpo, scoring and evaluation would go to a CPU partition and fail or retry there. An
+    explicit 0 is a CPU run and allowed. Set, but asked for by none of the rules: --set-resources on
+    the command line replaced the workflow profile's per-rule resources.
+    """
+    if EXECUTOR != "slurm":
+        return
+    given = os.environ.get(GPU_SETTING, "").strip()
+    if not given:
+        raise WorkflowError(
+            f"{GPU_SETTING} is not set: under the SLURM executor the GPU stages (sft, grpo, scoring, evaluation) would "
+            f"ask for no GPU and run on CPU nodes. Set {GPU_SETTING}=8 (the GPUs of one of your nodes), or "
+            f"{GPU_SETTING}=0 for a run on CPUs only"
+        )
+    asking = [each.name for each in workflow.rules if (_rule_resources(each).get("gpu") or 0) > 0]
+    if given != "0" and not asking:
+        raise WorkflowError(
+            f"{GPU_SETTING}={given}, but none of the rules asks for a GPU. --set-resources on the command line replaced the "
+            "workflow profile's per-rule resources (workflow/profiles/default). Drop it (AGENTRL_NODES for nodes), or "
+            "copy that profile, edit it and pass it with --workflow-profile"
+        )
