@@ -214,6 +214,8 @@ WORKFLOW_CASES = {
     "model.base a mistyped path": ("model:\n  base: ./models/qwen\n", ["model.base='./models/qwen'", "probably a typo"]),
     "fetched checkpoint a mistyped path": ("eval:\n  checkpoints: {{mine: {{id: results/rl/step_9}}}}\n", ["eval.checkpoints.mine='results/rl/step_9'", "probably a typo"]),
     "eval.checkpoints without tokenizer": ("eval:\n  checkpoints: {{mine: {tokenless}}}\n", ["eval.checkpoints.mine", "no tokenizer"]),
+    "results_dir under a file": ("results_dir: a_file/results\n", ["overlay.yaml", "results_dir='a_file/results' is under a_file, which is a file"]),
+    "results_dir a file": ("results_dir: a_file\n", ["overlay.yaml", "results_dir='a_file' is a file, not a folder"]),
     "model.base without a chat template": ("model:\n  base: {templateless}\n", ["model.base", "templateless", "no chat template"]),
 }  # fmt: skip
 
@@ -229,6 +231,7 @@ def test_the_workflow_refuses_at_load(tmp_path, case):
     overlay, fragments = WORKFLOW_CASES[case]
     workdir = tmp_path / "run"
     workdir.mkdir()
+    (workdir / "a_file").write_text("a file where results_dir wants a folder")
     done = _dry_run(workdir, overlay.format(released=released, tokenless=tokenless, templateless=templateless))
     output = done.stdout + done.stderr
     assert done.returncode != 0

@@ -54,8 +54,22 @@ def check_workflow_config(config: dict[str, Any], sources: list[tuple[str, dict[
     check_preset_order(sources or [("config", config)])
     cfg = load_config(config, origin)
     check_cross_keys(cfg, origin)
+    check_results_dir(cfg.results_dir, _source_of(sources)(("results_dir",)))
     check_model_sources(cfg)
     return cfg
+
+
+def check_results_dir(results_dir: str, source: str) -> None:
+    """Every output is under ``results_dir``: a file at that path or at one of its parents fails
+    only when Snakemake makes the first output's folder (``NotADirectoryError``, no key named).
+    Raises ConfigError naming the key, its source and the file in the way."""
+    for path in (Path(results_dir), *Path(results_dir).parents):
+        if path.exists() and not path.is_dir():
+            where = "is a file" if path == Path(results_dir) else f"is under {path}, which is a file"
+            raise ConfigError(
+                f"{source}: results_dir={results_dir!r} {where}, not a folder: every output goes under it; "
+                "name another folder or move the file"
+            )
 
 
 def check_preset_order(sources: list[tuple[str, dict[str, Any]]]) -> None:
