@@ -103,7 +103,7 @@ def process_count_problems(grpo: GrpoConfig, processes: int, section: str = "grp
     """What a GRPO job of ``processes`` ranks (its GPUs: the ``gpu`` resource of the grpo rule; 0 is
     one CPU process) cannot split: every rank rolls out and updates on the same number of prompts,
     so both batch sizes must be multiples of it. The workflow checks it at load against the rule's
-    resource (``check_grpo_process_counts`` in rules/common.smk), the stage again once its ranks
+    resource (``check_process_counts`` in rules/common.smk), the stage again once its ranks
     started (:class:`agentrl.grpo.step.GrpoStep`)."""
     processes = max(processes, 1)
     if not (grpo.batch_prompts % processes or grpo.mini_batch_prompts % processes):
