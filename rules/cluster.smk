@@ -1,9 +1,20 @@
 # What a run asks of the cluster it submits to, checked when the workflow loads (before any job):
-# the executor, the nodes of each job and the GPU count. Path helpers and the other load-time
-# checks are in rules/common.smk, included before this file.
+# the executor, the nodes of each job, the GPU count, and jobs of an earlier run still queued.
+# Path helpers and the other load-time checks are in rules/common.smk, included before this file.
 import contextlib
 import io
 import os
+import time
+
+from agentrl.training.folder_lock import LOCK_DIR_SETTING
+from agentrl.training.slurm_jobs import (
+    RUNNING_JOBS_SETTING,
+    SQUEUE,
+    jobs_of_this_run,
+    lock_holders,
+    parse_squeue,
+    refusal,
+)
 
 # The rules whose stage starts one torchrun per node (agentrl.training.launch); the workflow
 # profile gives them several nodes with AGENTRL_NODES=RULE:N.
@@ -108,3 +119,55 @@ def check_gpu_count():
             "workflow profile's per-rule resources (workflow/profiles/default). Drop it (AGENTRL_NODES for nodes), or "
             "copy that profile, edit it and pass it with --workflow-profile"
         )
+
+
+RUNNING_JOBS_POLL_S = 60
+
+
+def _running_jobs():
+    """This results folder's jobs squeue still lists ([] when squeue cannot say), and their locks."""
+    import shutil
+    import subprocess
+
+    if shutil.which(SQUEUE[0]) is None:
+        logger.warning("squeue is not on PATH: cannot look for jobs of an earlier run still running")
+        return [], {}
+    done = subprocess.run(SQUEUE, capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        logger.warning(f"squeue failed ({done.stderr.strip()[:200]}): cannot look for jobs of an earlier run")
+        return [], {}
+    holders = lock_holders(Path(RESULTS), os.environ.get(LOCK_DIR_SETTING))
+    rules = [each.name for each in workflow.rules]
+    return jobs_of_this_run(parse_squeue(done.stdout), workflow.workdir_init, rules, holders), holders
+
+
+def check_running_jobs():
+    """Refuse to submit while jobs of an earlier run on this results folder are queued or running.
+
+    A dead controller leaves its SLURM jobs running (agentrl.training.slurm_jobs says how they are
+    found); submitting their jobs again would start a second trainer on a locked folder, retried
+    until the attempts run out. AGENTRL_RUNNING_JOBS=wait waits for them to end, polling squeue;
+    =ignore goes on (another results folder's run from this directory). A dry run only warns.
+    """
+    if EXECUTOR != "slurm":
+        return
+    mode = os.environ.get(RUNNING_JOBS_SETTING, "").strip()
+    if mode not in ("", "wait", "ignore"):
+        raise WorkflowError(f"{RUNNING_JOBS_SETTING}={mode!r}: unset (refuse), wait or ignore")
+    if mode == "ignore":
+        return
+    said = False
+    while True:
+        found, holders = _running_jobs()
+        if not found:
+            return
+        message = refusal(found, str(Path(RESULTS).resolve()), holders)
+        if DRY_RUN:
+            logger.warning(message)
+            return
+        if mode != "wait":
+            raise WorkflowError(message)
+        if not said:
+            logger.warning(f"{RUNNING_JOBS_SETTING}=wait: waiting for {' '.join(job.job_id for job in found)} to end")
+            said = True
+        time.sleep(RUNNING_JOBS_POLL_S)

@@ -1,0 +1,111 @@
+"""The SLURM jobs of a results folder that are still queued or running, found before a run submits.
+
+Under SLURM a training or shard stage lives inside its job: when the ``snakemake`` that submitted
+it dies (a closed login session, ``kill -9``, a node reboot), nothing reaches the job, which runs
+on for up to its time limit. A new ``snakemake`` has a new run id, so it cannot see those jobs; it
+resubmits the incomplete ones (``rerun-incomplete``), and each new job finds its folder locked
+(:mod:`agentrl.training.folder_lock`) or, for a job without a lock, writes the same outputs.
+The workflow therefore looks for them when it loads (``check_running_jobs`` in rules/cluster.smk)
+and refuses to start with the ``scancel`` that ends them, unless told to wait for them.
+
+Two ways a job is this results folder's:
+
+- it holds a lock in the folder (a trainer's ``trainer.lock``, a shard's ``.lock``, or its file in
+  ``AGENTRL_LOCK_DIR``): the holder wrote its SLURM job id there (exact, but only once it started);
+- ``squeue`` lists it as the user's job submitted from this working directory (``%Z``) with the
+  comment the SLURM executor plugin gives every job (``rule_<rule>[_wildcards_...]``) naming a rule
+  of this workflow: also jobs still pending. Another results folder's run from the same directory
+  looks the same; the message says so and how to go on (``AGENTRL_RUNNING_JOBS=ignore``).
+
+Pure functions of the text ``squeue`` prints and of the lock files, tested without a cluster.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+# %i job id, %T state, %Z working directory, %j name, %k comment (last: it is free text)
+SQUEUE = ["squeue", "--me", "--noheader", "--format=%i|%T|%Z|%j|%k"]
+RUNNING_JOBS_SETTING = "AGENTRL_RUNNING_JOBS"  # unset: refuse; wait; ignore
+LOCK_GLOBS = ("**/trainer.lock", "**/*.jsonl.lock")
+
+
+@dataclass(frozen=True)
+class QueuedJob:
+    job_id: str
+    state: str
+    workdir: str
+    name: str
+    comment: str
+
+    @property
+    def rule(self) -> str | None:
+        """The rule the SLURM executor plugin named in the comment (``rule_<name>[_wildcards_...]``)."""
+        if not self.comment.startswith("rule_"):
+            return None
+        return self.comment.removeprefix("rule_").split("_wildcards_")[0]
+
+
+def parse_squeue(text: str) -> list[QueuedJob]:
+    """The jobs of ``squeue --format=%i|%T|%Z|%j|%k`` output (:data:`SQUEUE`)."""
+    jobs = []
+    for line in text.splitlines():
+        fields = line.strip().split("|", 4)
+        if len(fields) == 5 and fields[0]:
+            jobs.append(QueuedJob(*(field.strip() for field in fields)))
+    return jobs
+
+
+def lock_holders(results: Path, lock_dir: str | None = None) -> dict[str, str]:
+    """SLURM job id -> the path it locks, for every lock holder of ``results`` that named its job.
+
+    The holder's record stays in the file after it ended (the kernel drops only the lock), so these
+    are candidates: ``squeue`` says which still run.
+    """
+    results = results.resolve()
+    files: list[Path] = [path for pattern in LOCK_GLOBS for path in results.glob(pattern)]
+    if lock_dir:
+        files += [path for path in Path(lock_dir).glob("*") if path.is_file()]
+    holders = {}
+    for path in files:
+        try:
+            info = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        locks = Path(info.get("locks") or path)
+        if info.get("slurm_job") and (locks == results or results in locks.parents):
+            holders[str(info["slurm_job"])] = str(locks)
+    return holders
+
+
+def jobs_of_this_run(
+    queued: Iterable[QueuedJob], workdir: str, rules: Iterable[str], holders: Mapping[str, str]
+) -> list[QueuedJob]:
+    """The queued jobs that hold a lock in the results folder, or were submitted from ``workdir``
+    for a rule of this workflow."""
+    names = set(rules)
+    return [
+        job
+        for job in queued
+        if job.job_id in holders or (job.rule in names and job.workdir.rstrip("/") == workdir.rstrip("/"))
+    ]
+
+
+def refusal(found: list[QueuedJob], results: str, holders: Mapping[str, str]) -> str:
+    """One line: the jobs, why they are in the way, the scancel and the two ways to go on."""
+    listed = "; ".join(
+        f"{job.job_id} ({job.rule or job.name}, {job.state}"
+        + (f", holds {holders[job.job_id]}" if job.job_id in holders else "")
+        + ")"
+        for job in found
+    )
+    ids = " ".join(job.job_id for job in found)
+    return (
+        f"SLURM jobs of an earlier run on {results} are still queued or running: {listed}. A new run would "
+        "submit their jobs again beside them (two trainers on one checkpoint folder are refused, every retry "
+        f"too). Cancel them: scancel {ids}; or let them end first: {RUNNING_JOBS_SETTING}=wait; or, if they "
+        f"are another results folder's run from this directory: {RUNNING_JOBS_SETTING}=ignore"
+    )

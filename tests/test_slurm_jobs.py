@@ -1,0 +1,69 @@
+"""Jobs of an earlier run on a results folder, found from squeue's text and the folder's lock files.
+
+squeue's output is its documented ``--format`` text (no cluster here); the lock files are written by
+real holders (agentrl.training.folder_lock) with a SLURM job id in their environment.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from agentrl.training.slurm_jobs import SQUEUE, jobs_of_this_run, lock_holders, parse_squeue, refusal
+
+WORKDIR = "/scratch/u/agentrl"
+SQUEUE_TEXT = "\n".join(
+    [
+        f"5001|RUNNING|{WORKDIR}|run-a|rule_grpo",
+        f"5002|PENDING|{WORKDIR}|run-a|rule_evaluate_wildcards_model=rl,half=tools,benchmark=aime2024,shard=3",
+        "5003|RUNNING|/home/u/other|run-b|rule_grpo",  # another checkout's run
+        f"5004|RUNNING|{WORKDIR}|interactive|",  # the user's own shell job, no rule comment
+        "5005|RUNNING|/elsewhere|run-c|rule_sft",  # submitted from elsewhere, but it holds our lock
+    ]
+)
+HOLD = textwrap.dedent(
+    """
+    import sys
+    from agentrl.training.folder_lock import hold_checkpoint_folder
+    with hold_checkpoint_folder(sys.argv[1], "sft"):
+        pass
+    """
+)
+
+
+def test_squeue_text_is_read_by_field_and_rule():
+    jobs = parse_squeue(SQUEUE_TEXT + "\n\n")
+    assert [job.job_id for job in jobs] == ["5001", "5002", "5003", "5004", "5005"]
+    assert [job.rule for job in jobs] == ["grpo", "evaluate", "grpo", None, "sft"]
+    assert jobs[1].state == "PENDING" and jobs[0].workdir == WORKDIR
+    assert SQUEUE[-1] == "--format=%i|%T|%Z|%j|%k" and "--me" in SQUEUE
+
+
+def test_the_jobs_of_this_run_are_its_directory_s_rule_jobs_and_its_lock_holders(tmp_path):
+    results = tmp_path / "results"
+    env = {**os.environ, "SLURM_JOB_ID": "5005", "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    subprocess.run([sys.executable, "-c", HOLD, str(results / "sft" / "checkpoints")], env=env, check=True)
+    subprocess.run(
+        [sys.executable, "-c", HOLD, str(tmp_path / "other" / "checkpoints")],
+        env=env | {"SLURM_JOB_ID": "9"},
+        check=True,
+    )
+    holders = lock_holders(results)
+    assert holders == {"5005": str((results / "sft" / "checkpoints" / "trainer.lock").resolve())}
+    found = jobs_of_this_run(parse_squeue(SQUEUE_TEXT), WORKDIR + "/", ["grpo", "evaluate", "sft"], holders)
+    assert [job.job_id for job in found] == ["5001", "5002", "5005"]
+    message = refusal(found, str(results), holders)
+    assert "\n" not in message and "scancel 5001 5002 5005" in message
+    assert "5005 (sft, RUNNING, holds " in message and "AGENTRL_RUNNING_JOBS=wait" in message
+    assert "AGENTRL_RUNNING_JOBS=ignore" in message
+
+
+def test_holders_in_the_lock_directory_count_for_the_folder_they_lock(tmp_path):
+    results, locks = tmp_path / "results", tmp_path / "locks"
+    env = {**os.environ, "SLURM_JOB_ID": "77", "AGENTRL_LOCK_DIR": str(locks)}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1] / "src")
+    subprocess.run([sys.executable, "-c", HOLD, str(results / "rl" / "checkpoints")], env=env, check=True)
+    assert list(lock_holders(results)) == [] and list(lock_holders(results, str(locks))) == ["77"]
