@@ -5,7 +5,8 @@
 # its model is evaluated, and the filter stats when the RL model is (the RL data exists then).
 import shlex
 
-import yaml
+from agentrl.errors import UserInputError
+from agentrl.report.tables import read_published
 
 # A released SFT model (sft.from) has no training log.
 REPORT_TRAINING_STAGES = [
@@ -40,8 +41,11 @@ REPORT_OPTIONAL_ARGS = " ".join(
 # an overlay may evaluate only one of them).
 # (beside this file's checkout, also when another Snakefile includes it)
 PUBLISHED_FILE = str(Path(workflow.current_basedir).parent / "src" / "agentrl" / "resources" / "published.yaml")
-# A misspelt entry stops the workflow now, not in the report after days of training.
-_published_entries = sorted(yaml.safe_load(Path(PUBLISHED_FILE).read_text(encoding="utf-8")) or {})
+# A misspelt entry (or a broken file) stops the workflow now, not in the report after days of training.
+try:
+    _published_entries = sorted(read_published(PUBLISHED_FILE))
+except UserInputError as error:
+    sys.exit(str(error))
 _unknown_published = sorted(set(config["eval"]["published"].values()) - {None, *_published_entries})
 if _unknown_published:
     raise ValueError(
@@ -137,10 +141,11 @@ rule report:
         resources=cost_resources,
     threads: 1
     shell:
-        "( python -m agentrl report --metrics {input.metrics} {params.optional} "
+        # The cost table first: the summary links it, and links only files that are there.
+        "( python -m agentrl report cost --timings {params.timings} {params.cost} {params.resources} "
+        "--eval-samples {input.eval_samples} --md {output.cost_md} --csv {output.cost_csv} && "
+        "python -m agentrl report --metrics {input.metrics} {params.optional} "
         "--published {input.published} {params.published} {params.model_configs} "
         "--table-md {output.table_md} --table-csv {output.table_csv} "
         "--accuracy-plot {output.accuracy} --modes-plot {output.modes} "
-        "--health-md {output.health_md} --health-csv {output.health_csv} && "
-        "python -m agentrl report cost --timings {params.timings} {params.cost} {params.resources} "
-        "--eval-samples {input.eval_samples} --md {output.cost_md} --csv {output.cost_csv} ) 2>&1 | keep_log {log}"
+        "--health-md {output.health_md} --health-csv {output.health_csv} --cost-md {output.cost_md} ) 2>&1 | keep_log {log}"

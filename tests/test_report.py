@@ -509,3 +509,89 @@ def test_a_half_in_the_wrong_folder_is_refused(tmp_path):
     misplaced.write_text(json.dumps(data))
     with pytest.raises(ValueError, match="run.reasoning is 'tool_free'"):
         read_eval_results([misplaced])
+
+
+def test_the_summary_links_each_table_and_plot_to_a_file_that_exists(run_dir):
+    """health.md and cost.md are links (an image of a markdown file renders broken), and every
+    relative link of summary.md, and of the tables it links, resolves from where the file is."""
+    from helpers.report_links import broken_links, relative_links
+
+    root, out = run_dir["root"], _outputs(run_dir["root"])
+    report = root / "report"
+    timings = root / "timings"
+    timings.mkdir()
+    (timings / "sft.tsv").write_text(BENCHMARK_HEADER + "10.0\t0:00:10\t100\t1\t1\t1\t0\t0\t50\t9.0\n")
+    cost = ["cost", "--timings", str(timings), "--sft-metrics", str(run_dir["sft"])]
+    assert report_cli.main([*cost, "--md", str(report / "cost.md"), "--csv", str(report / "cost.csv")]) == 0
+    args = ["--metrics", *map(str, run_dir["metrics"]), "--filter-stats", str(run_dir["stats"])]
+    args += ["--sft-metrics", str(run_dir["sft"]), "--sft-plot", str(out["sft"])]
+    args += ["--rl-metrics", str(run_dir["rl"]), "--rl-plot", str(out["rl"])]
+    args += ["--table-md", str(out["md"]), "--table-csv", str(out["csv"])]
+    args += ["--accuracy-plot", str(out["acc"]), "--modes-plot", str(out["modes"])]
+    args += ["--health-md", str(report / "health.md"), "--health-csv", str(report / "health.csv")]
+    args += ["--cost-md", str(report / "cost.md")]
+    assert report_cli.main(args) == 0
+    links = relative_links(out["md"])
+    assert (False, "health.md") in links and (False, "cost.md") in links, links
+    assert (True, "training_rl.png") in links and (True, "accuracy_by_stage.png") in links, links
+    assert not any(target.endswith(".md") for image, target in links if image), "no table embedded as an image"
+    for md in (out["md"], report / "health.md", report / "cost.md"):
+        assert broken_links(md) == [], (md.name, broken_links(md))
+    (report / "cost.md").unlink()  # the summary links only a cost table that is there
+    with pytest.raises(ValueError, match=r"--cost-md .*cost.md: no such file"):
+        report_cli.main(args)
+
+
+# name -> (what is broken in the run folder, fragments of the message)
+REPORT_INPUTS = {
+    "metrics.json missing a key": ("metrics", ["rl/arith/metrics.json: missing key 'tool_use.modes.reactive.share'", "gather_evaluation"]),
+    "an empty training log": ("sft", ["sft/metrics.jsonl: no rows", "logged no step"]),
+    "a training log of no objects": ("rl", ["rl/metrics.jsonl line 1: a row must be a JSON object"]),
+    "filter stats missing a key": ("stats", ["filter/stats.json: missing key 'thresholds.low'", "select_rl_data"]),
+    "published.yaml not YAML": ("published", ["published.yaml: not valid YAML at line 3"]),
+    "published.yaml missing a key": ("published entry", ["published.yaml: entry 'Org/Model' lacks key(s) ['n']"]),
+}  # fmt: skip
+
+
+def _break_report_input(run_dir: dict, what: str) -> Path:
+    """Break one input of the report in ``run_dir``; returns the published-figures file to give."""
+    published = run_dir["root"] / "published.yaml"
+    entry = {"source": "card", "metric": "avg@32", "n": 32, "sampling": "s", "figures": {"agentic": {"arith": 50}}}
+    published.write_text(json.dumps({"Org/Model": entry}))
+    if what == "metrics":
+        path = run_dir["metrics"][5]
+        metrics = json.loads(path.read_text())
+        del metrics["tool_use"]["modes"]["reactive"]
+        path.write_text(json.dumps(metrics))
+    elif what == "sft":
+        run_dir["sft"].write_text("\n")  # a stage that stopped before its first step
+    elif what == "rl":
+        run_dir["rl"].write_text("[1, 2]\n")
+    elif what == "stats":
+        stats = json.loads(run_dir["stats"].read_text())
+        del stats["thresholds"]["low"]
+        run_dir["stats"].write_text(json.dumps(stats))
+    elif what == "published":
+        published.write_text("Org/Model:\n  source: [card\n  n: 32\n")
+    else:
+        published.write_text(json.dumps({"Org/Model": {k: v for k, v in entry.items() if k != "n"}}))
+    return published
+
+
+@pytest.mark.parametrize("case", sorted(REPORT_INPUTS))
+def test_a_broken_report_input_is_refused_naming_the_file_before_any_output(run_dir, case):
+    from helpers.stage_inputs import assert_refused, run_agentrl
+
+    what, fragments = REPORT_INPUTS[case]
+    published = _break_report_input(run_dir, what)
+    out = _outputs(run_dir["root"])
+    args = ["report", "--metrics", *run_dir["metrics"], "--filter-stats", run_dir["stats"]]
+    args += ["--sft-metrics", run_dir["sft"], "--sft-plot", out["sft"], "--rl-metrics", run_dir["rl"]]
+    args += ["--rl-plot", out["rl"], "--published", published, "--published-model", "rl=Org/Model"]
+    args += ["--table-md", out["md"], "--table-csv", out["csv"], "--accuracy-plot", out["acc"]]
+    args += ["--modes-plot", out["modes"], "--health-md", run_dir["root"] / "report/health.md"]
+    args += ["--health-csv", run_dir["root"] / "report/health.csv"]
+    completed = run_agentrl(*args, cwd=run_dir["root"])
+    assert_refused(completed, *fragments)
+    written = [p for p in (run_dir["root"] / "report").rglob("*") if p.is_file()]
+    assert written == [], "nothing written that looks like a report"

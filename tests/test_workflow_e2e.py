@@ -13,6 +13,7 @@ import re
 
 import pytest
 import yaml
+from helpers.report_links import broken_links
 from helpers.workflows import UPSTREAM_OF_EVAL, run_snakemake, snakemake, write_config
 
 pytestmark = pytest.mark.slow
@@ -67,6 +68,8 @@ def test_every_stage_wrote_its_outputs(run):
     rl_steps = [json.loads(line) for line in (results / "rl" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in rl_steps if "step" in m and not any(k.startswith("val/") for k in m)][-1] == 2
     assert (results / "report" / "summary.md").exists()
+    for table in ("summary.md", "health.md", "cost.md"):  # what a reader of the summary follows, it finds
+        assert broken_links(results / "report" / table) == [], table
     assert list((results / "timings").glob("*.tsv")), "every rule writes a benchmark file"
 
 

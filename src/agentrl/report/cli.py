@@ -22,11 +22,23 @@ import os
 from pathlib import Path
 
 from agentrl.config import ConfigError, add_config_arguments, config_from_args
-from agentrl.errors import read_json_file
+from agentrl.errors import DataFormatError, read_json_file
 from agentrl.model.folder import MODEL_SOURCE_KEY
 from agentrl.paths import check_writable
-from agentrl.report.plots import plot_accuracy_by_stage, plot_reasoning_modes, plot_training_curves
-from agentrl.report.tables import PUBLISHED_PATH, read_eval_results, read_published, summary_frame, summary_markdown
+from agentrl.report.plots import (
+    plot_accuracy_by_stage,
+    plot_reasoning_modes,
+    plot_training_curves,
+    read_training_log,
+)
+from agentrl.report.tables import (
+    PUBLISHED_PATH,
+    read_eval_results,
+    read_filter_stats,
+    read_published,
+    summary_frame,
+    summary_markdown,
+)
 from agentrl.stage_cli import setup_logging, stage_parser
 
 log = logging.getLogger("agentrl.report")
@@ -71,10 +83,31 @@ def model_sources(pairs: list[str]) -> dict[str, dict]:
     return sources
 
 
-def build_report(args: argparse.Namespace) -> None:
+def _read_inputs(args: argparse.Namespace) -> tuple[list, dict, dict, dict | None]:
+    """Every input read and checked before any output is written (a report that stopped half way
+    would leave plots beside no summary): the evaluations, the published entries, the models'
+    sources, the training logs and the filter stats. A broken one raises DataFormatError naming it."""
     results = read_eval_results(args.metrics)
     published = published_for(args.published_model, args.published, {r.model for r in results})
     sources = model_sources(args.model_config)
+    for stage, log_path, plot_path in (("sft", args.sft_metrics, args.sft_plot), ("rl", args.rl_metrics, args.rl_plot)):
+        if (log_path is None) != (plot_path is None):
+            raise SystemExit(f"agentrl report: give both --{stage}-metrics and --{stage}-plot, or neither")
+        if log_path is not None:
+            rows = read_training_log(log_path)[1]
+            if stage == "rl" and args.health_plot is not None and not any("tool_health/calls" in r for r in rows):
+                raise DataFormatError(
+                    f"{log_path}: no tool_health/ keys to plot (a log written before GRPO logged tool health); "
+                    "leave out --health-plot or train again"
+                )
+    filter_stats = read_filter_stats(args.filter_stats) if args.filter_stats is not None else None
+    if args.cost_md is not None and not args.cost_md.is_file():  # linked from the summary: it must be there
+        raise DataFormatError(f"--cost-md {args.cost_md}: no such file; write it first (agentrl report cost --md)")
+    return results, published, sources, filter_stats
+
+
+def build_report(args: argparse.Namespace) -> None:
+    results, published, sources, filter_stats = _read_inputs(args)
     frame = summary_frame(results, published)
     out_dir = args.table_md.parent
     plots: list[tuple[str, str]] = []
@@ -83,24 +116,23 @@ def build_report(args: argparse.Namespace) -> None:
     plot_reasoning_modes(results, args.modes_plot)
     plots.append(("reasoning modes", _relative(args.modes_plot, out_dir)))
     for stage, log_path, plot_path in (("SFT", args.sft_metrics, args.sft_plot), ("RL", args.rl_metrics, args.rl_plot)):
-        if (log_path is None) != (plot_path is None):
-            raise SystemExit(
-                f"agentrl report: give both --{stage.lower()}-metrics and --{stage.lower()}-plot, or neither"
-            )
         if log_path is not None:
             drawn = plot_training_curves(log_path, plot_path, stage)
             log.info("%s curves: %s", stage, ", ".join(drawn))
             plots.append((f"{stage} training curves", _relative(plot_path, out_dir)))
-    filter_stats = None
-    if args.filter_stats is not None:
-        filter_stats = read_json_file(args.filter_stats)
     if args.pass_rate_histogram is not None:
         plots.append(("RL pool pass rates", _relative(args.pass_rate_histogram, out_dir)))
+    tables: list[tuple[str, str]] = []
     if args.health_md is not None:
         write_health(args, results)
-        plots.append(("tool health", _relative(args.health_md, out_dir)))
+        tables.append(
+            ("tool health: what each tool call came to, per stage and benchmark", _relative(args.health_md, out_dir))
+        )
+    if args.cost_md is not None:
+        tables.append(("cost: time, tokens and MFU of every stage", _relative(args.cost_md, out_dir)))
     args.table_md.parent.mkdir(parents=True, exist_ok=True)
-    args.table_md.write_text(summary_markdown(frame, filter_stats, plots, published, sources), encoding="utf-8")
+    summary = summary_markdown(frame, filter_stats, plots, published, sources, tables)
+    args.table_md.write_text(summary, encoding="utf-8")
     args.table_csv.parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(args.table_csv, index=False)
 
@@ -213,6 +245,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--health-md", type=Path, help="output: the tool-health table (health.md), with --health-csv")
     parser.add_argument("--health-csv", type=Path, help="output: the tool-health table as CSV")
     parser.add_argument("--health-plot", type=Path, help="output: GRPO's tool health over the steps (PNG)")
+    parser.add_argument("--cost-md", type=Path, help="the cost table (`report cost`'s --md, written first), linked")
     args = parser.parse_args(argv)
     setup_logging()
     check_writable(

@@ -24,6 +24,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from agentrl.errors import DataFormatError  # noqa: E402
 from agentrl.report.tables import EvalResult, PublishedModel  # noqa: E402
 
 STEP_KEYS = ("step", "global_step", "train/step", "training/global_step")
@@ -143,15 +144,24 @@ def _flatten(row: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
 def read_training_log(path: str | Path) -> tuple[str, list[dict[str, float]]]:
     """Numeric rows of a metrics.jsonl and the name of its step key (``row`` when it has none)."""
     rows = []
-    with open(path, encoding="utf-8") as fh:
-        for number, line in enumerate(fh, 1):
-            if line.strip():
-                try:
-                    rows.append(_flatten(json.loads(line)))
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path} line {number}: not valid JSON: {exc}") from None
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataFormatError(f"{path}: the training log cannot be read ({exc})") from None
+    for number, line in enumerate(lines, 1):
+        if line.strip():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataFormatError(f"{path} line {number}: not valid JSON: {exc}") from None
+            if not isinstance(row, dict):
+                raise DataFormatError(f"{path} line {number}: a row must be a JSON object, got {type(row).__name__}")
+            rows.append(_flatten(row))
     if not rows:
-        raise ValueError(f"{path}: no rows; the training stage logged no step")
+        raise DataFormatError(
+            f"{path}: no rows; the training stage logged no step (did it stop before its first step?); "
+            "run the stage again (snakemake --forcerun sft or grpo)"
+        )
     step_key = next((k for k in STEP_KEYS if all(k in r for r in rows)), None)
     if step_key is None:
         for index, row in enumerate(rows, 1):
@@ -185,7 +195,7 @@ def plot_training_curves(path: str | Path, out: Path, stage: str) -> list[str]:
     keys = list(dict.fromkeys(k for row in rows for k in row))
     panels = training_panels(keys, step_key)
     if not panels:
-        raise ValueError(
+        raise DataFormatError(
             f"{path}: none of the keys {keys} is a known training metric "
             f"(patterns: {[p for _, _, p in TRAINING_PANELS]})"
         )

@@ -43,29 +43,49 @@ class PublishedModel:
         return self.figures.get(reasoning, {}).get(benchmark)
 
 
+def _read_yaml(path: Path) -> Any:
+    """The YAML value of ``path``; an unreadable file or bad YAML raises DataFormatError naming the line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataFormatError(f"{path}: cannot be read ({exc})") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise DataFormatError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
+
+
 def read_published(path: str | Path = PUBLISHED_PATH) -> dict[str, PublishedModel]:
     """The entries of a published-figures file, checked: every key present, the halves known,
-    every figure a percentage."""
+    every figure a percentage. A broken file raises DataFormatError naming it and the entry."""
     path = Path(path)
-    with open(path, encoding="utf-8") as fh:
-        raw = yaml.safe_load(fh) or {}
+    raw = _read_yaml(path) or {}
     if not isinstance(raw, dict):
-        raise ValueError(f"{path}: expected a mapping of model -> entry, got {type(raw).__name__}")
+        raise DataFormatError(f"{path}: expected a mapping of model -> entry, got {type(raw).__name__}")
     models = {}
     for name, entry in raw.items():
-        missing = [key for key in ("source", "metric", "n", "sampling", "figures") if key not in (entry or {})]
+        entry = entry if isinstance(entry, dict) else {}
+        missing = [key for key in ("source", "metric", "n", "sampling", "figures") if key not in entry]
         if missing:
-            raise ValueError(f"{path}: entry {name!r} lacks key(s) {missing}")
+            raise DataFormatError(
+                f"{path}: entry {name!r} lacks key(s) {missing}; each entry has source, metric, n, sampling and figures"
+            )
         halves = entry["figures"]
         if not isinstance(halves, dict) or not halves or set(halves) - set(REASONING_TITLES):
-            raise ValueError(
+            raise DataFormatError(
                 f"{path}: {name}.figures must map halves of the table ({', '.join(REASONING_TITLES)}) "
                 f"to benchmark -> percent, got {halves!r}"
             )
         for reasoning, figures in halves.items():
+            if not isinstance(figures, (dict, type(None))):
+                raise DataFormatError(f"{path}: {name}.figures.{reasoning} must map benchmark -> percent")
             for benchmark, value in (figures or {}).items():
                 if not isinstance(value, (int, float)) or not 0 <= value <= 100:
-                    raise ValueError(f"{path}: {name}.figures.{reasoning}.{benchmark} = {value!r} is not a percentage")
+                    raise DataFormatError(
+                        f"{path}: {name}.figures.{reasoning}.{benchmark} = {value!r} is not a percentage"
+                    )
         models[name] = PublishedModel(
             name=name,
             source=" ".join(str(entry["source"]).split()),
@@ -100,9 +120,12 @@ def read_eval_results(paths: Sequence[str | Path]) -> list[EvalResult]:
         metrics = read_json_file(path)
         if not isinstance(metrics, dict):
             raise DataFormatError(f"{path}: expected a JSON object, got {type(metrics).__name__}")
-        for key in ("samples_per_problem", "pass@k", "upstream_bootstrap", "ci", "tool_use"):
-            if key not in metrics:
-                raise DataFormatError(f"{path}: missing key {key!r}; was it written by `agentrl evaluate run`?")
+        missing = _missing_metrics(metrics)
+        if missing:
+            raise DataFormatError(
+                f"{path}: missing key {missing[0]!r}; was it written by `agentrl evaluate run`? Write it again "
+                "(snakemake --forcerun gather_evaluation)"
+            )
         reasoning = (metrics.get("run") or {}).get("reasoning", "agentic")
         if reasoning not in REASONING_TITLES:
             raise DataFormatError(f"{path}: run.reasoning is {reasoning!r}; known: {', '.join(REASONING_TITLES)}")
@@ -118,6 +141,29 @@ def read_eval_results(paths: Sequence[str | Path]) -> list[EvalResult]:
     if len(set(seen)) != len(seen):
         raise DataFormatError(f"the same (model, reasoning, benchmark) is given twice: {seen}")
     return results
+
+
+def _missing_metrics(metrics: dict[str, Any]) -> list[str]:
+    """The keys (dotted paths) of a metrics.json the report reads and it lacks, in reading order."""
+    missing = [
+        key for key in ("samples_per_problem", "pass@k", "upstream_bootstrap", "ci", "tool_use") if key not in metrics
+    ]
+    if missing:
+        return missing
+    n = metrics["samples_per_problem"]
+    paths = ["num_problems", f"avg@{n}", f"ci.avg@{n}", f"pass@k.{n}"]
+    paths += [f"tool_use.{key}" for key in ("tool_calls_per_response", "tool_success_rate", "response_tokens")]
+    paths += [f"tool_use.modes.{mode}.share" for mode in ("deliberative", "reactive")]
+    return [path for path in paths if not _holds(metrics, path)]
+
+
+def _holds(mapping: Any, dotted: str) -> bool:
+    """Whether ``mapping`` has the key path ``dotted`` (``ci.avg@4``: a key may hold '@', never '.')."""
+    for part in dotted.split("."):
+        if not isinstance(mapping, dict) or part not in mapping:
+            return False
+        mapping = mapping[part]
+    return True
 
 
 def _pct(value: float | None) -> float | None:
@@ -280,6 +326,32 @@ def published_markdown(frame: pd.DataFrame, published: Mapping[str, PublishedMod
     return "\n\n".join(parts) + "\n\nDifference = measured - published, in points. Sources:\n" + "\n".join(sources)
 
 
+FILTER_STATS_KEYS = [
+    *(
+        f"{stage}.{bucket}"
+        for stage in ("scored", "in_band", "selected")
+        for bucket in ("total", "easy", "medium", "hard")
+    ),
+    *(f"thresholds.{name}" for name in ("low", "high", "easy_min", "hard_max")),
+    "dropped_at_or_below_low",
+    "dropped_at_or_above_high",
+    "resampled_out",
+]
+
+
+def read_filter_stats(path: str | Path) -> dict[str, Any]:
+    """The filter stage's stats.json with every key :func:`filter_markdown` reads; else
+    DataFormatError naming the file and the first key it lacks."""
+    stats = read_json_file(path)
+    missing = [key for key in FILTER_STATS_KEYS if not _holds(stats, key)]
+    if missing:
+        raise DataFormatError(
+            f"{path}: missing key {missing[0]!r}; was it written by `agentrl filter select`? Write it again "
+            "(snakemake --forcerun select_rl_data)"
+        )
+    return stats
+
+
 def filter_markdown(stats: Mapping[str, Any]) -> str:
     """Counts per difficulty bucket through the selection (the filter stage's stats.json)."""
     stages = [("scored", stats["scored"]), ("in band", stats["in_band"]), ("selected", stats["selected"])]
@@ -310,9 +382,12 @@ def summary_markdown(
     plots: Sequence[tuple[str, str]],
     published: Mapping[str, PublishedModel] | None = None,
     sources: Mapping[str, Mapping[str, Any]] | None = None,
+    tables: Sequence[tuple[str, str]] = (),
 ) -> str:
     """The whole summary.md: headline table, the published comparison, the sources of models not
-    trained here, details, filtering counts, the plots by relative path."""
+    trained here, details, filtering counts, links to the other tables (``tables``: title, relative
+    path of a markdown file such as health.md and cost.md) and the plots by relative path. A table
+    is a link, never an image: ``![..](health.md)`` renders as a broken picture."""
     n_values = sorted({int(v) for v in frame.loc[frame["source"] == "ours", "n"]})
     parts = [
         "# agentrl run summary",
@@ -334,6 +409,8 @@ def summary_markdown(
     ]
     if filter_stats is not None:
         parts += ["## Model-aware RL data", filter_markdown(filter_stats)]
+    if tables:
+        parts += ["## More tables", "\n".join(f"- [{title}]({path})" for title, path in tables)]
     if plots:
         parts += ["## Plots", "\n\n".join(f"![{title}]({path})" for title, path in plots)]
     return "\n\n".join(parts) + "\n"
