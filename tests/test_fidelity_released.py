@@ -59,19 +59,20 @@ def test_answer_code_blocks_as_code_math_extracts_them(paper, released, sandbox,
 
 # --------------------------------------------------------------------------- functional (fn_name) tests
 FUNCTIONAL_CASES = [
-    # (inputs, outputs, solution, project score, upstream score)
+    # (inputs, outputs, solution, project score, upstream score); fn_name "solve" (not "add": the
+    # wrapper's globals hold operator.add, which it would call instead)
     # a list input is spread here; upstream's stdin is str([1, 2]) = "[1, 2]": one line, one argument
-    ([[1, 2]], [3], "def add(a, b):\n    return a + b", 1.0, 0.0),
-    ([[1, 2]], [3], "def add(xs):\n    return sum(xs)", 0.0, 1.0),
+    ([[1, 2]], [3], "def solve(a, b):\n    return a + b", 1.0, 0.0),
+    ([[1, 2]], [3], "def solve(xs):\n    return sum(xs)", 0.0, 1.0),
     # a string input is one JSON value per line in both; upstream does not skip a trailing blank line
-    (["1\n2"], ["3"], "def add(a, b):\n    return a + b", 1.0, 1.0),
-    (["1\n2\n"], ["3"], "def add(a, b):\n    return a + b", 1.0, 0.0),
+    (["1\n2"], ["3"], "def solve(a, b):\n    return a + b", 1.0, 1.0),
+    (["1\n2\n"], ["3"], "def solve(a, b):\n    return a + b", 1.0, 0.0),
     # upstream prints the result (json.dumps for list/bool) and compares with str(expected)
-    (["[1, 2]"], [[3]], "def add(xs):\n    return sum(xs)", 1.0, 0.0),  # "3" != str([3]) = "[3]"
-    (["1\n2"], [True], "def add(a, b):\n    return a < b", 1.0, 0.0),  # "true" != str(True) = "True"
-    (["1\n2"], ["true"], "def add(a, b):\n    return a < b", 1.0, 1.0),
-    (["[1, 2]"], [[1, 2]], "def add(xs):\n    return xs", 1.0, 1.0),  # json.dumps([1, 2]) = str([1, 2])
-    (['["a"]'], [["a"]], "def add(xs):\n    return xs", 1.0, 0.0),  # '["a"]' != "['a']"
+    (["[1, 2]"], [[3]], "def solve(xs):\n    return sum(xs)", 1.0, 0.0),  # "3" != str([3]) = "[3]"
+    (["1\n2"], [True], "def solve(a, b):\n    return a < b", 1.0, 0.0),  # "true" != str(True) = "True"
+    (["1\n2"], ["true"], "def solve(a, b):\n    return a < b", 1.0, 1.0),
+    (["[1, 2]"], [[1, 2]], "def solve(xs):\n    return xs", 1.0, 1.0),  # json.dumps([1, 2]) = str([1, 2])
+    (['["a"]'], [["a"]], "def solve(xs):\n    return xs", 1.0, 0.0),  # '["a"]' != "['a']"
 ]
 
 
@@ -79,7 +80,7 @@ FUNCTIONAL_CASES = [
 def test_functional_tests_as_the_sandbox_fusion_wrapper_runs_them(
     paper, released, sandbox, inputs, outputs, solution, project, upstream
 ):
-    truth = {"inputs": inputs, "outputs": outputs, "fn_name": "add"}
+    truth = {"inputs": inputs, "outputs": outputs, "fn_name": "solve"}
     answer = f"```python\n{solution}\n```"
     assert _score(paper, sandbox, truth, answer) == pytest.approx(project)
     assert _score(released, sandbox, truth, answer) == pytest.approx(upstream)
@@ -416,3 +417,177 @@ def test_the_blind_print_wrap_breaks_programs_that_end_in_an_indented_line(paper
     assert not as_released.ok and "IndentationError" in as_released.text
     project = CodeInterpreter(sandbox, paper.tool).execute(program)
     assert project.ok and project.text == ""
+
+
+# --------------------------------------------------------------------------- third reading (issue 53)
+def test_a_functional_solution_sees_the_names_the_sandbox_fusion_wrapper_imports(paper, released, sandbox):
+    # _process_single_case's wrapper star-imports math, copy, sys, ... before the solution: gcd,
+    # sqrt, inf, deepcopy and sys need no import there, under both functional_tests settings
+    solution = (
+        "def solve(a, b):\n"
+        "    g = gcd(a, b)\n"
+        "    assert sqrt(16) == 4 and inf > g and deepcopy([g]) == [g] and sys.maxsize > 0\n"
+        "    return g"
+    )
+    truth = {"inputs": ["12\n18"], "outputs": ["6"], "fn_name": "solve"}
+    answer = f"```python\n{solution}\n```"
+    assert _score(paper, sandbox, truth, answer) == pytest.approx(1.0)
+    assert _score(released, sandbox, truth, answer) == pytest.approx(1.0)
+
+
+REWRITE_CASES = [
+    # (fn_name, solution, inputs, outputs, project, upstream)
+    # code_math moves the top-level def into class Solution: its recursive call finds no global
+    ("fact", "def fact(n):\n    return 1 if n == 0 else n * fact(n - 1)", ["3"], ["6"], 1.0, 0.0),
+    # module code calling the function runs before the class exists, and the function is gone
+    ("solve", "def solve(a, b):\n    return a + b\nassert solve(1, 2) == 3", ["1\n2"], ["3"], 1.0, 0.0),
+    # the method form works either way
+    ("solve", "def solve(a, b):\n    return a + b", ["1\n2"], ["3"], 1.0, 1.0),
+    # the wrapper calls a global of that name before Solution's method: re.search, operator.add
+    ("add", "def add(a, b):\n    return a * b", ["2\n3"], ["6"], 1.0, 0.0),
+    (
+        "search",
+        "class Solution:\n    def search(self, xs, t):\n        return xs.index(t)",
+        ["[4, 5]\n5"],
+        ["1"],
+        1.0,
+        0.0,
+    ),
+]
+
+
+@pytest.mark.parametrize("fn_name, solution, inputs, outputs, project, upstream", REWRITE_CASES)
+def test_a_free_function_becomes_a_method_of_solution_as_code_math_rewrites_it(
+    paper, released, sandbox, fn_name, solution, inputs, outputs, project, upstream
+):
+    truth = {"inputs": inputs, "outputs": outputs, "fn_name": fn_name}
+    answer = f"```python\n{solution}\n```"
+    assert _score(paper, sandbox, truth, answer) == pytest.approx(project)
+    assert _score(released, sandbox, truth, answer) == pytest.approx(upstream)
+
+
+def test_the_rewrite_is_code_maths_convert_function_to_class_method():
+    from agentrl.rewards.code_verifier import as_solution_method
+
+    rewritten = as_solution_method("import math\n\ndef f(x):\n    return x\n\ny = 1", "f")
+    assert rewritten == "import math\ny = 1\n\nclass Solution:\n\n    def f(self, x):\n        return x"
+    assert "def f(self, x)" in as_solution_method("def f(self, x):\n    return x", "f")  # self kept, not doubled
+
+
+def test_code_answers_are_read_between_the_first_and_a_second_think_end_as_code_math_splits(paper, released, sandbox):
+    truth = {"inputs": ["5\n"], "outputs": ["5\n"]}
+    # code_math: completion.split("</think>")[1], then the last ```python block of that part
+    answer = "plan</think>```python\nprint(input())\n```</think>```python\nprint(0)\n```"
+    assert _score(released, sandbox, truth, answer) == pytest.approx(1.0)
+    assert _score(paper, sandbox, truth, answer) == pytest.approx(0.0)  # the whole response's last block
+
+
+def test_a_count_mismatch_scores_zero_unshaped_as_check_correctness_returns_it(paper, released, sandbox):
+    truth = {"inputs": ["1\n", "2\n"], "outputs": ["1\n"]}
+    # check_correctness returns [-1, -1] without raising: sum of the True cases / 2 = 0.0, not < 0: no shaping
+    assert _score(released, sandbox, truth, "```python\nprint(input())\n```") == 0.0
+    assert _score(released, sandbox, truth, "no code") == pytest.approx(-1.1)  # code_math's -1 comes first
+    with pytest.raises(InvalidGroundTruthError, match="same length"):
+        _score(paper, sandbox, truth, "```python\nprint(input())\n```")
+
+
+def test_a_case_list_spelled_as_a_string_is_read_with_literal_eval_everywhere(paper, released, sandbox):
+    truth = {"inputs": "['5\\n', '6\\n']", "outputs": "['5\\n', '6\\n']"}  # check_correctness: ast.literal_eval
+    answer = "```python\nprint(input())\n```"
+    assert _score(paper, sandbox, truth, answer) == pytest.approx(1.0)
+    assert _score(released, sandbox, truth, answer) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    "inputs, outputs, program, project, upstream",
+    [
+        # a case spelled as its lines: joined here; str() upstream, so stdin is "['5', '6']"
+        ([["5", "6"]], [["5", "6"]], "print(input())\nprint(input())", 1.0, 0.0),
+        ([["5", "6"]], [["5", "6"]], "print(input())", 0.0, 1.0),  # prints "['5', '6']" = str(["5", "6"])
+        ([5], [5], "print(input())", None, 1.0),  # a number: refused here, str(5) upstream
+    ],
+)
+def test_stdio_cases_are_str_of_the_case_as_check_correctness_sends_them(
+    paper, released, sandbox, inputs, outputs, program, project, upstream
+):
+    truth = {"inputs": inputs, "outputs": outputs}
+    answer = f"```python\n{program}\n```"
+    assert _score(released, sandbox, truth, answer) == pytest.approx(upstream)
+    if project is None:
+        with pytest.raises(InvalidGroundTruthError, match="must be a string"):
+            _score(paper, sandbox, truth, answer)
+    else:
+        assert _score(paper, sandbox, truth, answer) == pytest.approx(project)
+
+
+def test_an_epoch_ends_with_the_last_full_batch_as_verls_dataloader_drops_the_rest():
+    from agentrl.data.records import Problem as P
+    from agentrl.grpo.prompts import PromptSampler
+
+    problems = [P(f"p{i}", "math_dapo", [], "math", "1") for i in range(10)]
+    carry, drop = PromptSampler(problems, seed=3), PromptSampler(problems, seed=3)
+    epoch0, epoch1 = ([f"p{i}" for i in carry.order(e)] for e in (0, 1))
+    carried = [[p.id for p in carry.next_batch(4)] for _ in range(3)]
+    dropped = [[p.id for p in drop.next_batch(4, "drop_last")] for _ in range(3)]
+    assert carried[2] == epoch0[8:] + epoch1[:2]  # the project's: the batch crosses the epoch's end
+    # DataLoader(drop_last=True): 10 // 4 = 2 batches an epoch; the third step starts epoch 1
+    assert dropped == [epoch0[:4], epoch0[4:8], epoch1[:4]]
+    assert drop.state_dict()["epoch"] == 1 and drop.state_dict()["offset"] == 4
+
+
+def test_sft_tool_call_arguments_reach_the_template_as_stored(policy):
+    from agentrl.data import upstream
+
+    _, tokenizer = policy
+    stored = '{"code":"print(1)"}'  # no space after the colon: the file's own spelling
+    call = {"type": "function", "function": {"name": "code_interpreter", "arguments": stored}}
+    row = {
+        "messages": [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "content": "1\n"},
+            {"role": "assistant", "content": "\\boxed{1}"},
+        ],
+        "tools": [],
+    }
+    texts = {}
+    for setting in ("parsed", "as_stored"):
+        [example] = upstream.normalize_sft([row], "sft.parquet", setting)
+        texts[setting] = tokenizer.apply_chat_template(example.messages, tokenize=False)
+    # multiturn_sft_dataset passes the string on and the template writes it verbatim; parsed, tojson re-spells it
+    assert '"arguments": {"code":"print(1)"}}' in texts["as_stored"]
+    assert '"arguments": {"code": "print(1)"}}' in texts["parsed"]
+
+
+def test_an_overlong_prompt_stops_the_stage_as_the_released_dataset_raises(policy):
+    from agentrl.data.prompt_fit import fit_problems, prompt_length
+    from agentrl.errors import DataFormatError
+
+    _, tokenizer = policy
+    problems = [
+        Problem(f"q{i}", "math_dapo", [{"role": "user", "content": "seven " * n}], "math", "7")
+        for i, n in ((0, 5), (1, 60))
+    ]
+    limit = prompt_length(tokenizer, problems[0].prompt, with_tools=False)
+    kept, counts = fit_problems(problems, tokenizer, limit, False, "drop")
+    assert [p.id for p in kept] == ["q0"] and counts["dropped"] == 1
+    # CustomRLHFDataset filters nothing; RLHFDataset.__getitem__ with truncation='error' raises
+    with pytest.raises(DataFormatError, match="problem 'q1'.*longer than"):
+        fit_problems(problems, tokenizer, limit, False, "error")
+
+
+def test_a_prompt_longer_with_the_tool_block_responds_less_under_upstreams_max_model_len(policy):
+    from agentrl.data.prompt_fit import prompt_length
+    from agentrl.rollout.context import context_tokens, request_room, tool_schema_tokens
+
+    _, tokenizer = policy
+    messages = [{"role": "user", "content": "seven " * 5}]
+    limit = prompt_length(tokenizer, messages, with_tools=False)  # kept: at the limit without the schema
+    as_fed = prompt_length(tokenizer, messages, with_tools=True)
+    rollout = {"max_prompt_tokens": limit, "prompt_length_with_tools": False, "max_response_tokens": 300}
+    project = load_config({"rollout": rollout}).rollout
+    upstream = load_config({"rollout": {**rollout, "max_model_len": "upstream"}}).rollout
+    assert context_tokens(tokenizer, upstream) == limit + 300  # verl: max_prompt_length + max_response_length
+    assert request_room(context_tokens(tokenizer, project), as_fed, 0, 300) == 300
+    assert request_room(context_tokens(tokenizer, upstream), as_fed, 0, 300) == 300 - (as_fed - limit)
+    assert as_fed - limit == tool_schema_tokens(tokenizer) > 0

@@ -45,6 +45,7 @@ class UpstreamDataConfig:
     max_sft_rows: int | None
     max_rl_rows: int | None
     rl_prompt_wrapping: Literal["per_row", "per_file"]
+    sft_tool_arguments: Literal["parsed", "as_stored"]
 
 
 @dataclass(frozen=True)
@@ -169,6 +170,7 @@ class RewardConfig:
     code_case_memory_mb: int | None  # None: sandbox.memory_mb
     code_block: Literal["project", "upstream"]
     functional_tests: Literal["project", "upstream"]
+    stdio_tests: Literal["project", "upstream"]
     invalid_ground_truth: Literal["error", "score"]
     overlong: OverlongConfig
     tool_call_shaping: ToolCallShapingConfig
@@ -191,6 +193,8 @@ class RolloutConfig:
     max_turns: int
     max_prompt_tokens: int
     prompt_length_with_tools: bool
+    overlong_prompts: Literal["drop", "error"]
+    max_model_len: Literal["with_schema", "upstream"]
     max_response_tokens: int
     tool_response_over_budget: Literal["cut", "drop"]
     tool_call_parsing: Literal["lenient", "upstream"]
@@ -307,6 +311,7 @@ class GrpoConfig:
     dynamic_sampling: DynamicSamplingConfig
     epochs: int
     max_steps: int | None
+    epoch_end: Literal["carry", "drop_last"]
     batch_prompts: int
     n: int
     mini_batch_prompts: int

@@ -67,7 +67,7 @@ def prepare(cfg: Config, sft_out: Path, rl_out: Path, eval_dir: Path) -> dict[st
     else:
         up = cfg.data.upstream
         sft_rows = upstream.read_rows(up.sft, up.max_sft_rows, "data.upstream.sft")
-        sft = upstream.normalize_sft(sft_rows, upstream.source_name(up.sft))
+        sft = upstream.normalize_sft(sft_rows, upstream.source_name(up.sft), up.sft_tool_arguments)
         rl_rows = upstream.read_rows(up.rl, up.max_rl_rows, "data.upstream.rl")
         rl_pool = upstream.normalize_rl(rl_rows, upstream.source_name(up.rl), up.rl_prompt_wrapping)
         eval_sets = {
@@ -130,9 +130,9 @@ def fit_prompts_main(argv: list[str]) -> int:
 
     tokenizer = AutoTokenizer.from_pretrained(str(args.model))
     limit = cfg.rollout.max_prompt_tokens if args.limit == "rollout" else cfg.eval.max_prompt_tokens
-    with_tools = cfg.rollout.prompt_length_with_tools
+    with_tools, overlong = cfg.rollout.prompt_length_with_tools, cfg.rollout.overlong_prompts
     stats = {
-        source.stem: prompt_fit.fit_file(source, args.out_dir / source.name, tokenizer, limit, with_tools)
+        source.stem: prompt_fit.fit_file(source, args.out_dir / source.name, tokenizer, limit, with_tools, overlong)
         for source in args.problems
     }
     args.stats.parent.mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,14 @@ for the RL set (and the validation sets of the training script), 4096 in the eva
 limits here are ``rollout.max_prompt_tokens`` (RL pool, GRPO validation) and
 ``eval.max_prompt_tokens`` (the eval sets); a prompt within its limit never fails a job later.
 
+That is verl's rule, not the released recipe's: the demystify dataset
+(``recipe/demystify/reward.py``: ``CustomRLHFDataset._read_files_and_tokenize``) overrides the
+only caller of verl's filter, for the training and validation files alike, so nothing is dropped
+there, and ``data.truncation='error'`` makes the dataset raise when it loads a longer prompt.
+``rollout.overlong_prompts: error`` reproduces that (the stage stops, naming the first prompt over
+its limit, before any rollout rather than at the step that would load it); ``drop`` (both
+presets) keeps the run going without them.
+
 What is counted (``rollout.prompt_length_with_tools``): ``true`` (the embedded default) is the
 prompt the agent loop feeds the model, the chat template's tool-schema block included, so a
 kept prompt always fits the engine; ``false`` (the paper presets) is upstream's measure, the
@@ -45,9 +53,10 @@ def prompt_length(tokenizer, messages: Sequence[Message], with_tools: bool) -> i
 
 
 def fit_problems(
-    problems: Sequence[Problem], tokenizer, limit: int, with_tools: bool
+    problems: Sequence[Problem], tokenizer, limit: int, with_tools: bool, overlong: str = "drop"
 ) -> tuple[list[Problem], dict[str, Any]]:
-    """The problems whose prompt is at most ``limit`` tokens, and the counts per data source."""
+    """The problems whose prompt is at most ``limit`` tokens, and the counts per data source;
+    ``overlong`` (``rollout.overlong_prompts``) ``error`` raises on the first one over it."""
     kept, kept_by, dropped_by, longest = [], Counter(), Counter(), 0
     for problem in problems:
         length = prompt_length(tokenizer, problem.prompt, with_tools)
@@ -55,6 +64,12 @@ def fit_problems(
         if length <= limit:  # upstream keeps doc2len(doc) <= max_prompt_length
             kept.append(problem)
             kept_by[problem.data_source] += 1
+        elif overlong == "error":  # verl's RLHFDataset.__getitem__ with truncation='error'
+            raise DataFormatError(
+                f"problem {problem.id!r} ({problem.data_source}): the prompt is {length} tokens, longer than "
+                f"{limit} (rollout.overlong_prompts: error, as the released recipe's dataset raises); "
+                "set rollout.overlong_prompts: drop to leave such prompts out"
+            )
         else:
             dropped_by[problem.data_source] += 1
     counts = {
@@ -69,8 +84,11 @@ def fit_problems(
     return kept, counts
 
 
-def fit_file(source: Path, out: Path, tokenizer, limit: int, with_tools: bool) -> dict[str, Any]:
-    kept, counts = fit_problems(read_problems(source), tokenizer, limit, with_tools)
+def fit_file(source: Path, out: Path, tokenizer, limit: int, with_tools: bool, overlong: str) -> dict[str, Any]:
+    try:
+        kept, counts = fit_problems(read_problems(source), tokenizer, limit, with_tools, overlong)
+    except DataFormatError as exc:
+        raise DataFormatError(f"{source}: {exc}") from None
     if not kept:
         raise DataFormatError(
             f"{source}: every prompt is over {limit} tokens (the longest has {counts['longest_prompt']}); "

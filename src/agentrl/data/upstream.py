@@ -9,6 +9,11 @@ Normalization applies the recipe's prompt templates (section 2): AIME and GPQA w
 LiveCodeBench's stdin/stdout instructions, and the per-data-source wrapping of RL rows. Every
 problem raises :class:`DataFormatError` naming the file, the row and the column, so a broken
 row is found without guessing; nothing is dropped silently.
+
+SFT tool calls whose ``arguments`` the file stores as a JSON string are decoded
+(``data.upstream.sft_tool_arguments: parsed``, a deliberate departure), so the chat template
+serializes every call's arguments one way (``tojson``) whatever the file's spelling; upstream's multiturn SFT dataset hands the messages to the template as stored, and the template
+writes a string verbatim (``as_stored``, the as-released overlay).
 """
 
 from __future__ import annotations
@@ -136,7 +141,7 @@ def _drop_nulls(obj: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- SFT
-def _normalize_message(row: _Row, i: int, message: Any) -> Message:
+def _normalize_message(row: _Row, i: int, message: Any, tool_arguments: str) -> Message:
     where = f"messages[{i}]"
     if not isinstance(message, dict):
         raise row.error("messages", f"{where} is a {type(message).__name__}, expected an object")
@@ -158,10 +163,13 @@ def _normalize_message(row: _Row, i: int, message: Any) -> Message:
         arguments = function.get("arguments", {})
         if isinstance(arguments, str):
             try:
-                arguments = json.loads(arguments)
+                decoded = json.loads(arguments)
             except json.JSONDecodeError as exc:
                 raise row.error("messages", f"{where}.tool_calls[{j}].function.arguments is not JSON ({exc})") from None
-        if not isinstance(arguments, dict):
+            # as_stored: upstream's multiturn SFT dataset hands the string to the template, which
+            # renders it verbatim (its spacing and escapes), where a dict is re-serialized by tojson
+            arguments = arguments if tool_arguments == "as_stored" and isinstance(decoded, dict) else decoded
+        if not isinstance(arguments, dict | str):
             raise row.error("messages", f"{where}.tool_calls[{j}].function.arguments is not an object")
         normalized_calls.append({"type": "function", "function": {"name": function["name"], "arguments": arguments}})
     if normalized_calls:
@@ -169,13 +177,14 @@ def _normalize_message(row: _Row, i: int, message: Any) -> Message:
     return out
 
 
-def normalize_sft(rows: list[dict[str, Any]], origin: str) -> list[SftExample]:
+def normalize_sft(rows: list[dict[str, Any]], origin: str, tool_arguments: str = "parsed") -> list[SftExample]:
+    """SFT rows -> examples; ``tool_arguments`` is ``data.upstream.sft_tool_arguments``."""
     examples = []
     for row in _iter_rows(rows, origin):
         messages = row.json("messages")
         if not isinstance(messages, list) or not messages:
             raise row.error("messages", "expected a non-empty list of messages")
-        normalized = [_normalize_message(row, i, m) for i, m in enumerate(messages)]
+        normalized = [_normalize_message(row, i, m, tool_arguments) for i, m in enumerate(messages)]
         if not any(m["role"] == "assistant" for m in normalized):
             raise row.error("messages", "no assistant message: nothing to train on")
         tools = _drop_nulls(row.json("tools"))

@@ -1,10 +1,12 @@
 """The RL prompts in training order: shuffled per epoch, resumable from a two-number position.
 
 verl's dataloader shuffles the RL set once per epoch and drops the last partial batch. Here
-the order of epoch e is a permutation seeded by ``(seed, e)``, and a batch that runs past the
-end of an epoch continues into the next epoch's order, so every problem is used once per epoch
-and no problem is dropped (a deliberate departure: with dynamic sampling the number of prompts
-drawn per step varies, and epoch-aligned batches would then skip problems). The sampler's whole
+the order of epoch e is a permutation seeded by ``(seed, e)``, and (``grpo.epoch_end: carry``) a
+batch that runs past the end of an epoch continues into the next epoch's order, so every problem
+is used once per epoch and no problem is dropped (a deliberate departure: with dynamic sampling
+the number of prompts drawn per step varies, and epoch-aligned batches would then skip
+problems). ``drop_last`` is upstream's (``ray_trainer.py``: ``drop_last=True``): a batch never
+crosses an epoch's end, the problems left there are skipped that epoch. The sampler's whole
 state is ``(epoch, offset)``, saved in every checkpoint, so a resumed run draws exactly the
 prompts the uninterrupted run would have drawn.
 """
@@ -33,9 +35,13 @@ class PromptSampler:
             return np.arange(len(self.problems))
         return np.random.default_rng([self.seed, epoch]).permutation(len(self.problems))
 
-    def next_batch(self, size: int) -> list[Problem]:
-        """The next ``size`` problems, crossing into the next epoch's order when this one ends."""
+    def next_batch(self, size: int, epoch_end: str = "carry") -> list[Problem]:
+        """The next ``size`` problems, crossing into the next epoch's order when this one ends
+        (``carry``), or from the next epoch's start when fewer than ``size`` are left (``drop_last``,
+        ``grpo.epoch_end``)."""
         assert size >= 1, f"batch size must be >= 1, got {size}"
+        if epoch_end == "drop_last" and len(self.problems) - self.offset < size <= len(self.problems):
+            self.epoch, self.offset = self.epoch + 1, 0
         batch: list[Problem] = []
         while len(batch) < size:
             order = self.order(self.epoch)

@@ -146,7 +146,7 @@ class GrpoStep:
         timing = {"timing/rollout_s": 0.0, "timing/reward_s": 0.0, "timing/generate_s": 0.0, "timing/tools_s": 0.0}
         rounds = generated = 0
         while True:
-            problems = sampler.next_batch(grpo.batch_prompts)  # the same on every rank
+            problems = sampler.next_batch(grpo.batch_prompts, grpo.epoch_end)  # the same on every rank
             if len(kept) < share:
                 groups = self._rollout_groups(problems[ctx.rank :: ctx.world_size], step, rounds, timing)
                 generated += len(groups)

@@ -105,12 +105,18 @@ def fit_eval_sets(eval_sets: Sequence[EvalSet], tokenizer, rollout: RolloutConfi
     """The sets without prompts over ``rollout.max_prompt_tokens``.
 
     The eval files were fit to ``eval.max_prompt_tokens``; validation rolls out with the training
-    limit, as upstream's training script filters its validation files with ``max_prompt_length``.
+    limit, as verl's filter would apply the training script's ``max_prompt_length`` to its
+    validation files. The released recipe's dataset filters nothing and raises on a longer prompt
+    (``rollout.overlong_prompts: error`` stops the run here too; :mod:`agentrl.data.prompt_fit`).
     """
     fitted = []
     for eval_set in eval_sets:
         kept, counts = fit_problems(
-            eval_set.problems, tokenizer, rollout.max_prompt_tokens, rollout.prompt_length_with_tools
+            eval_set.problems,
+            tokenizer,
+            rollout.max_prompt_tokens,
+            rollout.prompt_length_with_tools,
+            rollout.overlong_prompts,
         )
         if counts["dropped"]:
             log.info("validation set %s: dropped %s over the prompt limit", eval_set.name, counts["dropped_by_source"])

@@ -22,7 +22,16 @@ if TYPE_CHECKING:  # the sandbox module is only needed for the type of the resul
 
 
 class InvalidGroundTruthError(UserInputError):
-    """A ground truth a verifier cannot grade against (wrong type or shape); says what it expected."""
+    """A ground truth a verifier cannot grade against (wrong type or shape); says what it expected.
+
+    ``upstream_score``: the raw score upstream's grader gives it (``reward.invalid_ground_truth:
+    score``): -1 where its ``compute_score`` catches an exception, 0.0 where SandboxFusion's
+    ``check_correctness`` marks every case failed without raising (input and output counts differ).
+    """
+
+    def __init__(self, message: str, upstream_score: float = -1.0) -> None:
+        super().__init__(message)
+        self.upstream_score = upstream_score
 
 
 @dataclass(frozen=True)

@@ -5,22 +5,28 @@ it is graded against the row's tests in the sandbox, one sandbox run per case wi
 timeout (``reward.code_case_timeout_s``; upstream: 30 s). Score = fraction of cases passed,
 ``acc`` = all passed, -1 when there is no code block, the code does not parse or a functional
 answer lacks its entry point. Three kinds of tests (the ground truth is a dict, or its JSON
-string):
+string; ``inputs`` / ``outputs`` are lists, or their Python spelling as a string, read with
+``ast.literal_eval`` as SandboxFusion's ``check_correctness`` reads it):
 
 - stdin/stdout ``{"inputs": [...], "outputs": [...]}``: the program reads the case's input on
   stdin; it passes when it exits cleanly and ``stdout.rstrip("\\n")`` equals the expected
   output (also with trailing newlines stripped: upstream's data has both spellings). Other
-  whitespace counts: a trailing space is a wrong answer, as upstream.
+  whitespace counts: a trailing space is a wrong answer, as upstream. A case spelled as its list
+  of lines is joined (a deliberate departure); ``reward.stdio_tests: upstream`` sends
+  ``str(case)`` as upstream does, whatever its type (:class:`UpstreamStdioTests`).
 - functional ``{"inputs", "outputs", "fn_name"}``: each input is the call's arguments, either
   a list or a string of one JSON value per line (LiveCodeBench's spelling); the expected
   output is a value or its JSON. The target is ``Solution().fn_name`` when the code defines a
-  ``class Solution`` with that method, else a top-level ``fn_name`` (upstream wraps free
-  functions into ``class Solution`` textually; resolving the name at run time is the same
-  call without rewriting the user's code). Code with neither the text ``class Solution`` nor a
+  ``class Solution`` with that method, else a top-level ``fn_name``. Upstream moves a free
+  function into ``class Solution`` with the AST, so a recursive function, or module code calling
+  it, fails there (a deliberate departure: resolving the name at run time keeps a correct
+  solution correct; ``reward.functional_tests: upstream`` rewrites, :func:`as_solution_method`).
+  Code with neither the text ``class Solution`` nor a
   top-level ``def fn_name`` scores -1 like code that does not parse: upstream's rewrite finds
   no function to wrap and returns -1 before running anything. The solution is executed with
-  ``__name__ != "__main__"`` so a demo ``main`` block does not wait on stdin; common stdlib
-  names (``typing``, ``collections``, ``heapq``, ...) are pre-imported as LiveCodeBench does.
+  ``__name__ != "__main__"`` so a demo ``main`` block does not wait on stdin; the names
+  SandboxFusion's wrapper imports before the solution (``math``, ``copy``, ``sys``, ... star-
+  imported and as modules: :data:`FUNCTIONAL_PRELUDE`) are there, as upstream.
   The return value travels back as JSON (tuples become lists) and is compared on the host:
   equal to the expected value, or to the single element of a one-element expected list (the
   APPS/TACO convention of wrapping outputs). ``reward.functional_tests: upstream`` grades as
@@ -68,11 +74,18 @@ _FENCED_PYTHON = re.compile(r"```(?:python3?|py)[ \t]*\r?\n(.*?)```", re.DOTALL 
 # code_math's pattern (reward.code_block: upstream): case-sensitive, the newline right after the tag.
 _UPSTREAM_FENCED_PYTHON = re.compile(r"```python\n(.*?)```", re.DOTALL)
 RESULT_MARKER = "@@agentrl-functional-result@@"
+# The names SandboxFusion's fn_name wrapper (sandbox_fusion/utils.py: _process_single_case) puts
+# before every functional solution, in its order: a solution may use gcd, inf, deepcopy or sys.
+# unimported there. `from builtins import *` after the others restores the builtins that
+# `from math import *` (pow), `from re import *` (compile) or `from io import *` (open) replace.
+_WRAPPER_MODULES = (
+    "string re datetime collections heapq bisect copy math random statistics itertools functools operator io sys json"
+).split()
 FUNCTIONAL_PRELUDE = (
-    "from typing import *\n"
-    "import bisect, collections, functools, heapq, itertools, math, re, string\n"
-    "from bisect import *\nfrom collections import *\nfrom functools import *\n"
-    "from heapq import *\nfrom itertools import *\n"
+    "import traceback\n"
+    + "".join(f"from {module} import *\n" for module in _WRAPPER_MODULES)
+    + "from builtins import *\nfrom typing import *\n"
+    + "".join(f"import {module}\n" for module in _WRAPPER_MODULES)
 )
 # The harness runs the solution's source with exec() so that it is not "__main__" and so that a
 # `from __future__` line in it stays legal (it must open the compiled unit). Both harnesses call
@@ -82,21 +95,35 @@ _namespace = {{"__name__": "solution"}}
 _real_stdout, _sys.stdout = _sys.stdout, _io.StringIO()
 try:
     exec({prelude!r}, _namespace)
+    _prelude = dict(_namespace)
     exec(compile({source!r}, "<solution>", "exec"), _namespace)
-    _cls = _namespace.get("Solution")
-    if isinstance(_cls, type) and hasattr(_cls, {fn_name!r}):
-        _target = getattr(_cls(), {fn_name!r})
-    elif callable(_namespace.get({fn_name!r})):
-        _target = _namespace[{fn_name!r}]
-    else:
-        raise NameError("the solution defines neither Solution.{fn_name} nor a function {fn_name}")
+LOOKUP
     _result = _target(*CALL_ARGS)
 finally:
     _sys.stdout = _real_stdout
 """
+# The project's target: Solution's method when the class has one, else a function of that name
+# that the solution defined (not the prelude's operator.add for fn_name "add").
+_SOLUTION_FIRST = """\
+    _cls = _namespace.get("Solution")
+    if isinstance(_cls, type) and hasattr(_cls, {fn_name!r}):
+        _target = getattr(_cls(), {fn_name!r})
+    elif callable(_namespace.get({fn_name!r})) and _namespace[{fn_name!r}] is not _prelude.get({fn_name!r}):
+        _target = _namespace[{fn_name!r}]
+    else:
+        raise NameError("the solution defines neither Solution.{fn_name} nor a function {fn_name}")"""
+# The wrapper's: any global of that name first (a prelude name too: fn_name "search" is re.search
+# there), then Solution's attribute.
+_GLOBAL_FIRST = """\
+    if {fn_name!r} in _namespace:
+        _target = _namespace[{fn_name!r}]
+    elif "Solution" in _namespace:
+        _target = getattr(_namespace["Solution"](), {fn_name!r})
+    else:
+        raise NameError("the solution defines neither Solution.{fn_name} nor a function {fn_name}")"""
 _FUNCTIONAL_HARNESS = (
     "import io as _io, json as _json, sys as _sys\n"
-    + _CALL_SOLUTION.replace("CALL_ARGS", "_json.loads({args_json!r})")
+    + _CALL_SOLUTION.replace("LOOKUP", _SOLUTION_FIRST).replace("CALL_ARGS", "_json.loads({args_json!r})")
     + "print({marker!r} + _json.dumps(_result, default=repr))\n"
 )
 
@@ -111,7 +138,7 @@ import io as _io, json as _json, sys as _sys
 _raw = _sys.stdin.read()
 _args = [_json.loads(_line) for _line in _raw.split("\\n")] if _raw.strip() else []
 """
-    + _CALL_SOLUTION.replace("CALL_ARGS", "_args")
+    + _CALL_SOLUTION.replace("LOOKUP", _GLOBAL_FIRST).replace("CALL_ARGS", "_args")
     + """\
 if isinstance(_result, (dict, list, tuple)) or _result is None or isinstance(_result, bool):
     _text = _json.dumps(_result)
@@ -124,8 +151,12 @@ _sys.stdout.write({marker!r} + _text + "\\n")
 
 def extract_code(response: str, code_block: str = "project") -> str | None:
     """The last fenced python block of ``response``, or None: ```python / ```py / ```python3 in
-    any case (``project``), or only a case-sensitive ```python and a newline (``upstream``)."""
+    any case (``project``), or only a case-sensitive ```python and a newline (``upstream``), in
+    the text between the first ``</think>`` and the next one when there is one (code_math's
+    ``split("</think>")[1]``)."""
     pattern = _UPSTREAM_FENCED_PYTHON if code_block == "upstream" else _FENCED_PYTHON
+    if code_block == "upstream" and "</think>" in response:
+        response = response.split("</think>")[1]
     blocks = pattern.findall(response)
     return blocks[-1] if blocks else None
 
@@ -200,10 +231,15 @@ class UpstreamFunctionalTests(FunctionalTests):
     ``str(inputs[i])`` as stdin, so a list input ``[1, 2]`` is one line and one argument (the
     list), a string ``"1\\n2"`` two; it passes when the printed result equals
     ``str(outputs[i])`` after ``rstrip("\\n")`` (a ``None`` output passes any run that finishes),
-    so ``True`` (printed ``true``) never equals ``True`` and ``[3]`` never equals ``3``.
+    so ``True`` (printed ``true``) never equals ``True`` and ``[3]`` never equals ``3``. Before
+    that, code without the text ``class Solution`` has its top-level ``def fn_name`` moved into a
+    ``class Solution`` (:func:`as_solution_method`), and the wrapper calls a global ``fn_name``
+    before ``Solution().fn_name``.
     """
 
     def jobs(self, code: str) -> list[Job]:
+        if "class Solution" not in code:  # code_math: compute_score
+            code = as_solution_method(code, self.fn_name)
         harness = _UPSTREAM_FUNCTIONAL_HARNESS.format(
             prelude=FUNCTIONAL_PRELUDE, source=code, fn_name=self.fn_name, marker=RESULT_MARKER
         )
@@ -219,6 +255,53 @@ class UpstreamFunctionalTests(FunctionalTests):
             return "pass"
         printed = result.stdout[result.stdout.rindex(RESULT_MARKER) + len(RESULT_MARKER) :]
         return "pass" if printed.rstrip("\n") == str(expected).rstrip("\n") else "wrong_answer"
+
+
+def as_solution_method(code: str, fn_name: str) -> str:
+    """code_math's ``convert_function_to_class_method``: every top-level ``def fn_name`` leaves the
+    module and the last one becomes the method of a ``class Solution`` appended at its end (a
+    ``self`` first argument added unless there is one). The function's own name is gone from the
+    module: a recursive call, or module code calling it, raises ``NameError`` there, as upstream."""
+    tree = ast.parse(code)
+    target, body = None, []
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == fn_name:
+            target = node
+        else:
+            body.append(node)
+    assert target is not None, "FunctionalTests.unrunnable refuses code without a top-level def fn_name"
+    if not (target.args.args and target.args.args[0].arg == "self"):
+        target.args.args.insert(0, ast.arg(arg="self"))
+    solution = ast.ClassDef(name="Solution", bases=[], keywords=[], body=[target], decorator_list=[])
+    if "type_params" in ast.ClassDef._fields:  # Python 3.12+; 3.12's unparse needs it set
+        solution.type_params = []
+    tree.body = [*body, solution]
+    return ast.unparse(ast.fix_missing_locations(tree))
+
+
+@dataclass(frozen=True)
+class UpstreamStdioTests:
+    """stdin/stdout tests as SandboxFusion's ``check_correctness`` runs them (``reward.stdio_tests:
+    upstream``): ``str(inputs[i])`` is the stdin (a list of lines is its ``str``, not its lines) and
+    ``str(outputs[i])`` the expected output, both compared after ``rstrip("\\n")``; a ``None``
+    output passes any run that finishes."""
+
+    inputs: tuple[Any, ...]
+    outputs: tuple[Any, ...]
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def jobs(self, code: str) -> list[Job]:
+        return [(code, None if value is None else str(value)) for value in self.inputs]
+
+    def outcome(self, index: int, result: ExecutionResult) -> str:
+        if result.status != "ok":
+            return result.status
+        expected = self.outputs[index]
+        if expected is None or result.stdout.rstrip("\n") == str(expected).rstrip("\n"):
+            return "pass"
+        return "wrong_answer"
 
 
 @dataclass(frozen=True)
@@ -263,7 +346,7 @@ def _leetcode_harness_source() -> str:
     return Path(leetcode_harness.__file__).read_text(encoding="utf-8")
 
 
-CodeTests = StdioTests | FunctionalTests | UpstreamFunctionalTests | CheckHarness
+CodeTests = StdioTests | UpstreamStdioTests | FunctionalTests | UpstreamFunctionalTests | CheckHarness
 
 
 # --------------------------------------------------------------------------- ground truth
@@ -314,7 +397,17 @@ def _check_harness(ground_truth: dict[str, Any]) -> CheckHarness:
     )
 
 
-def parse_code_tests(ground_truth: Any, functional_tests: str = "project") -> CodeTests:
+def _case_list(value: Any, key: str) -> Any:
+    """A list of cases, or its string spelling (``check_correctness`` reads it with ``ast.literal_eval``)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return ast.literal_eval(value)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        raise InvalidGroundTruthError(f"code ground truth {key!r} is a string but not a Python literal") from None
+
+
+def parse_code_tests(ground_truth: Any, functional_tests: str = "project", stdio_tests: str = "project") -> CodeTests:
     """The tests a code ground truth (dict or JSON string) describes; see the module docstring."""
     if isinstance(ground_truth, str):
         try:
@@ -330,11 +423,14 @@ def parse_code_tests(ground_truth: Any, functional_tests: str = "project") -> Co
             "code ground truth must have keys {inputs, outputs[, fn_name]} or {entry_point, import_prefix, "
             f"test_code}}; got keys {sorted(ground_truth)}"
         )
-    inputs, outputs = ground_truth["inputs"], ground_truth["outputs"]
+    inputs, outputs = _case_list(ground_truth["inputs"], "inputs"), _case_list(ground_truth["outputs"], "outputs")
     if not isinstance(inputs, list) or not isinstance(outputs, list) or len(inputs) != len(outputs) or not inputs:
+        # check_correctness fails every case of a count mismatch (0.0) and raises on no case (-1)
+        mismatch = isinstance(inputs, list) and isinstance(outputs, list) and len(inputs) != len(outputs) and inputs
         raise InvalidGroundTruthError(
             "code ground truth 'inputs' and 'outputs' must be non-empty lists of the same length, got "
-            f"inputs={str(inputs)[:60]!r}, outputs={str(outputs)[:60]!r}"
+            f"inputs={str(inputs)[:60]!r}, outputs={str(outputs)[:60]!r}",
+            upstream_score=0.0 if mismatch else -1.0,
         )
     fn_name = ground_truth.get("fn_name")
     if fn_name:
@@ -347,6 +443,8 @@ def parse_code_tests(ground_truth: Any, functional_tests: str = "project") -> Co
             args=tuple(_call_args(value, f"inputs[{i}]") for i, value in enumerate(inputs)),
             outputs=tuple(_expected_value(value, f"outputs[{i}]") for i, value in enumerate(outputs)),
         )
+    if stdio_tests == "upstream":
+        return UpstreamStdioTests(inputs=tuple(inputs), outputs=tuple(outputs))
     return StdioTests(
         inputs=tuple(_text(value, f"inputs[{i}]") for i, value in enumerate(inputs)),
         outputs=tuple(_text(value, f"outputs[{i}]") for i, value in enumerate(outputs)),
@@ -365,11 +463,17 @@ class CodeVerifier:
         self.case_timeout_s = cfg.code_case_timeout_s
         self.code_block = cfg.code_block
         self.functional_tests = cfg.functional_tests
+        self.stdio_tests = cfg.stdio_tests
 
     def prepare(self, response: str, ground_truth: Any) -> PendingVerdict:
-        tests = parse_code_tests(ground_truth, self.functional_tests)
-        total = len(tests)
         code = extract_code(response, self.code_block)
+        try:
+            tests = parse_code_tests(ground_truth, self.functional_tests, self.stdio_tests)
+        except InvalidGroundTruthError as exc:
+            if code is None:  # code_math returns -1 for an answer without code before it reads the tests
+                raise InvalidGroundTruthError(str(exc)) from None
+            raise
+        total = len(tests)
         if code is None:
             return PendingVerdict.ready(_unrunnable(None, "no_code", total))
         try:

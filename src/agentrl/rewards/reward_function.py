@@ -107,9 +107,10 @@ class RewardFunction:
             return self.verifier(family).prepare(text, problem.ground_truth)
         except InvalidGroundTruthError as exc:
             if self.cfg.invalid_ground_truth == "score":
-                # upstream's compute_score turns the grader's exception into -1 and trains on
+                # upstream's compute_score turns the grader's exception into -1 and trains on;
+                # check_correctness scores a count mismatch 0.0 without raising (then no shaping)
                 details = {"error": f"invalid_ground_truth: {exc}"}
-                return PendingVerdict.ready(Verdict(score=-1.0, acc=False, pred=None, details=details))
+                return PendingVerdict.ready(Verdict(score=exc.upstream_score, acc=False, pred=None, details=details))
             raise InvalidGroundTruthError(
                 f"problem {problem.id!r} (data_source {problem.data_source!r}): {exc}"
             ) from None

@@ -52,8 +52,12 @@ def context_tokens(tokenizer, cfg: RolloutConfig) -> int:
     A prompt kept by ``fit-prompts`` renders, as the loop sends it, in at most
     ``max_prompt_tokens + tool_schema_tokens`` tokens when its length was measured without the
     schema, and in at most ``max_prompt_tokens`` when with it.
+
+    ``rollout.max_model_len: upstream`` leaves the schema out (verl's ``max_model_len`` is
+    ``max_prompt_length + max_response_length``, 23040 in the paper's script): a prompt longer
+    than ``max_prompt_tokens`` as the loop renders it then has that many tokens less to respond in.
     """
-    schema = 0 if cfg.prompt_length_with_tools else tool_schema_tokens(tokenizer)
+    schema = 0 if cfg.prompt_length_with_tools or cfg.max_model_len == "upstream" else tool_schema_tokens(tokenizer)
     return cfg.max_prompt_tokens + schema + cfg.max_response_tokens
 
 
