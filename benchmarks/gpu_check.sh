@@ -8,6 +8,10 @@
 #    sleep level 2 / push; (b) a ZeRO-2 bf16 step with gradient checkpointing on a 16K-token
 #    sequence (beside the sleeping engine when there is one; DeepSpeed only); (c) decode tokens/s
 #    at 3K/6K/12K context (about 4 minutes).
+# 3. benchmarks/gpu_check_paper_path.py: (a) ZeRO-3 SFT with uneven trained tokens per rank on two
+#    CPU ranks (needs no GPU); (b) the HF export's extra GPU memory beside an awake hf engine on a
+#    ZeRO-2 model, against save_pretrained's; (c) the colocated memory plan measured beside the one
+#    docs/paper-scale.md assumes (about 1 minute).
 #
 #   benchmarks/gpu_check.sh [summary.json] [--size tiny] # default: $OUT/gpu_check.json; part 2 writes
 #                                                       # gpu_check_vllm.json beside it
@@ -80,6 +84,13 @@ case "$part2" in
     0) ran+=("2") ;;
     "$SKIPPED") ran+=("2 (in part)"); skipped+=("in 2: see gpu_check_vllm.json") ;;
     *) failed=1; ran+=("2 (failed)") ;;
+esac
+part3=0
+python benchmarks/gpu_check_paper_path.py "$summary_dir/gpu_check_paper_path.json" || part3=$?
+case "$part3" in
+    0) ran+=("3") ;;
+    "$SKIPPED") ran+=("3 (in part)"); skipped+=("in 3: see gpu_check_paper_path.json") ;;
+    *) failed=1; ran+=("3 (failed)") ;;
 esac
 echo "gpu_check: ran: ${ran[*]:-none}; skipped: ${skipped[*]:-none}; summaries in $summary_dir"
 if [[ "$failed" != 0 ]]; then exit 1; fi

@@ -199,7 +199,8 @@ def test_the_script_runs_every_stage_on_a_cpu_with_a_tiny_model(tmp_path):
         timeout=900,  # part 2 (the vLLM engine) builds an engine on the CPU
         env=_script_env(GPU_CHECK_ALLOW_CPU="1", GPU_CHECK_PEAK_FLOPS="1e11"),
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # part 3's GPU parts (b, c) skip on a CPU: the skip code, not 0
+    assert done.returncode == 3, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads(summary_path.read_text())
     assert summary["peak_flops"] == 1e11 and summary["model"]["parameters"] > 0
     sft, grpo = summary["sft"], summary["grpo"]
@@ -215,6 +216,9 @@ def test_the_script_runs_every_stage_on_a_cpu_with_a_tiny_model(tmp_path):
     for part in ("a_engine", "b_long_sequence", "c_decode"):
         status = engine_parts[part]["status"]
         assert status == "passed" or status.startswith("skipped: "), (part, status)
+    paper_path = json.loads((summary_path.parent / "gpu_check_paper_path.json").read_text())
+    assert paper_path["a"]["status"] == "passed", paper_path
+    assert paper_path["b"] == paper_path["c"] == {"status": "skipped: no CUDA device"}
 
 
 def _hidden(tmp_path, *modules: str) -> str:
@@ -262,7 +266,9 @@ def test_without_deepspeed_the_check_skips_its_parts_runs_the_rest_and_says_so(t
     assert parts["a_engine"]["status"] == "skipped: vllm not importable on this machine", parts
     assert parts["b_long_sequence"]["status"] == "skipped: deepspeed not importable on this machine", parts
     assert parts["c_decode"]["status"] == "skipped: vllm not importable on this machine", parts
-    assert "gpu_check: ran: 2 (in part); skipped: 1 in 2" in done.stdout
+    paper_path = json.loads((summary_path.parent / "gpu_check_paper_path.json").read_text())
+    assert all(part["status"].startswith("skipped: ") for part in paper_path.values()), paper_path
+    assert "gpu_check: ran: 2 (in part) 3 (in part); skipped: 1 in 2" in done.stdout
 
 
 @pytest.mark.slow
@@ -276,4 +282,5 @@ def test_without_vllm_the_deepspeed_parts_run_and_the_check_exits_with_the_skip_
     parts = json.loads((summary_path.parent / "gpu_check_vllm.json").read_text())
     assert parts["b_long_sequence"]["status"] == "passed" and parts["b_long_sequence"]["beside_sleeping_vllm"] is False
     assert parts["a_engine"]["status"].startswith("skipped") and parts["c_decode"]["status"].startswith("skipped")
-    assert "gpu_check: ran: 1 2 (in part); skipped: in 2" in done.stdout
+    assert json.loads((summary_path.parent / "gpu_check_paper_path.json").read_text())["a"]["status"] == "passed"
+    assert "gpu_check: ran: 1 2 (in part) 3 (in part); skipped: in 2" in done.stdout

@@ -40,8 +40,9 @@ def test_the_folder_equals_save_pretrained_s_and_loads_with_its_tied_embedding(t
     model.save_pretrained(tmp_path / "reference")
     save_hf_folder(model, tokenizer, tmp_path / "streamed")
 
-    reference, streamed = load_file(tmp_path / "reference" / "model.safetensors"), load_file(
-        tmp_path / "streamed" / "model.safetensors"
+    reference, streamed = (
+        load_file(tmp_path / "reference" / "model.safetensors"),
+        load_file(tmp_path / "streamed" / "model.safetensors"),
     )
     assert streamed.keys() == reference.keys() and "lm_head.weight" not in streamed
     for name in reference:

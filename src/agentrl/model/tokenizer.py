@@ -25,3 +25,17 @@ def pad_token_id(tokenizer: Any) -> int:
     if pad is None:
         raise ModelFolderError(f"{tokenizer.name_or_path}: the tokenizer has neither a pad nor an eos token")
     return int(pad)
+
+
+def end_of_sequence_ids(model: Any, tokenizer: Any = None) -> tuple[int, ...]:
+    """The ids that end a generation whatever the caller's stop tokens, as vLLM stops with
+    ``ignore_eos`` off (``SamplingParams.update_from_generation_config``): the tokenizer's end of
+    sequence (vLLM's primary EOS; the model config's where no tokenizer is given) and every
+    ``eos_token_id`` of the model's generation config (an int or a list; Qwen3's instruct models
+    list ``<|im_end|>`` and ``<|endoftext|>``)."""
+    ids: set[int] = set()
+    primary = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else model.config.eos_token_id
+    for value in (primary, getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
+        if value is not None:
+            ids.update([value] if isinstance(value, int) else value)
+    return tuple(sorted(ids))

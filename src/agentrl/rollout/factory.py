@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from agentrl.errors import ModelFolderError
-from agentrl.model.tokenizer import load_chat_tokenizer, pad_token_id
+from agentrl.model.tokenizer import end_of_sequence_ids, load_chat_tokenizer, pad_token_id
 from agentrl.precision import resolve_dtype
 from agentrl.rollout.engine import Engine, default_device
 
@@ -65,7 +65,12 @@ def make_engine(
             model, tokenizer = load_policy(model_dir, dtype=cfg.dtype)
         elif tokenizer is None:
             tokenizer = load_chat_tokenizer(model_dir)
-        return HFEngine(model, pad_token_id=pad_token_id(tokenizer), batch_size=cfg.batch_size)
+        return HFEngine(
+            model,
+            pad_token_id=pad_token_id(tokenizer),
+            batch_size=cfg.batch_size,
+            eos_token_ids=end_of_sequence_ids(model, tokenizer),
+        )
     if cfg.engine == "vllm":
         from agentrl.rollout.vllm_engine import VllmEngine
 

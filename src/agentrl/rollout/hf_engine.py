@@ -2,7 +2,7 @@
 
 A hand-rolled decoding loop rather than ``model.generate``: it returns the exact log-probability
 of each sampled token under the distribution it was drawn from (see ``engine.py``), stops each
-sequence on its own stop token, and schedules requests continuously, as vLLM does: a running
+sequence on its own stop tokens or the model's end of sequence (as vLLM), and schedules requests continuously, as vLLM does: a running
 batch of at most ``rollout.batch_size`` sequences decodes one token per :meth:`HFEngine.step`;
 sequences that end leave it and queued requests take their places (a prefill merged into the
 batch), so no sequence waits for the slowest of its batch. ``generate`` is the same scheduler
@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from agentrl.model.tokenizer import end_of_sequence_ids
 from agentrl.rollout.engine import GenerationOutput, Request, SamplingParams
 from agentrl.rollout.hf_cache import batch_cache, cached_layers, use_cpu_gqa_attention
 
@@ -110,11 +111,11 @@ class _Running:
 
     __slots__ = ("request", "rng", "fed", "stop_ids", "tokens", "logprobs", "reason")
 
-    def __init__(self, request: Request, rng: random.Random, fed: list[int]) -> None:
+    def __init__(self, request: Request, rng: random.Random, fed: list[int], eos_ids: frozenset[int]) -> None:
         self.request = request
         self.rng = rng
         self.fed = fed  # ids whose keys and values the cache holds for this row, in order
-        self.stop_ids = frozenset(request.params.stop_token_ids)
+        self.stop_ids = frozenset(request.params.stop_token_ids) | eos_ids
         self.tokens: list[int] = []
         self.logprobs: list[float] = []
         self.reason: str | None = None  # 'stop' | 'length' once ended
@@ -171,9 +172,13 @@ class HFEngine:
         batch_size: int = 64,
         logits_processor: LogitsProcessor | None = None,
         max_parked: int | None = None,
+        eos_token_ids: Iterable[int] | None = None,
     ) -> None:
         assert batch_size >= 1, f"batch_size must be >= 1, got {batch_size}"
         self.model = model
+        # End of sequence stops every request besides its own stop tokens, as in vLLM (default:
+        # the model's own, agentrl.model.tokenizer.end_of_sequence_ids without a tokenizer).
+        self.eos_ids = frozenset(end_of_sequence_ids(model) if eos_token_ids is None else eos_token_ids)
         use_cpu_gqa_attention(model)
         self.num_layers = model.config.num_hidden_layers
         self.pad_token_id = pad_token_id
@@ -389,7 +394,7 @@ class HFEngine:
         for request, (parked, new) in zip(requests, starts):
             seed = request.params.seed
             rng = random.Random(seed) if seed is not None else random.Random(self._fresh.getrandbits(64))
-            rows.append(_Running(request, rng, (parked.ids if parked is not None else []) + list(new)))
+            rows.append(_Running(request, rng, (parked.ids if parked is not None else []) + list(new), self.eos_ids))
         self._merge(cache, mask, logits, rows)
 
     def _merge(self, cache: Cache, mask: torch.Tensor, logits: torch.Tensor, rows: list[_Running]) -> None:

@@ -2,7 +2,8 @@
 
 ``fraction`` (the default) is ``rollout.vllm.colocated_gpu_memory_utilization`` as configured.
 ``measured`` sizes it on the rank's GPU when the engine is built, after the trainer's DeepSpeed
-engine: what is free then, less what the trainer still allocates at its first step, less a
+engine: what is free then (torch's cache of the trainer's transient memory returned first:
+:func:`free_device_memory`), less what the trainer still allocates at its first step, less a
 headroom, is the engine's (:func:`colocated_memory_plan`). The trainer's resident memory while
 the engine is awake is then measured, not guessed: bf16 weights and the fp32 master shard exist
 at that point; AdamW's two fp32 moments and the fp32 gradient partition appear at the first step
@@ -129,13 +130,29 @@ class TrainerMemory:
     trajectories_per_rank: int  # batch_prompts x n / world size
 
 
-def measured_plan(model_dir: str | Path, cfg, trainer: TrainerMemory, context: int) -> ColocatedMemoryPlan:
-    """:func:`colocated_memory_plan` on this process's CUDA device, now (``cfg``: the rollout section)."""
+def free_device_memory() -> tuple[int, int]:
+    """(free, total) bytes of this process's CUDA device once torch's cache is returned to it.
+
+    DeepSpeed's ZeRO-2 flattening leaves the model's old per-parameter bf16 storage (~7.5 GiB
+    for a 4B model) in torch's caching allocator: free to torch, not to the device, so
+    ``mem_get_info`` alone counts it as the trainer's. vLLM empties that cache when its worker
+    starts (``init_device``), after the share was chosen; emptying it first measures what vLLM
+    will find.
+    """
+    import gc
+
     import torch
 
+    gc.collect()
+    torch.cuda.empty_cache()
+    return torch.cuda.mem_get_info()
+
+
+def measured_plan(model_dir: str | Path, cfg, trainer: TrainerMemory, context: int) -> ColocatedMemoryPlan:
+    """:func:`colocated_memory_plan` on this process's CUDA device, now (``cfg``: the rollout section)."""
     from agentrl.precision import resolve_dtype
 
-    free, total = torch.cuda.mem_get_info()
+    free, total = free_device_memory()
     dtype_bytes = resolve_dtype(cfg.dtype, "cuda").itemsize
     return colocated_memory_plan(
         total_bytes=total,

@@ -3,9 +3,11 @@
 As upstream (verl's colocated vLLM rollout), the engine lives beside the trainer and takes new
 weights from the trainer's in-memory parameters after each optimizer step; nothing is saved and
 reloaded from disk. vLLM 0.32's V1 engine runs its core in a child process unless
-``VLLM_ENABLE_V1_MULTIPROCESSING=0``; this engine sets that variable, so that the worker's
+``VLLM_ENABLE_V1_MULTIPROCESSING=0``; a colocated engine sets that variable, so that the worker's
 ``reload_weights`` (reached through ``LLM.collective_rpc``) reads the trainer's tensors directly
-(no serialisation); the prefix cache, stale after an update, is then reset.
+(no serialisation); the prefix cache, stale after an update, is then reset. A standalone engine
+(scoring, evaluation) keeps the child process, vLLM's default, which overlaps its CPU-side
+scheduling with the GPU's work.
 
 Two placements (:func:`engine_arguments`):
 
@@ -39,8 +41,11 @@ after a partial prefill and fails once a seeded batch exceeds one scheduler step
 
 Sampling matches the ``hf`` engine: ``logprobs_mode="processed_logprobs"`` returns the
 log-probability under the distribution sampled from (the untempered one for greedy requests),
-``ignore_eos=True`` makes the loop's ``stop_token_ids`` the only stop condition, and request
-``i`` takes the seed ``seeds[i]`` (default ``params.seed + i``; vLLM seeds per request).
+generation stops on the loop's ``stop_token_ids`` and on the model's end of sequence (the
+tokenizer's and the generation config's ``eos_token_id``, which vLLM adds with ``ignore_eos``
+off, as upstream runs it; the hf engine stops on the same ids, and the end-of-sequence token is
+the turn's last, finish reason ``stop``), and request ``i`` takes the seed ``seeds[i]`` (default
+``params.seed + i``; vLLM seeds per request).
 
 Two ways in, one set of sampling rules (:func:`vllm_sampling_params`, :func:`generation_output`):
 ``generate`` is ``LLM.generate`` over a batch; the request-level API (``add_request``, ``step``,
@@ -150,8 +155,9 @@ def refresh_cpu_lm_head(model: torch.nn.Module) -> None:
 def vllm_sampling_params(params: SamplingParams, *, max_tokens: int, seed: int | None):
     """vLLM's sampling parameters for one request of ours (``generate`` and ``add_request`` alike).
 
-    ``ignore_eos``: the loop's ``stop_token_ids`` are the only stop condition, as in the hf
-    engine; ``logprobs=0`` returns the sampled token's log-prob (processed, see the engine's
+    The loop's ``stop_token_ids`` stop a request, and so does the model's end of sequence, which
+    vLLM adds to them from the tokenizer and the generation config because ``ignore_eos`` is off
+    (as in the hf engine and upstream); ``logprobs=0`` returns the sampled token's log-prob (processed, see the engine's
     ``logprobs_mode``); ids only, no detokenization.
     """
     from vllm import SamplingParams as VllmSamplingParams
@@ -164,7 +170,7 @@ def vllm_sampling_params(params: SamplingParams, *, max_tokens: int, seed: int |
         max_tokens=min(max_tokens, params.max_tokens),
         seed=seed,
         stop_token_ids=list(params.stop_token_ids),
-        ignore_eos=True,
+        ignore_eos=False,
         logprobs=0,
         detokenize=False,
         skip_special_tokens=False,
@@ -196,8 +202,11 @@ class VllmEngine:
         colocated: bool = False,
         trainer_memory: TrainerMemory | None = None,
     ) -> None:
-        # In-process engine core: the only way update_weights can hand tensors over by reference.
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        if colocated:
+            # In-process engine core: the only way update_weights can hand the trainer's tensors
+            # over by reference. A standalone engine keeps vLLM's default, its core in a process of
+            # its own, whose scheduling then overlaps the GPU's work.
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vLLM-CPU's default is 4
         from transformers import AutoTokenizer
         from vllm import LLM
