@@ -23,8 +23,8 @@ Resume: a checkpoint every ``save_every_steps`` steps; the data order is a pure 
 restarted run continues at the next step and ends with the same model as an uninterrupted one.
 The checkpoint also carries the metric records of its steps, from which a resumed run rewrites
 the metrics file (the resume rule of :mod:`agentrl.training.metrics`, shared with GRPO).
-Checkpoints made by a different run setup (config, data, base model, process count) are discarded
-with a warning rather than resumed.
+A checkpoint made by a different run setup (config, data, base model, process count) is refused
+and kept: the stage stops naming what differs and the command that starts over.
 """
 
 from __future__ import annotations
