@@ -18,8 +18,8 @@ that Snakemake removed with a failed job's outputs comes back.
 Only a checkpoint whose fingerprint equals this run's is resumed. The checkpoint folder is not a
 Snakemake output, so it survives the re-run that a changed ``grpo.lr`` or a retrained SFT model
 triggers; resuming the old run's final checkpoint there would train nothing and export the old
-policy. A checkpoint of another run setup is discarded (with a warning naming what differs) and
-the run starts from step 0, as SFT does (``agentrl.sft.trainer``).
+policy. A checkpoint of another run setup is refused and kept: the stage stops naming the keys
+that differ and the command that starts over (``CheckpointOfAnotherRun``), as SFT does.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ step, ``step`` 0 = validation before training) and the checkpoints folder. A run
 checkpoint resumes from the newest one (:mod:`agentrl.grpo.checkpoint`): the step after it is
 the next one run, with the same prompts and rollout seeds the uninterrupted run would have used.
 Only a checkpoint of the same run setup is resumed (``run_fingerprint``); one of another setup
-(a changed ``grpo.lr``, a retrained SFT model, new RL data) is deleted and training starts over.
+(a changed ``grpo.lr``, a retrained SFT model, new RL data) is refused and kept, and the stage
+stops naming what differs and the command that starts over.
 
 Seeds: the prompt order comes from ``(seed, "grpo-data")``, rollouts of step k from
 ``(seed, step k, round, rank)``, validation from ``(seed, set)``; none depend on how many steps
