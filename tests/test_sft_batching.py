@@ -280,9 +280,9 @@ def test_length_grouping_cuts_the_padding_of_a_real_step():
     assert greedy > 0.2 and grouped < greedy / 2, (greedy, grouped)
 
 
-def test_a_two_step_sft_run_has_the_same_losses_grouped_or_not(tmp_path):
-    """The same conversations per step, split otherwise: the loss (a sum over the same tokens)
-    and the trained weights agree to float precision, with less padding."""
+def test_a_two_step_sft_run_has_the_same_losses_grouped_packed_or_not(tmp_path):
+    """The same conversations per step, split or packed otherwise: the loss (a sum over the same
+    tokens) and the trained weights agree to float precision, with less padding (none packed)."""
     from helpers.rollout import random_policy
     from safetensors.torch import load_file
 
@@ -291,7 +291,7 @@ def test_a_two_step_sft_run_has_the_same_losses_grouped_or_not(tmp_path):
 
     write_records(_varied_conversations(16), tmp_path / "sft.parquet")
     runs = {}
-    for name, overhead in (("greedy", None), ("grouped", 64)):
+    for name, overhead, packing in (("greedy", None, False), ("grouped", 64, False), ("packed", None, True)):
         cfg = load_config(
             {
                 "sft": {
@@ -299,6 +299,7 @@ def test_a_two_step_sft_run_has_the_same_losses_grouped_or_not(tmp_path):
                     "global_batch_size": 8,
                     "micro_batch_size": 8,
                     "micro_batch_overhead_tokens": overhead,
+                    "packing": packing,
                     "save_every_steps": 0,
                     "deepspeed": {"zero_stage": 0},
                 }
@@ -316,11 +317,15 @@ def test_a_two_step_sft_run_has_the_same_losses_grouped_or_not(tmp_path):
         train_sft(cfg, 5, paths)
         metrics = [json.loads(line) for line in paths.metrics.read_text().splitlines()]
         runs[name] = metrics, load_file(run / "model" / "model.safetensors")
-    (greedy, greedy_weights), (grouped, grouped_weights) = runs["greedy"], runs["grouped"]
-    assert len(greedy) == len(grouped) == 2
-    for a, b in zip(greedy, grouped):
-        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
-        assert b["trained_tokens"] == a["trained_tokens"]
-        assert b["pad_fraction"] < a["pad_fraction"]
-    for name, weight in greedy_weights.items():
-        torch.testing.assert_close(grouped_weights[name], weight, atol=1e-5, rtol=1e-4, msg=name)
+    greedy, greedy_weights = runs["greedy"]
+    assert len(greedy) == 2
+    for other in ("grouped", "packed"):
+        metrics, weights = runs[other]
+        assert len(metrics) == 2
+        for a, b in zip(greedy, metrics):
+            assert b["loss"] == pytest.approx(a["loss"], rel=1e-5), other
+            assert b["trained_tokens"] == a["trained_tokens"]
+            assert b["pad_fraction"] < a["pad_fraction"]
+        for name, weight in greedy_weights.items():
+            torch.testing.assert_close(weights[name], weight, atol=1e-5, rtol=1e-4, msg=f"{other}: {name}")
+    assert all(m["pad_fraction"] == 0 for m in runs["packed"][0])

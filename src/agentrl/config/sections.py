@@ -224,6 +224,7 @@ class SftConfig:
     micro_batch_size: int
     micro_batch_tokens: int | None
     micro_batch_overhead_tokens: int | None
+    packing: bool
     max_length: int
     truncation: Literal["right", "error"]
     loss_mask_alignment: Literal["target", "input"]
@@ -321,6 +322,7 @@ class GrpoConfig:
     logit_chunk_tokens: int
     loss_weighting: Literal["mini_batch_tokens", "micro_batch_share"]
     share_prompts: bool
+    packing: bool
     skip_zero_advantage: bool
     lr: float
     lr_schedule: Literal["constant", "cosine"]

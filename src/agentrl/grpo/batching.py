@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from agentrl.data.records import Trajectory
+from agentrl.training.packing import PackedRow, pack_sequences
 
 
 @dataclass
@@ -97,6 +98,29 @@ def pack_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[i
             groups[-1].append(index)
         else:
             groups.append([index])
+    return groups
+
+
+def pack_token_budget(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
+    """Indices grouped so that ``sum(length in group) <= token_budget`` (packed: no padding).
+
+    First-fit decreasing: longest first, each into the first group it fits, so a micro-batch is
+    filled by the short sequences the long ones leave room for and the count stays near
+    ``sum(lengths) / budget``. A single sequence over the budget forms its own group. Every
+    index appears exactly once.
+    """
+    assert token_budget >= 1, f"token_budget must be >= 1, got {token_budget}"
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    groups: list[list[int]] = []
+    loads: list[int] = []
+    for index in order:
+        fit = next((g for g, load in enumerate(loads) if load + lengths[index] <= token_budget), None)
+        if fit is None:
+            groups.append([index])
+            loads.append(lengths[index])
+        else:
+            groups[fit].append(index)
+            loads[fit] += lengths[index]
     return groups
 
 
@@ -179,8 +203,8 @@ class SharedPrompts:
 class MicroBatch:
     """Padded tensors of a few samples; ``(B, L)`` inputs and ``(B, R)`` response-frame values."""
 
-    input_ids: torch.Tensor  # (B, L) right-padded
-    attention_mask: torch.Tensor  # (B, L)
+    input_ids: torch.Tensor  # (B, L) right-padded, or (1, T) packed
+    attention_mask: torch.Tensor | None  # (B, L); None when packed
     response_start: torch.Tensor  # (B,) prompt length: first response position
     response_length: torch.Tensor  # (B,)
     loss_mask: torch.Tensor  # (B, R)
@@ -189,17 +213,18 @@ class MicroBatch:
     old_logp: torch.Tensor | None  # (B, R)
     ref_logp: torch.Tensor | None  # (B, R)
     shared: SharedPrompts | None = None  # set: the actor runs each distinct prompt once
+    packed: PackedRow | None = None  # set: the samples end to end in one row (input_ids is its (1, T))
 
     @property
     def num_tokens(self) -> int:
-        """Padded tokens of the forward."""
+        """Tokens of the forward, padding included."""
         if self.shared is not None:
             return int(self.shared.prompt_ids.numel() + self.shared.response_ids.numel())
         return int(self.input_ids.numel())
 
     def to(self, device: torch.device | str) -> MicroBatch:
         moved = {
-            name: (value.to(device) if isinstance(value, (torch.Tensor, SharedPrompts)) else value)
+            name: (value.to(device) if isinstance(value, (torch.Tensor, SharedPrompts, PackedRow)) else value)
             for name, value in self.__dict__.items()
         }
         return MicroBatch(**moved)
@@ -212,17 +237,21 @@ def _response_frame(rows: Sequence[Sequence[float]], width: int, dtype: torch.dt
     return out
 
 
-def collate(samples: Sequence[PolicySample], pad_token_id: int, share_prompts: bool = False) -> MicroBatch:
-    """Right-pad ``samples`` into a :class:`MicroBatch` (on the CPU); ``share_prompts`` adds
-    :class:`SharedPrompts` for runs of consecutive samples with the same prompt."""
+def collate(
+    samples: Sequence[PolicySample], pad_token_id: int, share_prompts: bool = False, packed: bool = False
+) -> MicroBatch:
+    """``samples`` as a :class:`MicroBatch` (on the CPU): right-padded ``(B, L)`` inputs, or with
+    ``packed`` one row of the samples end to end (:class:`~agentrl.training.packing.PackedRow`);
+    ``share_prompts`` adds :class:`SharedPrompts` for runs of consecutive samples with the same
+    prompt (padded). The response-frame tensors are the same either way."""
     assert samples, "cannot collate an empty micro-batch"
-    width = max(len(s.input_ids) for s in samples)
+    assert not (packed and share_prompts), "a micro-batch is packed or shares its prompts, not both"
     response_width = max(s.response_length for s in samples)
-    input_ids = torch.full((len(samples), width), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(samples), width), dtype=torch.long)
-    for i, sample in enumerate(samples):
-        input_ids[i, : len(sample.input_ids)] = torch.tensor(sample.input_ids, dtype=torch.long)
-        attention_mask[i, : len(sample.input_ids)] = 1
+    row = pack_sequences([s.input_ids for s in samples]) if packed else None
+    if row is not None:
+        input_ids, attention_mask = row.input_ids, None
+    else:
+        input_ids, attention_mask = _right_padded([s.input_ids for s in samples], pad_token_id)
     loss_mask = _response_frame([s.loss_mask for s in samples], response_width, torch.long)
     advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)[:, None] * (loss_mask > 0)
     has_old = all(s.old_logp is not None for s in samples)
@@ -238,7 +267,19 @@ def collate(samples: Sequence[PolicySample], pad_token_id: int, share_prompts: b
         old_logp=_response_frame([s.old_logp for s in samples], response_width, torch.float32) if has_old else None,
         ref_logp=_response_frame([s.ref_logp for s in samples], response_width, torch.float32) if has_ref else None,
         shared=_shared_prompts(samples, response_width, pad_token_id) if share_prompts else None,
+        packed=row,
     )
+
+
+def _right_padded(rows: Sequence[Sequence[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(B, L)`` token ids right-padded with ``pad_token_id``, and the attention mask."""
+    width = max(len(r) for r in rows)
+    input_ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        input_ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        attention_mask[i, : len(r)] = 1
+    return input_ids, attention_mask
 
 
 def _shared_prompts(samples: Sequence[PolicySample], response_width: int, pad_token_id: int) -> SharedPrompts:

@@ -31,6 +31,7 @@ from torch.utils.checkpoint import checkpoint
 
 from agentrl.grpo.algorithm import entropy_from_logits, token_logprobs
 from agentrl.grpo.batching import MicroBatch
+from agentrl.training.packing import enable_packed_attention
 
 if TYPE_CHECKING:
     from agentrl.config import RolloutConfig
@@ -87,41 +88,59 @@ class ResponseLogProbs(nn.Module):
         self.temperature = temperature
 
     def forward(self, batch: MicroBatch, with_entropy: bool = False, entropy_grad: bool = False):
+        """``(logp (B, R), entropy (B, R) or None)``, computed at the loss-mask positions only.
+
+        Every loss term and statistic reads these values through the loss mask, so the
+        vocabulary projection runs on ``N = sum(loss_mask)`` positions, not on the ``B x R``
+        response frame (tool responses, template tokens and the frame's padding are skipped);
+        the other positions of the frame hold 0. A micro-batch without a loss token (a rank's
+        padding micro-batch) projects one position, whose zero-weighted loss still gives every
+        parameter its (zero) gradient, as DeepSpeed's reduction expects.
+        """
+        selected = batch.loss_mask.bool()  # (B, R)
+        if not selected.any():
+            selected = selected.clone()
+            selected[0, 0] = True
         if batch.shared is not None:
             states, labels = self._shared_prompt_states(batch)
+            states, labels = states[selected], labels[selected]  # (N, H), (N,)
         else:
-            states, labels = self._full_states(batch)
-        batch_size, response_width, hidden_size = states.shape
-
-        flat_states = states.reshape(-1, hidden_size)
-        flat_labels = labels.reshape(-1)
+            states, labels = self._row_states(batch, selected)
         logps, entropies = [], []
-        for start in range(0, flat_states.shape[0], self.logit_chunk_tokens):
+        for start in range(0, states.shape[0], self.logit_chunk_tokens):
             chunk = slice(start, start + self.logit_chunk_tokens)
             if torch.is_grad_enabled():
                 logp, entropy = checkpoint(
-                    self._chunk, flat_states[chunk], flat_labels[chunk], with_entropy, entropy_grad, use_reentrant=False
+                    self._chunk, states[chunk], labels[chunk], with_entropy, entropy_grad, use_reentrant=False
                 )
             else:
-                logp, entropy = self._chunk(flat_states[chunk], flat_labels[chunk], with_entropy, entropy_grad)
+                logp, entropy = self._chunk(states[chunk], labels[chunk], with_entropy, entropy_grad)
             logps.append(logp)
             entropies.append(entropy)
-        logp = torch.cat(logps).view(batch_size, response_width)
-        entropy = torch.cat(entropies).view(batch_size, response_width) if with_entropy else None
+        logp = _in_frame(torch.cat(logps), selected)
+        entropy = _in_frame(torch.cat(entropies), selected) if with_entropy else None
         return logp, entropy
 
-    def _full_states(self, batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """The hidden states that predict each response token, ``(B, R, H)``, and those tokens."""
-        hidden = self.model.base_model(
-            input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
-        ).last_hidden_state  # (B, L, H)
-        width, hidden_size = hidden.shape[1:]
-        offsets = torch.arange(batch.loss_mask.shape[1], device=hidden.device)
-        # Position p predicts token p + 1: response token k of row i is predicted at start_i - 1 + k.
-        positions = (batch.response_start[:, None] - 1 + offsets[None, :]).clamp(0, width - 2)  # (B, R)
-        labels = batch.input_ids.gather(1, positions + 1)  # (B, R)
-        states = hidden.gather(1, positions[:, :, None].expand(-1, -1, hidden_size))  # (B, R, H)
-        return states, labels
+    def _row_states(self, batch: MicroBatch, selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The hidden states that predict the ``selected`` response tokens, ``(N, H)``, and those tokens.
+
+        Response token k of sample i is predicted at position ``start_i - 1 + k`` of the sample
+        (position p predicts token p + 1), found in the flattened forward at the sample's offset:
+        ``i x L`` in a right-padded ``(B, L)`` batch, its ``cu_seqlens`` entry in a packed row.
+        """
+        if batch.packed is not None:
+            enable_packed_attention(self.model)  # once: unpacked calls (the hf engine's) still run SDPA
+            hidden = self.model.base_model(**batch.packed.model_inputs()).last_hidden_state[0]  # (T, H)
+            offsets = batch.packed.starts  # (B,)
+        else:
+            hidden = self.model.base_model(
+                input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
+            ).last_hidden_state  # (B, L, H)
+            offsets = torch.arange(hidden.shape[0], device=hidden.device) * hidden.shape[1]
+            hidden = hidden.reshape(-1, hidden.shape[-1])  # (B L, H)
+        rows, columns = selected.nonzero(as_tuple=True)  # (N,) each, row-major as selected's indexing
+        positions = offsets[rows] + batch.response_start[rows] - 1 + columns  # (N,)
+        return hidden.index_select(0, positions), batch.input_ids.reshape(-1)[positions + 1]
 
     def _shared_prompt_states(self, batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """As :meth:`_full_states`, each distinct prompt computed once.
@@ -164,3 +183,9 @@ class ResponseLogProbs(nn.Module):
             tempered = logits if self.temperature == 1.0 else logits.float() / self.temperature
             entropy = entropy_from_logits(tempered[None])[0]  # (N,)
         return logp, entropy
+
+
+def _in_frame(values: torch.Tensor, selected: torch.Tensor) -> torch.Tensor:
+    """``(N,)`` values at the ``selected`` positions of a ``(B, R)`` frame of zeros (differentiable)."""
+    frame = values.new_zeros(selected.shape)
+    return frame.masked_scatter(selected, values)

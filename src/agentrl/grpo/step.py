@@ -63,6 +63,7 @@ from agentrl.grpo.batching import (
     collate,
     pack_micro_batches,
     pack_prompt_groups,
+    pack_token_budget,
     prompt_groups,
     unpad_response,
 )
@@ -267,9 +268,15 @@ class GrpoStep:
             plan.append(MiniBatchPlan(members, micro + [[] for _ in range(count - len(micro))]))
         return plan
 
+    @property
+    def packs(self) -> bool:
+        """Whether micro-batches are packed rows (``grpo.packing``; shared prompts keep their padded forward)."""
+        return self.grpo.packing and not self.grpo.share_prompts
+
     def _micro_batches(self, samples: Sequence[PolicySample], indices: list[int]) -> list[list[int]]:
-        """``indices`` packed to ``grpo.micro_batch_tokens``: by sample, or by whole prompt groups
-        when they share the prompt's forward (``grpo.share_prompts``)."""
+        """``indices`` cut to ``grpo.micro_batch_tokens``: by whole prompt groups when they share
+        the prompt's forward (``grpo.share_prompts``), else by sample, in real tokens when packed
+        (:meth:`packs`) and in padded tokens otherwise."""
         budget = self.grpo.micro_batch_tokens
         if self.grpo.share_prompts:
             groups = prompt_groups(samples, indices)
@@ -277,7 +284,8 @@ class GrpoStep:
             response_lengths = {i: samples[i].response_length for i in indices}
             return pack_prompt_groups(groups, prompt_lengths, response_lengths, budget)
         lengths = [len(samples[i].input_ids) for i in indices]
-        return [[indices[j] for j in group] for group in pack_micro_batches(lengths, budget)]
+        packer = pack_token_budget if self.packs else pack_micro_batches
+        return [[indices[j] for j in group] for group in packer(lengths, budget)]
 
     def micro_batch(self, samples: Sequence[PolicySample], indices: list[int]) -> MicroBatch:
         if not indices:  # padding micro-batch of a rank with fewer: one masked token, zero loss
@@ -290,9 +298,10 @@ class GrpoStep:
                 old_logp=[0.0],
                 ref_logp=[0.0] if self.settings.uses_reference else None,
             )
-            return collate([empty], self.parts.pad_token_id).to(self.ctx.device)
+            return collate([empty], self.parts.pad_token_id, packed=self.packs).to(self.ctx.device)
         chosen = [samples[i] for i in indices]
-        return collate(chosen, self.parts.pad_token_id, share_prompts=self.grpo.share_prompts).to(self.ctx.device)
+        batch = collate(chosen, self.parts.pad_token_id, share_prompts=self.grpo.share_prompts, packed=self.packs)
+        return batch.to(self.ctx.device)
 
     def single_pass(self, plan) -> bool:
         """One PPO epoch over one mini-batch: the update's forward runs on the weights that the

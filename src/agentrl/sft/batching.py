@@ -35,6 +35,7 @@ from agentrl.config import ConfigError
 from agentrl.data.records import SftExample
 from agentrl.errors import DataFormatError
 from agentrl.sft.masking import render_with_assistant_mask
+from agentrl.training.packing import pack_sequences
 
 log = logging.getLogger("agentrl.sft")
 
@@ -138,6 +139,26 @@ def _padded_cost(batch: list[int], lengths: Sequence[int]) -> int:
     return len(batch) * max(lengths[i] for i in batch)
 
 
+def _packed_cost(batch: list[int], lengths: Sequence[int]) -> int:
+    return sum(lengths[i] for i in batch)
+
+
+def _fill_packed(lengths: Sequence[int], micro_batch_size: int, micro_batch_tokens: int | None) -> list[list[int]]:
+    """First-fit decreasing into micro-batches of at most ``micro_batch_size`` sequences and
+    ``micro_batch_tokens`` tokens (packed: no padding, so the fewest micro-batches are best)."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches: list[list[int]] = []
+    for index in order:
+        for batch in batches:
+            tokens = _packed_cost(batch, lengths) + lengths[index]
+            if len(batch) < micro_batch_size and (micro_batch_tokens is None or tokens <= micro_batch_tokens):
+                batch.append(index)
+                break
+        else:
+            batches.append([index])
+    return batches
+
+
 def _fits(size: int, longest: int, micro_batch_size: int, micro_batch_tokens: int | None) -> bool:
     """Whether ``size`` rows led by a ``longest``-token row may form a micro-batch (one row always may)."""
     if size == 1:
@@ -203,13 +224,16 @@ def pack_micro_batches(
     micro_batch_tokens: int | None,
     num_ranks: int,
     overhead_tokens: int | None = None,
+    packed: bool = False,
 ) -> list[list[list[int]]]:
     """Split one step's sequences (given by their lengths) into micro-batches, per rank.
 
     Returns ``per_rank[r] = [micro_batch, ...]``, each micro-batch a list of positions into
     ``lengths``. Every rank gets the same number of micro-batches; every position appears once.
     ``overhead_tokens`` (``sft.micro_batch_overhead_tokens``): None fills micro-batches greedily,
-    a number groups by length (:func:`group_by_length`).
+    a number groups by length (:func:`group_by_length`). ``packed`` (``sft.packing``): the
+    micro-batches are packed rows (:func:`collate_packed`), ``micro_batch_tokens`` counts real
+    tokens and they are filled first-fit (no padding to group against; ``overhead_tokens`` unused).
     """
     assert micro_batch_size >= 1 and num_ranks >= 1, "micro_batch_size and num_ranks must be >= 1"
     if len(lengths) % num_ranks:
@@ -217,25 +241,28 @@ def pack_micro_batches(
             f"{len(lengths)} sequences per step cannot be split over {num_ranks} processes; "
             "make sft.global_batch_size a multiple of the process count"
         )
-    if overhead_tokens is None:
+    cost = _packed_cost if packed else _padded_cost
+    if packed:
+        batches = _fill_packed(lengths, micro_batch_size, micro_batch_tokens)
+    elif overhead_tokens is None:
         batches = _fill_greedily(lengths, micro_batch_size, micro_batch_tokens)
     else:
         batches = group_by_length(lengths, micro_batch_size, micro_batch_tokens, overhead_tokens)
     while len(batches) % num_ranks:
         splittable = [b for b in batches if len(b) > 1]
         assert splittable, "cannot happen: there are at least num_ranks sequences"
-        largest = max(splittable, key=lambda b: (_padded_cost(b, lengths), len(b)))
+        largest = max(splittable, key=lambda b: (cost(b, lengths), len(b)))
         half = len(largest) // 2
         batches.remove(largest)
         batches += [largest[:half], largest[half:]]
     per_rank: list[list[list[int]]] = [[] for _ in range(num_ranks)]
     loads = [0] * num_ranks
     quota = len(batches) // num_ranks
-    for batch in sorted(batches, key=lambda b: (-_padded_cost(b, lengths), b[0])):
+    for batch in sorted(batches, key=lambda b: (-cost(b, lengths), b[0])):
         open_ranks = [r for r in range(num_ranks) if len(per_rank[r]) < quota]
         rank = min(open_ranks, key=lambda r: (loads[r], r))
         per_rank[rank].append(batch)
-        loads[rank] += _padded_cost(batch, lengths)
+        loads[rank] += cost(batch, lengths)
     return per_rank
 
 
@@ -251,3 +278,16 @@ def collate(examples: Sequence[TokenizedExample], pad_token_id: int) -> dict[str
         attention_mask[row, :n] = 1
         loss_mask[row, :n] = torch.tensor(example.loss_mask, dtype=torch.long)
     return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
+
+
+def collate_packed(examples: Sequence[TokenizedExample]) -> dict:
+    """The conversations end to end in one row (:class:`~agentrl.training.packing.PackedRow`):
+    input_ids and loss_mask ``(1, T)``, attention_mask None, and ``packed``.
+
+    A sequence's first token is never a target (nothing of its own precedes it), so its mask is 0:
+    otherwise the previous conversation's last position would be trained to predict it.
+    """
+    row = pack_sequences([e.input_ids for e in examples])
+    loss_mask = torch.tensor([m for e in examples for m in e.loss_mask], dtype=torch.long)[None]
+    loss_mask[0, row.starts] = 0
+    return {"input_ids": row.input_ids, "attention_mask": None, "loss_mask": loss_mask, "packed": row}

@@ -49,6 +49,7 @@ from agentrl.sft.batching import (
     TokenizedExample,
     check_trained_tokens,
     collate,
+    collate_packed,
     pack_micro_batches,
     step_indices,
     steps_per_epoch,
@@ -59,6 +60,7 @@ from agentrl.training.collectives import max_over_ranks
 from agentrl.training.fingerprint import fingerprint_of, without_keys
 from agentrl.training.loop import TrainingLoop, training_stage
 from agentrl.training.model import load_causal_lm
+from agentrl.training.packing import PackedRow, enable_packed_attention
 
 log = logging.getLogger("agentrl.sft")
 
@@ -88,11 +90,20 @@ class AssistantTokenNll(torch.nn.Module):
         return F.cross_entropy(logits, targets, reduction="sum")
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        loss_mask: torch.Tensor,
+        packed: PackedRow | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden = self.lm.get_decoder()(
-            input_ids=input_ids, attention_mask=attention_mask, use_cache=False
-        ).last_hidden_state  # (B, T, H)
+        """``packed``: the inputs are one packed row (:func:`agentrl.sft.batching.collate_packed`)."""
+        if packed is not None:
+            enable_packed_attention(self.lm)
+            hidden = self.lm.get_decoder()(**packed.model_inputs()).last_hidden_state  # (1, T, H)
+        else:
+            hidden = self.lm.get_decoder()(
+                input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+            ).last_hidden_state  # (B, T, H)
         trained = loss_mask[:, 1:].bool()  # (B, T-1): is token t+1 a trained target
         hidden_at = hidden[:, :-1][trained]  # (N, H), the positions that predict trained tokens
         targets = input_ids[:, 1:][trained]  # (N,)
@@ -192,7 +203,12 @@ def _run_step(
     """Forward/backward of this rank's micro-batches of one step, then the optimizer step."""
     lengths = [len(examples[i].input_ids) for i in indices]
     per_rank = pack_micro_batches(
-        lengths, cfg.micro_batch_size, cfg.micro_batch_tokens, ctx.world_size, cfg.micro_batch_overhead_tokens
+        lengths,
+        cfg.micro_batch_size,
+        cfg.micro_batch_tokens,
+        ctx.world_size,
+        cfg.micro_batch_overhead_tokens,
+        packed=cfg.packing,
     )
     mine = per_rank[ctx.rank]
     step_targets = sum(examples[i].trained_targets for i in indices)
@@ -201,12 +217,14 @@ def _run_step(
     local = torch.zeros(3, dtype=torch.float64)  # nll sum, real tokens, padded tokens
     for position, micro in enumerate(mine):
         engine.set_gradient_accumulation_boundary(position == len(mine) - 1)
-        batch = {k: v.to(ctx.device) for k, v in collate([examples[indices[p]] for p in micro], pad_token_id).items()}
-        nll_sum, _ = engine(batch["input_ids"], batch["attention_mask"], batch["loss_mask"])
+        chosen = [examples[indices[p]] for p in micro]
+        batch = collate_packed(chosen) if cfg.packing else {**collate(chosen, pad_token_id), "packed": None}
+        batch = {k: v.to(ctx.device) if v is not None else None for k, v in batch.items()}
+        nll_sum, _ = engine(batch["input_ids"], batch["attention_mask"], batch["loss_mask"], batch["packed"])
         engine.backward(nll_sum * scales[position], scale_wrt_gas=False)
+        real_tokens = sum(len(e.input_ids) for e in chosen)
         local += torch.tensor(
-            [float(nll_sum.detach()), float(batch["attention_mask"].sum()), float(batch["input_ids"].numel())],
-            dtype=torch.float64,
+            [float(nll_sum.detach()), float(real_tokens), float(batch["input_ids"].numel())], dtype=torch.float64
         )
     engine.step()
     torch.distributed.all_reduce(local)

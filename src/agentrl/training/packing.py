@@ -1,0 +1,152 @@
+"""Padding-free (packed) forwards: several sequences in one row, no attention across them.
+
+A packed micro-batch is one row of ``T = sum_i L_i`` tokens, the sequences end to end, with
+per-sequence positions (``position_ids`` restart at 0 at each sequence) and the cumulative
+lengths ``cu_seqlens = [0, L_0, L_0 + L_1, ...]``. Token t of sequence i attends to tokens
+``cu_seqlens[i] .. t`` only (block-diagonal causal attention), so each sequence's hidden states
+are those of its own unpadded forward, and no position is computed for padding.
+
+transformers 5.19 has two packed paths: flash-attention varlen (``flash_attention_*``, which
+needs the flash-attn package) reads ``cu_seq_lens_q``; SDPA and eager detect packing from the
+``position_ids`` resets (``masking_utils.find_packed_sequence_indices``) and build a dense
+``(1, 1, T, T)`` block-diagonal mask, i.e. attention over the whole ``T x T`` square (a 32K-token
+row: a 1-GB mask and ~``T / L`` times the attention work of the sequences apart).
+:data:`ATTENTION` registers a third, ``agentrl_packed``: SDPA for every unpacked call (the ``hf``
+rollout engine shares the actor's module), and for a packed call the attention of each sequence
+on its own: torch's varlen flash kernel (``torch.nn.attention.varlen``, no extra dependency) on
+CUDA in bf16/fp16, else SDPA with ``is_causal`` per sequence (CPU; measured exact and the fastest
+of the CPU paths, benchmarks/packing.py). The packed call passes an all-ones 2-D attention mask,
+so transformers' mask builder skips the dense mask (``_ignore_causal_mask_sdpa``), and
+``cu_seq_lens_q`` reaches the attention function through the layers' keyword arguments (also
+when a checkpointed layer is recomputed in backward).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+ATTENTION = "agentrl_packed"
+
+
+@dataclass
+class PackedRow:
+    """Sequences end to end in one row: ``input_ids`` and ``position_ids`` ``(1, T)``,
+    ``cu_seqlens`` ``(S + 1,)`` int32 (sequence i is ``cu_seqlens[i]:cu_seqlens[i + 1]``)."""
+
+    input_ids: torch.Tensor  # (1, T)
+    position_ids: torch.Tensor  # (1, T)
+    cu_seqlens: torch.Tensor  # (S + 1,) int32
+    max_length: int
+
+    @property
+    def starts(self) -> torch.Tensor:
+        """``(S,)`` the first position of each sequence in the row."""
+        return self.cu_seqlens[:-1].long()
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """``(S,)``"""
+        return (self.cu_seqlens[1:] - self.cu_seqlens[:-1]).long()
+
+    def model_inputs(self) -> dict:
+        """Keyword arguments of a Hugging Face decoder's forward for this row."""
+        return {
+            "input_ids": self.input_ids,
+            "position_ids": self.position_ids,
+            # all ones: transformers then builds no dense mask (the sequences' boundaries are in cu_seq_lens)
+            "attention_mask": torch.ones_like(self.input_ids),
+            "cu_seq_lens_q": self.cu_seqlens,
+            "cu_seq_lens_k": self.cu_seqlens,
+            "max_length_q": self.max_length,
+            "max_length_k": self.max_length,
+            "use_cache": False,
+        }
+
+    def to(self, device: torch.device | str) -> PackedRow:
+        return PackedRow(
+            self.input_ids.to(device), self.position_ids.to(device), self.cu_seqlens.to(device), self.max_length
+        )
+
+
+def pack_sequences(sequences: Sequence[Sequence[int]]) -> PackedRow:
+    """``sequences`` (token ids, each non-empty) end to end in one :class:`PackedRow`."""
+    assert sequences and all(sequences), "cannot pack an empty sequence or none"
+    lengths = [len(s) for s in sequences]
+    input_ids = torch.tensor([t for s in sequences for t in s], dtype=torch.long)[None]
+    position_ids = torch.cat([torch.arange(n, dtype=torch.long) for n in lengths])[None]
+    cu_seqlens = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    cu_seqlens[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0)
+    return PackedRow(input_ids, position_ids, cu_seqlens, max(lengths))
+
+
+def _per_sequence_sdpa(query, key, value, cu_seqlens: torch.Tensor, scaling) -> torch.Tensor:
+    """``(1, H, T, D)`` -> ``(1, T, H, D)``: causal SDPA on each sequence of the row apart."""
+    bounds = cu_seqlens.tolist()
+    outputs = [
+        torch.nn.functional.scaled_dot_product_attention(
+            query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], is_causal=True, scale=scaling
+        )
+        for a, b in zip(bounds[:-1], bounds[1:])
+    ]
+    return torch.cat(outputs, dim=2).transpose(1, 2)
+
+
+def _varlen_flash(query, key, value, cu_seqlens: torch.Tensor, max_length: int, scaling) -> torch.Tensor:
+    """``(1, H, T, D)`` -> ``(1, T, H, D)`` by torch's varlen flash kernel (CUDA, 16-bit)."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (T, H, D)
+    out = varlen_attn(
+        q,
+        k,
+        v,
+        cu_seqlens,
+        cu_seqlens,
+        max_length,
+        max_length,
+        scale=scaling,
+        window_size=(-1, 0),  # causal
+        enable_gqa=q.shape[1] != k.shape[1],
+    )
+    return out[None]
+
+
+def packed_attention_forward(
+    module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention interface: SDPA unless the call carries ``cu_seq_lens_q`` (a packed row)."""
+    from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+
+    cu_seqlens = kwargs.get("cu_seq_lens_q")
+    if cu_seqlens is None:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    assert query.shape[0] == 1, f"a packed call has one row, got {query.shape[0]}"
+    assert dropout == 0.0 or not module.training, "packed attention has no dropout"
+    if query.is_cuda and query.dtype in (torch.float16, torch.bfloat16):
+        return _varlen_flash(query, key, value, cu_seqlens.to(torch.int32), int(kwargs["max_length_q"]), scaling), None
+    groups = query.shape[1] // key.shape[1]
+    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    return _per_sequence_sdpa(query, key, value, cu_seqlens, scaling), None
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTENTION, packed_attention_forward)
+    AttentionMaskInterface.register(ATTENTION, sdpa_mask)
+
+
+def enable_packed_attention(model: torch.nn.Module) -> None:
+    """Give ``model`` (a Hugging Face model using SDPA or eager attention) the packed attention;
+    unpacked calls keep computing as SDPA. A flash-attention model packs natively and is left as is."""
+    current = model.config._attn_implementation
+    if current.startswith("flash_attention") or current == ATTENTION:
+        return
+    _register()
+    model.set_attn_implementation(ATTENTION)
