@@ -207,9 +207,10 @@ def _cut_at_special(text: str, specials: list[str], last: bool) -> tuple[str, st
     """``text`` cut right after its last (``last``) or right before its first special token:
     special tokens are where a tokenizer splits the text before BPE, so the pieces tokenize apart
     exactly as within the whole."""
-    ends = [text.rindex(s) + len(s) for s in specials if s in text] if last else []
-    starts = [] if last else [text.index(s) for s in specials if s in text]
-    cut = max(ends, default=0) if last else min(starts, default=len(text))
+    if last:
+        cut = max((text.rindex(s) + len(s) for s in specials if s in text), default=0)
+    else:
+        cut = min((text.index(s) for s in specials if s in text), default=len(text))
     return text[:cut], text[cut:]
 
 
