@@ -9,7 +9,9 @@ import time
 from agentrl.training.folder_lock import LOCK_DIR_SETTING
 from agentrl.training.slurm_jobs import (
     RUNNING_JOBS_SETTING,
+    SCONTROL_PARTITIONS,
     SQUEUE,
+    cancelling_partitions,
     jobs_of_this_run,
     lock_holders,
     parse_squeue,
@@ -23,13 +25,14 @@ NODES_SETTING = "AGENTRL_NODES"  # read by the workflow profile, workflow/profil
 
 
 def site_executor():
-    """The executor plugin this run submits with (``"slurm"``; None: the local one) and whether it
-    is a dry run, read from the command line and profiles as Snakemake's own parser reads them.
+    """The executor plugin this run submits with (``"slurm"``; None: the local one), whether it is a
+    dry run, and the SLURM plugin's partition file, read from the command line and profiles as
+    Snakemake's own parser reads them.
 
     Snakemake loads the Snakefile before it picks its executor (``workflow.executor_plugin`` is
     still None here, and a dry run swaps in the dry-run executor anyway), so the site profile's
     ``executor:`` is known only from the arguments. Run through the API rather than the command
-    line (the tests' workflow wrappers), nothing is known: (None, False).
+    line (the tests' workflow wrappers), nothing is known: (None, False, None).
     """
     import snakemake.cli
 
@@ -37,11 +40,12 @@ def site_executor():
         with contextlib.redirect_stderr(io.StringIO()):  # it says again which profiles it reads
             _, args = snakemake.cli.parse_args(sys.argv[1:])
     except (SystemExit, Exception):  # not Snakemake's command line
-        return None, False
-    return getattr(args, "executor", None), bool(getattr(args, "dryrun", False))
+        return None, False, None
+    partitions = getattr(args, "slurm_partition_config", None)  # the plugin's --slurm-partition-config
+    return getattr(args, "executor", None), bool(getattr(args, "dryrun", False)), partitions
 
 
-EXECUTOR, DRY_RUN = site_executor() if workflow.is_main_process else (None, False)
+EXECUTOR, DRY_RUN, PARTITION_FILE = site_executor() if workflow.is_main_process else (None, False, None)
 
 
 def _rule_nodes(each):
@@ -171,3 +175,32 @@ def check_running_jobs():
             logger.warning(f"{RUNNING_JOBS_SETTING}=wait: waiting for {' '.join(job.job_id for job in found)} to end")
             said = True
         time.sleep(RUNNING_JOBS_POLL_S)
+
+
+def check_preemption():
+    """Warn about partitions that preempt by cancelling: a job preempted there never ends for the
+    SLURM plugin 2.8 (it takes PREEMPTED for running), so snakemake would wait for it for ever.
+
+    The partitions are those of the plugin's partition file (all when there is none), their
+    PreemptMode from scontrol. A warning, not a refusal: preemption may never happen, and the
+    recovery is documented (docs/paper-scale.md, "Preemption, timeouts and retries").
+    """
+    import shutil
+    import subprocess
+
+    import yaml
+
+    if EXECUTOR != "slurm" or shutil.which(SCONTROL_PARTITIONS[0]) is None:
+        return
+    names = None
+    if PARTITION_FILE and Path(PARTITION_FILE).is_file():
+        names = list((yaml.safe_load(Path(PARTITION_FILE).read_text()) or {}).get("partitions", {}))
+    done = subprocess.run(SCONTROL_PARTITIONS, capture_output=True, text=True, timeout=60)
+    cancelling = cancelling_partitions(done.stdout, names) if done.returncode == 0 else []
+    if cancelling:
+        logger.warning(
+            f"partition(s) {', '.join(cancelling)} preempt by cancelling (PreemptMode=CANCEL): a job preempted there "
+            "ends PREEMPTED, which the SLURM executor plugin takes for still running, and snakemake would wait for it "
+            "for ever (it says 'A Job preemption occured!'). Then: docs/paper-scale.md, 'Preemption, timeouts and "
+            "retries'; or use partitions that requeue (PreemptMode=REQUEUE)"
+        )

@@ -87,6 +87,24 @@ def test_gpu_rules_ask_for_memory_and_time(submissions):
             assert f"--mem {memory[rule]}" in job["sbatch"] and f"-t {minutes}" in job["sbatch"], job["sbatch"]
 
 
+def test_memory_grows_with_the_attempt_up_to_a_cap_except_for_training():
+    """A retry asks for twice the memory of the first attempt (an out-of-memory job gets more), never
+    more than the cap; the training rules keep a node's share (their retries are 24 h pieces)."""
+    third = _submissions("all", "--profile", "profiles/slurm", "--configfile", PAPER, "--attempt", "3")
+    second = _submissions("all", "--profile", "profiles/slurm", "--configfile", PAPER, "--attempt", "2")
+    memory = {
+        "prepare_data": (64000, 96000),
+        "select_rl_data": (32000, 48000),  # the site profile's default, 16000 at the first attempt
+        "score_rl_pool": (256000, 256000),
+        "evaluate": (256000, 256000),
+        "sft": (512000, 512000),
+        "grpo": (1000000, 1000000),
+    }
+    for rule, (at_two, at_three) in memory.items():
+        for jobs, mem in ((second, at_two), (third, at_three)):
+            assert f"--mem {mem} " in jobs[rule][0]["sbatch"] + " ", (rule, jobs[rule][0]["sbatch"])
+
+
 def test_the_docs_table_says_the_runtimes_the_jobs_ask_for():
     table = (ROOT / "docs" / "paper-scale.md").read_text()
     rows = {

@@ -12,7 +12,14 @@ import sys
 import textwrap
 from pathlib import Path
 
-from agentrl.training.slurm_jobs import SQUEUE, jobs_of_this_run, lock_holders, parse_squeue, refusal
+from agentrl.training.slurm_jobs import (
+    SQUEUE,
+    cancelling_partitions,
+    jobs_of_this_run,
+    lock_holders,
+    parse_squeue,
+    refusal,
+)
 
 WORKDIR = "/scratch/u/agentrl"
 SQUEUE_TEXT = "\n".join(
@@ -67,3 +74,16 @@ def test_holders_in_the_lock_directory_count_for_the_folder_they_lock(tmp_path):
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1] / "src")
     subprocess.run([sys.executable, "-c", HOLD, str(results / "rl" / "checkpoints")], env=env, check=True)
     assert list(lock_holders(results)) == [] and list(lock_holders(results, str(locks))) == ["77"]
+
+
+def test_partitions_that_preempt_by_cancelling_are_found_in_scontrol_text():
+    text = "\n".join(
+        [
+            "PartitionName=gpu AllowGroups=ALL Default=NO MaxTime=1-00:00:00 PreemptMode=CANCEL State=UP",
+            "PartitionName=gpu-long MaxTime=3-00:00:00 PreemptMode=REQUEUE State=UP",
+            "PartitionName=scavenger MaxTime=1-00:00:00 PreemptMode=GANG,CANCEL State=UP",
+            "PartitionName=cpu MaxTime=1-00:00:00 PreemptMode=OFF State=UP",
+        ]
+    )
+    assert cancelling_partitions(text) == ["gpu", "scavenger"]
+    assert cancelling_partitions(text, ["gpu-long", "cpu", "scavenger"]) == ["scavenger"]

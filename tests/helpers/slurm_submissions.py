@@ -15,6 +15,10 @@ printing the DAG it hands every job to the plugin's own builders and prints one 
 - ``command``: the job's shell command with its params, resources and threads filled in;
 - the job's rule, threads, resources and whether its rule is a local rule.
 
+``--attempt N`` (taken out before Snakemake reads the rest) describes every job at its N-th attempt,
+as Snakemake's scheduler retries a failed job: it sets ``job.attempt``, which re-evaluates the
+job's resources.
+
 Only what talks to a real cluster is left out: the account check (``sacctmgr``), so the account
 string is passed through as written, and the submission itself.
 """
@@ -37,6 +41,7 @@ from snakemake_executor_plugin_slurm.utils import set_gres_string
 from snakemake_interface_executor_plugins.registry import ExecutorPluginRegistry
 
 SETTINGS = None  # the SLURM plugin's executor settings, parsed from the command line and profiles
+ATTEMPT = 1
 
 
 def describe(job) -> dict:
@@ -82,11 +87,18 @@ def capture(self) -> None:
     self._prepare_dag(forceall=self.dag_settings.forceall, ignore_incomplete=True, lock_warn_only=True)
     self._build_dag()
     jobs = sorted(self.dag.jobs, key=lambda j: (j.name, str(j.wildcards)))
+    for job in jobs:
+        job.attempt = ATTEMPT
     print(json.dumps([describe(job) for job in jobs]))
 
 
 if __name__ == "__main__":
-    argv = [*sys.argv[1:], "--dag", "--quiet", "rules"]
+    argv = sys.argv[1:]
+    if "--attempt" in argv:
+        at = argv.index("--attempt")
+        ATTEMPT = int(argv[at + 1])
+        del argv[at : at + 2]
+    argv = [*argv, "--dag", "--quiet", "rules"]
     _, args = snakemake.cli.parse_args(argv)
     if args.executor == "slurm":  # as snakemake.cli.args_to_api reads them
         SETTINGS = ExecutorPluginRegistry().get_plugin("slurm").get_settings(args)

@@ -109,3 +109,25 @@ def refusal(found: list[QueuedJob], results: str, holders: Mapping[str, str]) ->
         f"too). Cancel them: scancel {ids}; or let them end first: {RUNNING_JOBS_SETTING}=wait; or, if they "
         f"are another results folder's run from this directory: {RUNNING_JOBS_SETTING}=ignore"
     )
+
+
+# One line per partition; PreemptMode as `scontrol show partition -o` prints it
+SCONTROL_PARTITIONS = ["scontrol", "show", "partition", "--oneliner"]
+
+
+def cancelling_partitions(scontrol: str, names: Iterable[str] | None = None) -> list[str]:
+    """The partitions (of ``names``, or all) whose ``PreemptMode`` is CANCEL, from the text of
+    ``scontrol show partition --oneliner``.
+
+    A job preempted there ends PREEMPTED and does not come back; the SLURM executor plugin 2.8
+    takes PREEMPTED for still running (``Executor.check_active_jobs`` warns "A Job preemption
+    occured!" once and keeps the job active), so snakemake waits for it for ever.
+    """
+    wanted = None if names is None else set(names)
+    found = []
+    for line in scontrol.splitlines():
+        fields = dict(item.split("=", 1) for item in line.split() if "=" in item)
+        name, mode = fields.get("PartitionName"), fields.get("PreemptMode", "")
+        if name and (wanted is None or name in wanted) and "CANCEL" in mode.upper().split(","):
+            found.append(name)
+    return found
