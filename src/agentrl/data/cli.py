@@ -10,6 +10,7 @@ from agentrl.config import Config, RewardConfig, add_config_arguments, config_fr
 from agentrl.data import prompt_fit, upstream
 from agentrl.data.records import check_problems, write_records
 from agentrl.hub import check_sources
+from agentrl.model.folder import check_model_folder
 from agentrl.paths import check_writable
 from agentrl.rewards.ground_truth import check_ground_truths
 from agentrl.stage_cli import setup_logging, stage_parser
@@ -126,6 +127,7 @@ def fit_prompts_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     setup_logging()
     cfg = config_from_args(args)
+    check_model_folder(args.model, "--model")  # its tokenizer renders the prompts with the chat template
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(args.model))

@@ -300,9 +300,8 @@ def _shape_mismatch(config: dict[str, Any], shapes: dict[str, tuple[str, list[in
             want, keys = expected[match.group(3)]
         if want is not None and shape != want:
             return f"{name} in {file} is {shape}, config.json ({keys}) makes it {want}"
-    if layers and layers != set(range(config["num_hidden_layers"])):
-        return (
-            f"config.json has num_hidden_layers {config['num_hidden_layers']}, the weights hold layers "
-            f"{min(layers)}..{max(layers)} ({len(layers)})"
-        )
+    # Multi-token-prediction layers (num_nextn_predict_layers) follow the decoder's in the weights.
+    count, extra = config["num_hidden_layers"], config.get("num_nextn_predict_layers") or 0
+    if layers and not set(range(count)) <= layers <= set(range(count + extra)):
+        return f"config.json has num_hidden_layers {count}, the weights hold layers {min(layers)}..{max(layers)} ({len(layers)})"
     return None
