@@ -105,6 +105,16 @@ def test_memory_grows_with_the_attempt_up_to_a_cap_except_for_training():
             assert f"--mem {mem} " in jobs[rule][0]["sbatch"] + " ", (rule, jobs[rule][0]["sbatch"])
 
 
+@pytest.mark.parametrize("site", ["local", "slurm"])
+def test_a_failed_job_s_log_is_printed_by_snakemake(site):
+    """Snakemake and the plugin cannot stop the retries of a refusal (exit 2); show-failed-logs makes
+    each one loud: the stage's one line appears in snakemake's own output."""
+    import snakemake.cli
+
+    _, args = snakemake.cli.parse_args(["-n", "--profile", str(ROOT / "profiles" / site)])
+    assert args.show_failed_logs is True
+
+
 def test_the_docs_table_says_the_runtimes_the_jobs_ask_for():
     table = (ROOT / "docs" / "paper-scale.md").read_text()
     rows = {
