@@ -311,8 +311,8 @@ class GrpoConfig:
     algorithm: GrpoAlgorithmConfig
     dynamic_sampling: DynamicSamplingConfig
     epochs: int
-    max_steps: int | None
     epoch_end: Literal["carry", "drop_last"]
+    max_steps: int | None
     batch_prompts: int
     n: int
     mini_batch_prompts: int
