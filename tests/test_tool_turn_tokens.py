@@ -134,3 +134,18 @@ def test_the_loop_appends_the_tokens_sft_trains_on_for_the_same_conversation(tok
     assert sft_ids == rl_ids + newline  # SFT's text ends with the newline after the last <|im_end|>
     double_newline = tokenizer.encode("\n\n", add_special_tokens=False)
     assert len(double_newline) == 1 and double_newline[0] in rollout.response_ids
+
+
+def test_the_embedded_tokenizer_learns_no_merge_of_a_newline():
+    """Why the embedded default's tool turns did not change with the one-pass tokenization: its
+    GPT-2 pre-tokenizer splits a newline run before a non-space character, so BPE never sees two
+    newlines together in training text, even in conversations full of "\\n\\n</tool_response>"."""
+    from helpers.rollout import _corpus
+
+    from agentrl.model.build import train_tokenizer
+
+    corpus = _corpus()
+    assert all("\n\n</tool_response>" in text for text in corpus)
+    vocab = train_tokenizer(corpus, 1024, "qwen3").get_vocab()
+    newline = "\u010a"  # byte-level BPE's spelling of "\n"
+    assert [token for token in vocab if newline in token] == [newline]
