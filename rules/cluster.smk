@@ -64,8 +64,11 @@ def check_nodes():
     the workflow profile adds for AGENTRL_NODES: only then does the job-step plugin run the command
     in the batch step, from where srun starts a torchrun on each node (a job without it runs inside
     ``srun -n1``, which holds the job's GPUs: the per-node srun could not start). ``gpu`` counts
-    every node's GPUs, so it must split evenly over them.
+    every node's GPUs, so it must split evenly over them. Checked by the controller only: a job's own
+    snakemake (the job step, which reads this file too) knows no executor here.
     """
+    if not workflow.is_main_process:
+        return
     for each in workflow.rules:
         key, nodes = _rule_nodes(each)
         if nodes <= 1:
