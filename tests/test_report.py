@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from agentrl.config import load_config
+from agentrl.errors import UserInputError
 from agentrl.filtering.selection import select_problems
 from agentrl.report import cli as report_cli
 from agentrl.report.plots import read_training_log, training_panels
@@ -220,7 +221,7 @@ def test_report_refuses_half_given_and_misplaced_inputs(run_dir, tmp_path):
         "--modes-plot",
         str(out["modes"]),
     ]
-    with pytest.raises(SystemExit, match="--rl-metrics and --rl-plot"):
+    with pytest.raises(UserInputError, match="--rl-metrics and --rl-plot"):
         report_cli.main(["--metrics", str(run_dir["metrics"][0]), "--rl-metrics", str(run_dir["rl"]), *base])
     stray = tmp_path / "metrics.json"
     stray.write_text(json.dumps({"avg@4": 0.5}))
@@ -255,9 +256,9 @@ def test_published_figures_are_checked_and_cited(run_dir, tmp_path):
     out = _outputs(run_dir["root"])
     base = ["--metrics", str(run_dir["metrics"][0]), "--table-md", str(out["md"]), "--table-csv", str(out["csv"])]
     base += ["--accuracy-plot", str(out["acc"]), "--modes-plot", str(out["modes"])]
-    with pytest.raises(SystemExit, match="has no entry 'Gen-Verse/DemyAgent-8B'"):
+    with pytest.raises(UserInputError, match="has no entry 'Gen-Verse/DemyAgent-8B'"):
         report_cli.main([*base, "--published-model", "base=Gen-Verse/DemyAgent-8B"])
-    with pytest.raises(SystemExit, match="no metrics of 'rl'"):
+    with pytest.raises(UserInputError, match="no metrics of 'rl'"):
         report_cli.main([*base, "--published-model", "rl=Gen-Verse/DemyAgent-4B"])
 
 

@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 
 from agentrl.config import ConfigError, add_config_arguments, config_from_args
-from agentrl.errors import DataFormatError, read_json_file
+from agentrl.errors import DataFormatError, UserInputError, read_json_file
 from agentrl.model.folder import MODEL_SOURCE_KEY
 from agentrl.paths import check_writable
 from agentrl.report.plots import (
@@ -56,14 +56,12 @@ def published_for(pairs: list[str], published_path: Path, models: set[str]) -> d
     for pair in pairs:
         model, sep, name = pair.partition("=")
         if not sep or not model or not name:
-            raise SystemExit(f"agentrl report: --published-model {pair!r}: expected MODEL=NAME")
+            raise UserInputError(f"--published-model {pair!r}: expected MODEL=NAME")
         if model not in models:
-            raise SystemExit(
-                f"agentrl report: --published-model {pair!r}: no metrics of {model!r} (have {sorted(models)})"
-            )
+            raise UserInputError(f"--published-model {pair!r}: no metrics of {model!r} (have {sorted(models)})")
         if name not in entries:
-            raise SystemExit(
-                f"agentrl report: --published-model {pair!r}: {published_path} has no entry {name!r} (has {sorted(entries)})"
+            raise UserInputError(
+                f"--published-model {pair!r}: {published_path} has no entry {name!r} (has {sorted(entries)})"
             )
         chosen[model] = entries[name]
     return chosen
@@ -76,7 +74,7 @@ def model_sources(pairs: list[str]) -> dict[str, dict]:
     for pair in pairs:
         model, sep, path = pair.partition("=")
         if not sep or not model or not path:
-            raise SystemExit(f"agentrl report: --model-config {pair!r}: expected MODEL=PATH")
+            raise UserInputError(f"--model-config {pair!r}: expected MODEL=PATH")
         source = read_json_file(Path(path)).get(MODEL_SOURCE_KEY)
         if source is not None:
             sources[model] = source
@@ -92,7 +90,7 @@ def _read_inputs(args: argparse.Namespace) -> tuple[list, dict, dict, dict | Non
     sources = model_sources(args.model_config)
     for stage, log_path, plot_path in (("sft", args.sft_metrics, args.sft_plot), ("rl", args.rl_metrics, args.rl_plot)):
         if (log_path is None) != (plot_path is None):
-            raise SystemExit(f"agentrl report: give both --{stage}-metrics and --{stage}-plot, or neither")
+            raise UserInputError(f"give both --{stage}-metrics and --{stage}-plot, or neither")
         if log_path is not None:
             rows = read_training_log(log_path)[1]
             if stage == "rl" and args.health_plot is not None and not any("tool_health/calls" in r for r in rows):
@@ -100,6 +98,8 @@ def _read_inputs(args: argparse.Namespace) -> tuple[list, dict, dict, dict | Non
                     f"{log_path}: no tool_health/ keys to plot (a log written before GRPO logged tool health); "
                     "leave out --health-plot or train again"
                 )
+    if args.health_md is not None and (args.health_csv is None or (args.health_plot and args.rl_metrics is None)):
+        raise UserInputError("--health-md needs --health-csv, and --health-plot needs --rl-metrics")
     filter_stats = read_filter_stats(args.filter_stats) if args.filter_stats is not None else None
     if args.cost_md is not None and not args.cost_md.is_file():  # linked from the summary: it must be there
         raise DataFormatError(f"--cost-md {args.cost_md}: no such file; write it first (agentrl report cost --md)")
@@ -142,8 +142,6 @@ def write_health(args: argparse.Namespace, results) -> None:
     from agentrl.report.health import health_frame, health_markdown, plot_grpo_health
     from agentrl.report.plots import read_training_log
 
-    if args.health_csv is None or (args.health_plot is not None and args.rl_metrics is None):
-        raise SystemExit("agentrl report: --health-md needs --health-csv, and --health-plot needs --rl-metrics")
     rl_rows = read_training_log(args.rl_metrics)[1] if args.rl_metrics is not None else None
     frame = health_frame(results, rl_rows)
     plot = None

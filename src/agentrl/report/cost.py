@@ -44,7 +44,7 @@ from typing import Any
 
 import pandas as pd
 
-from agentrl.errors import DataFormatError
+from agentrl.errors import DataFormatError, UserInputError
 
 # Dense (no sparsity) bf16 tensor-core peaks per device, TFLOP/s, from NVIDIA's data sheets.
 PEAK_TFLOPS = {
@@ -271,7 +271,7 @@ def _pairs(values: Sequence[str], flag: str) -> dict[str, int]:
     for pair in values:
         rule, sep, number = pair.partition("=")
         if not sep or not rule or not number.isdigit():
-            raise SystemExit(f"agentrl report cost: {flag} {pair!r}: expected RULE=N")
+            raise UserInputError(f"{flag} {pair!r}: expected RULE=N")
         out[rule] = int(number)
     return out
 
