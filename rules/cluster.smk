@@ -31,8 +31,8 @@ def site_executor():
 
     Snakemake loads the Snakefile before it picks its executor (``workflow.executor_plugin`` is
     still None here, and a dry run swaps in the dry-run executor anyway), so the site profile's
-    ``executor:`` is known only from the arguments. Run through the API rather than the command
-    line (the tests' workflow wrappers), nothing is known: (None, False, None).
+    ``executor:`` is known only from the arguments. Run through Snakemake's Python API instead of
+    its command line, nothing is known: (None, False, None), as for a local run.
     """
     import snakemake.cli
 
