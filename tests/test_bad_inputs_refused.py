@@ -379,7 +379,7 @@ HUB_UNREACHABLE = {
                                    "--sft", "s.parquet", "--rl-pool", "r.parquet", "--eval-dir", "e"],
                                   "data.upstream.sft='Gen-Verse/Open-AgentRL-SFT-3k' at revision 'v2'"),
     "a hub base model": (["base-model", "--config-json", json.dumps({"model": {"base": "Qwen/Qwen3-4b-Instruct"}}), "--out", "base"],
-                         "model.base='Qwen/Qwen3-4b-Instruct' (revision: the default branch)"),
+                         "model.base='Qwen/Qwen3-4b-Instruct': not in"),
 }  # fmt: skip
 
 
@@ -522,3 +522,22 @@ def test_a_stage_run_alone_refuses_a_budget_below_the_overlong_window(tmp_path, 
                             "--problems", problems, "--samples", "s.jsonl", "--metrics", "m.json", cwd=tmp_path)  # fmt: skip
     assert_refused(completed, "budget.yaml: ", *fragments)
     assert not (tmp_path / "s.jsonl").exists() and not (tmp_path / "m.json").exists()
+
+
+def test_a_hub_snapshot_that_cannot_be_used_is_refused_before_it_is_linked(random_policy_dir, tmp_path, monkeypatch):
+    """A cached hub model is checked as a local folder is: here its tokenizer has no chat template."""
+    import shutil
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--org--base-model"
+    snapshot = Path(shutil.copytree(random_policy_dir, repo / "snapshots" / commit))
+    (snapshot / "chat_template.jinja").unlink()
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = tmp_path / "models" / "base"
+    completed = run_agentrl("base-model", "--config-json", json.dumps({"model": {"base": "org/base-model"}}),
+                            "--out", out, cwd=tmp_path)  # fmt: skip
+    assert_refused(completed, "model.base='org/base-model' (hub snapshot)", "no chat template")
+    assert not out.exists() and not out.with_name("base.tmp").exists()

@@ -109,5 +109,5 @@ def test_a_revision_missing_from_the_cache_is_not_replaced_by_another(hub_cache,
     done = fetch_model(
         "--id", "Gen-Verse/DemyAgent-4B", "--revision", "f" * 40, "--out", str(tmp_path / "o"), env=offline
     )
-    assert done.returncode != 0 and "snapshot" in done.stderr
+    assert done.returncode == 2 and f"at revision '{'f' * 40}': not in the local hub cache" in done.stderr, done.stderr
     assert not (tmp_path / "o").exists()

@@ -78,15 +78,15 @@ def hub_fetch_refusal(
         RevisionNotFoundError,
     )
 
-    what = f"{key}={repo_id!r}" + (f" at revision {revision!r}" if revision else " (revision: the default branch)")
+    what = f"{key}={repo_id!r}" + (f" at revision {revision!r}" if revision else "")  # none: the default branch
     what += f", file {file!r}" if file else ""
     spelling = "check the id's spelling"
     if isinstance(exc, (LocalEntryNotFoundError, OfflineModeIsEnabled)) or _is_transport_error(exc):
         hub = "the hub is not asked (HF_HUB_OFFLINE=1)" if constants.HF_HUB_OFFLINE else "the hub cannot be reached"
         return HubSourceError(
             f"{what}: not in the local hub cache ({constants.HF_HUB_CACHE}) and {hub}; fill the cache where the "
-            f"network is (python -m agentrl hub-download, the hub_download rule, with the same HF_HOME) or, with a "
-            f"network here, unset HF_HUB_OFFLINE; {spelling}"
+            "network is (python -m agentrl hub-download, the hub_download rule, with the same HF_HOME or "
+            f"HF_HUB_CACHE) or, with a network here, unset HF_HUB_OFFLINE; {spelling}"
         )
     if isinstance(exc, GatedRepoError):
         return HubSourceError(

@@ -142,6 +142,7 @@ def resolve_pretrained(base: str, out_dir: str | Path, revision: str | None = No
         )
     elif is_hub_id(base):
         source = _download_snapshot(base, revision, key)
+        check_model_folder(source, f"{key}={base!r} (hub snapshot)")  # a hub repository can lack a chat template too
         record = {"id": base, "revision": revision, "commit": source.name}
     else:
         raise ModelFolderError(f"{key}={base!r} is neither an existing folder nor a hub id 'org/name'")
