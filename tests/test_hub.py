@@ -128,11 +128,25 @@ def test_the_revision_pin_decides_which_snapshot_is_read(tmp_path):
     assert counts == {PIN: full.num_rows, OTHER: 2, "": 2}  # "" = null: the default branch
 
 
+def _model_files(tag: str) -> dict[str, bytes]:
+    """A model folder that passes base-model's folder check (config, a safetensors file whose header
+    names ``tag``, a tokenizer with a chat template); no weight is ever loaded."""
+    config = json.dumps({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}).encode()
+    header = json.dumps({"__metadata__": {"tag": tag}, "w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})
+    weights = len(header).to_bytes(8, "little") + header.encode() + bytes(4)
+    template = b"{% for m in messages %}{{ m.content }}{% endfor %}"
+    return {
+        "config.json": config,
+        "model.safetensors": weights,
+        "tokenizer.json": b"{}",
+        "chat_template.jinja": template,
+    }
+
+
 def test_offline_base_model_and_hub_download_use_the_pinned_model_snapshot(tmp_path):
     cache = tmp_path / "hub"
-    config = json.dumps({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}).encode()
-    _put(cache, "model", "acme/tiny", PIN, {"config.json": config, "model.safetensors": b"pinned"}, main=False)
-    _put(cache, "model", "acme/tiny", OTHER, {"config.json": config, "model.safetensors": b"newer"})
+    _put(cache, "model", "acme/tiny", PIN, _model_files("pinned"), main=False)
+    _put(cache, "model", "acme/tiny", OTHER, _model_files("newer"))
     cfg = json.dumps({"model": {"base": "acme/tiny", "revision": PIN}, "data": _upstream(PIN)})
     for repo, files in DATA.items():
         _put(cache, "dataset", repo, PIN, files)
@@ -145,7 +159,7 @@ def test_offline_base_model_and_hub_download_use_the_pinned_model_snapshot(tmp_p
 
     done = _run(["base-model", "--config-json", cfg, "--out", "base"], cache, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert (tmp_path / "base" / "model.safetensors").read_bytes() == b"pinned"
+    assert (tmp_path / "base" / "model.safetensors").read_bytes() == _model_files("pinned")["model.safetensors"]
     assert "agentrl_model_sha256" in json.loads((tmp_path / "base" / "config.json").read_text())
 
 
