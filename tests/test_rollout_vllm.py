@@ -34,13 +34,15 @@ def run_vllm(spec: dict, out: Path) -> None:
 
     from agentrl.config import load_config
     from agentrl.data.records import read_problems
-    from agentrl.rollout import AgentLoop, SamplingParams, make_engine
+    from agentrl.rollout import AgentLoop, SamplingParams
+    from agentrl.rollout.vllm_engine import VllmEngine
     from agentrl.tools.code_interpreter import CodeInterpreter
     from agentrl.tools.factory import make_sandbox
 
     cfg = load_config({"rollout": ROLLOUT, "sandbox": {"workers": 2}})
     tokenizer = AutoTokenizer.from_pretrained(spec["model"])
-    engine = make_engine(cfg.rollout, spec["model"])
+    # in-process engine core, as GRPO's colocated engine has it: the weight push below needs it
+    engine = VllmEngine(spec["model"], cfg.rollout, in_process=True)
     problems = read_problems(spec["problems"])
     with make_sandbox(cfg.sandbox) as sandbox:
         loop = AgentLoop(engine, tokenizer, CodeInterpreter(sandbox, cfg.tool), cfg.rollout)

@@ -201,11 +201,14 @@ class VllmEngine:
         seed: int = 0,
         colocated: bool = False,
         trainer_memory: TrainerMemory | None = None,
+        in_process: bool | None = None,
     ) -> None:
-        if colocated:
-            # In-process engine core: the only way update_weights can hand the trainer's tensors
-            # over by reference. A standalone engine keeps vLLM's default, its core in a process of
-            # its own, whose scheduling then overlaps the GPU's work.
+        # ``in_process`` (default: ``colocated``): the engine core in this process, the only way
+        # update_weights can hand the trainer's tensors over by reference. Otherwise vLLM's default,
+        # its core in a process of its own, whose scheduling then overlaps the GPU's work. The
+        # variable is the process's: a later engine of this process stays in-process too.
+        self.in_process = colocated if in_process is None else in_process
+        if self.in_process:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vLLM-CPU's default is 4
         from transformers import AutoTokenizer
@@ -297,6 +300,11 @@ class VllmEngine:
         (checkpoint format, layer by layer) redoes that processing.
         """
         assert not self._pending, f"update_weights while {len(self._pending)} requests run (they would mix weights)"
+        if not self.in_process:
+            raise RuntimeError(
+                "update_weights needs the engine core in this process: build the engine colocated "
+                "(GRPO) or with in_process=True; a standalone engine's core runs in its own process"
+            )
         weights = [(name, tensor.detach()) for name, tensor in named_tensors]
         assert weights, "update_weights got no tensors"
         if self.asleep:
