@@ -596,3 +596,26 @@ def test_a_broken_report_input_is_refused_naming_the_file_before_any_output(run_
     assert_refused(completed, *fragments)
     written = [p for p in (run_dir["root"] / "report").rglob("*") if p.is_file()]
     assert written == [], "nothing written that looks like a report"
+
+
+def test_the_cost_table_refuses_a_log_it_cannot_read_naming_the_file(tmp_path):
+    from helpers.stage_inputs import assert_refused, run_agentrl
+
+    (tmp_path / "timings").mkdir()
+    log = _write_log(tmp_path / "sft/metrics.jsonl", [{"step": 1, "tokens_per_s": 1.0, "step_time_s": 1.0}])
+    log.write_text(log.read_text() + "[2]\n")
+    args = [
+        "report",
+        "cost",
+        "--timings",
+        tmp_path / "timings",
+        "--md",
+        tmp_path / "cost.md",
+        "--csv",
+        tmp_path / "cost.csv",
+    ]
+    assert_refused(
+        run_agentrl(*args, "--sft-metrics", log, cwd=tmp_path), "sft/metrics.jsonl line 2: a row must be a JSON object"
+    )
+    assert_refused(run_agentrl(*args, "--rl-metrics", tmp_path / "rl.jsonl", cwd=tmp_path), "rl.jsonl: cannot be read")
+    assert not (tmp_path / "cost.md").exists() and not (tmp_path / "cost.csv").exists()

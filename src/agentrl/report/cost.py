@@ -97,13 +97,24 @@ def read_benchmark(path: Path) -> dict[str, float]:
 
 
 def _jsonl(path: Path) -> Iterable[dict[str, Any]]:
-    with open(path, encoding="utf-8") as fh:
+    """The rows of a JSON-lines log or samples file; a missing file or a row that is not a JSON
+    object raises DataFormatError naming the file and the line."""
+    try:
+        fh = open(path, encoding="utf-8")  # streamed: the scoring samples of a paper run are gigabytes
+    except OSError as exc:
+        raise DataFormatError(f"{path}: cannot be read ({exc.strerror})") from None
+    with fh:
         for number, line in enumerate(fh, 1):
             if line.strip():
                 try:
-                    yield json.loads(line)
+                    row = json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise DataFormatError(f"{path} line {number}: not valid JSON: {exc}") from None
+                if not isinstance(row, dict):
+                    raise DataFormatError(
+                        f"{path} line {number}: a row must be a JSON object, got {type(row).__name__}"
+                    )
+                yield row
 
 
 def sft_tokens(path: Path) -> dict[str, float]:
