@@ -107,10 +107,13 @@ def test_actor_logprobs_equal_the_full_forward(chunk):
         expected = torch.log_softmax(logits[start - 1 : start - 1 + count], -1).gather(
             -1, ids[0, start : start + count, None]
         )[:, 0]
-        torch.testing.assert_close(logp[row, :count], expected, atol=1e-5, rtol=1e-5)
+        # computed at the loss-mask positions only (every consumer reads them through the mask), 0 elsewhere
+        mask = torch.tensor(sample.loss_mask, dtype=torch.bool)
+        assert (logp[row, :count][~mask] == 0).all() and (entropy[row, :count][~mask] == 0).all()
+        torch.testing.assert_close(logp[row, :count][mask], expected[mask], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(
-            entropy[row, :count],
-            alg.entropy_from_logits(logits[None, start - 1 : start - 1 + count])[0],
+            entropy[row, :count][mask],
+            alg.entropy_from_logits(logits[None, start - 1 : start - 1 + count])[0][mask],
             atol=1e-5,
             rtol=1e-5,
         )

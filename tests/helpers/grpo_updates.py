@@ -14,8 +14,9 @@ from agentrl.grpo.variants import resolve_algorithm
 
 
 def deepspeed_update(model_dir: Path, samples, budget: int, overrides: dict, monkeypatch=None):
-    """One GRPO update of ``samples`` on DeepSpeed; returns (plan, stats, grad norms, params, cfg,
-    the gradients of the first optimizer step as DeepSpeed is about to apply them)."""
+    """One GRPO update of ``samples`` on DeepSpeed; returns (plan, the statistics of the
+    recomputation pass and the update, grad norms, params, cfg, the gradients of the first
+    optimizer step as DeepSpeed is about to apply them)."""
     from agentrl.grpo import step as grpo_step
     from agentrl.grpo.step import Components, GrpoStep
     from agentrl.grpo.trainer import GrpoPaths, build_engine
@@ -71,7 +72,8 @@ def deepspeed_update(model_dir: Path, samples, budget: int, overrides: dict, mon
     step = GrpoStep(parts)
     samples = copy.deepcopy(samples)
     plan = step.plan(len(samples) // cfg.grpo.n, samples)
-    step.recompute_logprobs(samples, plan)
+    recomputed = step.recompute_logprobs(samples, plan)
     stats, grad_norms, lrs = step.update(samples, plan)
     params = {k: v.detach().clone() for k, v in engine.module.model.named_parameters()}
-    return plan, TokenWeightedStats.merge([stats]), grad_norms, params, cfg, first_grads
+    # the statistics of both passes, as the step's record merges them
+    return plan, TokenWeightedStats.merge([recomputed, stats]), grad_norms, params, cfg, first_grads

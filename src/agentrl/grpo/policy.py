@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from agentrl.grpo.algorithm import entropy_from_logits, token_logprobs
+from agentrl.grpo.algorithm import blockwise_entropy, entropy_from_logits, sampled_token_logprobs
 from agentrl.grpo.batching import MicroBatch
 from agentrl.training.packing import enable_packed_attention
 
@@ -175,14 +175,16 @@ class ResponseLogProbs(nn.Module):
         return states, shared.response_ids
 
     def _chunk(self, states: torch.Tensor, labels: torch.Tensor, with_entropy: bool, entropy_grad: bool):
+        """Log-probs (and entropies) of one chunk of positions: the (N, V) logits in the model's
+        dtype, float32 one block of rows at a time (no float32 copy of the chunk's logits)."""
         logits = self.model.get_output_embeddings()(states)  # (N, V)
-        logp = token_logprobs(logits[None], labels[None], self.temperature)[0]  # (N,)
+        logp = sampled_token_logprobs(logits, labels, self.temperature)  # (N,) float32
         if not with_entropy:
             return logp, None
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        if entropy_grad and torch.is_grad_enabled():  # an entropy term in the loss: differentiable
             tempered = logits if self.temperature == 1.0 else logits.float() / self.temperature
-            entropy = entropy_from_logits(tempered[None])[0]  # (N,)
-        return logp, entropy
+            return logp, entropy_from_logits(tempered[None])[0]
+        return logp, blockwise_entropy(logits.detach(), self.temperature)  # (N,) a statistic only
 
 
 def _in_frame(values: torch.Tensor, selected: torch.Tensor) -> torch.Tensor:

@@ -347,10 +347,16 @@ class GrpoStep:
                 chosen = [samples[i] for i in micro]
                 batch = self.micro_batch(samples, micro)
                 if recompute_old:
-                    logp, _ = actor(batch)
+                    # The entropy statistic comes from this no-grad pass when no loss term needs it.
+                    logp, entropy = actor(batch, with_entropy=self.settings.entropy_coef == 0)
                     for sample, row in zip(chosen, unpad_response(logp, chosen)):
                         sample.old_logp = row
                     self._add_mismatch(stats, logp, batch)
+                    if entropy is not None:
+                        stats.add(
+                            {"actor/entropy": float(alg.masked_mean(entropy, batch.loss_mask))},
+                            float(batch.loss_mask.sum()),
+                        )
                 if self.parts.reference is not None:
                     ref_logp, _ = self.parts.reference(batch)
                     for sample, row in zip(chosen, unpad_response(ref_logp, chosen)):
@@ -386,9 +392,12 @@ class GrpoStep:
                     counts = (token_count, seq_count, 1.0)
                     if self.grpo.loss_weighting == "micro_batch_share":
                         counts = (None, None, alg.micro_batch_share(len(micro), mini_seqs))
-                    loss, micro_stats, logp = self._micro_loss(batch, *counts)
+                    # Without the recomputation pass the first mini-batch (on the sampling weights) logs
+                    # the entropy, as the sampler-actor mismatch, without gradient.
+                    sampled = measure_mismatch and epoch == 0 and mini_index == 0
+                    loss, micro_stats, logp = self._micro_loss(batch, *counts, log_entropy=sampled)
                     engine.backward(loss, scale_wrt_gas=False)
-                    if measure_mismatch and epoch == 0 and mini_index == 0 and micro:
+                    if sampled and micro:
                         self._add_mismatch(stats, logp, batch)
                     mini_loss += micro_stats.pop("actor/pg_loss")
                     stats.add(
@@ -402,13 +411,18 @@ class GrpoStep:
                 grad_norms.append(step_with_grad_norm(engine))
         return stats.state(), grad_norms, lrs
 
-    def _micro_loss(self, batch: MicroBatch, token_count: float | None, seq_count: float | None, share: float):
+    def _micro_loss(
+        self, batch: MicroBatch, token_count: float | None, seq_count: float | None, share: float, log_entropy: bool
+    ):
         """(loss to back-propagate, statistics, detached log-probs) of one micro-batch.
 
-        The counts are the mini-batch's (None: this micro-batch's own); the loss is scaled by ``share``."""
+        The counts are the mini-batch's (None: this micro-batch's own); the loss is scaled by
+        ``share``. The vocabulary-wide entropy is computed only for an entropy term
+        (``entropy_coef > 0``) or, without gradient, when ``log_entropy`` asks for the statistic."""
         settings = self.settings
         counts = {"global_token_count": token_count, "global_seq_count": seq_count}
-        logp, entropy = self.parts.engine(batch, with_entropy=True, entropy_grad=settings.entropy_coef > 0)
+        with_entropy = settings.entropy_coef > 0 or log_entropy
+        logp, entropy = self.parts.engine(batch, with_entropy=with_entropy, entropy_grad=settings.entropy_coef > 0)
         old_logp = batch.old_logp if batch.old_logp is not None else logp.detach()
         pg_loss, pg_stats = alg.policy_loss(
             logp,
@@ -433,7 +447,8 @@ class GrpoStep:
         if settings.entropy_coef > 0:
             entropy_loss = alg.aggregate_loss(entropy, mask, mode=settings.loss_agg_mode, **counts)
             loss = loss - settings.entropy_coef * entropy_loss
-        stats["actor/entropy"] = float(alg.masked_mean(entropy.detach(), mask))
+        if entropy is not None:
+            stats["actor/entropy"] = float(alg.masked_mean(entropy.detach(), mask))
         stats["actor/pg_loss"] = float(pg_loss.detach()) * share  # this micro-batch's part of the mini-batch loss
         return loss * share, stats, logp.detach()
 
