@@ -7,15 +7,17 @@ log-probs recomputed by the actor before the update (``old_logp``), the referenc
 the KL variants) and the sequence's advantage.
 
 Tensors of a micro-batch live in the *response frame* ``(B, R)``: column k of row i is response
-token k of sample i, predicted by the hidden state at position ``prompt_len_i - 1 + k`` of the
-right-padded ``(B, L)`` input. Positions past a sample's response are padding with loss mask 0.
+token k of sample i, predicted by the hidden state at position ``prompt_len_i - 1 + k`` of
+sample i's input. Positions past a sample's response are padding with loss mask 0.
 
-Micro-batches are packed to a budget of padded tokens (``grpo.micro_batch_tokens``): samples
-sorted longest first, each micro-batch filled while ``rows * longest <= budget``, so a forward
-never holds more than the budget and short sequences share a forward. A sample longer than the
-budget gets a micro-batch of its own (it cannot be split). The loss of a micro-batch is divided
-by the *mini-batch's* token (or sequence) count, so packing changes no gradient
-(``algorithm.aggregate_loss``).
+The input is one packed row (``grpo.packing``, :func:`pack_token_budget`): the samples end to
+end with their own positions, attention within each (:mod:`agentrl.training.packing`), each
+micro-batch filled first-fit to ``grpo.micro_batch_tokens`` real tokens, no padding computed.
+Or right-padded ``(B, L)`` (:func:`pack_micro_batches`): samples sorted longest first, each
+micro-batch filled while ``rows * longest <= budget``. Either way a forward never holds more than
+the budget and a sample longer than it runs alone (it cannot be split). The loss of a
+micro-batch is divided by the *mini-batch's* token (or sequence) count, so the split changes no
+gradient (``algorithm.aggregate_loss``).
 
 With ``grpo.share_prompts`` the ``n`` samples of a prompt also share its forward: a micro-batch
 holds whole prompt groups (:func:`pack_prompt_groups`) and carries :class:`SharedPrompts`, the

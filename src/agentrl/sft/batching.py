@@ -17,7 +17,10 @@
   below is untouched), so only the split changes. The count is then made a multiple of the
   process count (splitting the largest micro-batches) and micro-batches are dealt to processes
   with equal counts (ZeRO-2/3 reduce gradients in every backward, so every process must run the
-  same number) and balanced padded tokens. Because the loss is a token sum divided by the whole
+  same number) and balanced padded tokens. With ``sft.packing`` a micro-batch is one row of its
+  conversations end to end (:func:`collate_packed`, :mod:`agentrl.training.packing`), filled
+  first-fit to ``micro_batch_size`` conversations and ``micro_batch_tokens`` real tokens, and dealt
+  by real tokens. Because the loss is a token sum divided by the whole
   step's trained-token count, how a step is cut into micro-batches or processes changes only the
   speed and the floating-point summation order, never the gradient.
 """
