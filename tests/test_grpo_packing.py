@@ -200,3 +200,33 @@ def test_two_ranks_of_uneven_loads_run_alike_and_packed_equals_padded(tmp_path):
         torch.testing.assert_close(
             torch.tensor(packed[0]["grads"][name]), torch.tensor(grad), atol=1e-7, rtol=1e-4, msg=name
         )
+
+
+def test_the_packed_attention_keeps_the_models_own_attention_for_unpacked_calls():
+    """The hf engine shares the actor's module and decodes with its own CPU attention: enabling
+    the packed attention must leave every unpacked call to it."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    calls = []
+
+    def own_attention(*args, **kwargs):
+        calls.append(kwargs.get("cu_seq_lens_q") is not None)
+        return sdpa_attention_forward(*args, **kwargs)
+
+    AttentionInterface.register("test_own_attention", own_attention)
+    AttentionMaskInterface.register("test_own_attention", sdpa_mask)
+    model = qwen3_for_updates().eval()
+    model.set_attn_implementation("test_own_attention")
+    samples = uneven_samples(50, SHAPES)
+    actor = ResponseLogProbs(model, logit_chunk_tokens=64, temperature=1.0)
+    with torch.no_grad():
+        padded, _ = actor(collate(samples, 0))
+        packed, _ = actor(collate(samples, 0, packed=True))
+        assert model.config._attn_implementation == "agentrl_packed_test_own_attention"
+        calls.clear()
+        again, _ = actor(collate(samples, 0))
+    assert calls == [False, False], "unpacked calls go to the model's own attention, one per layer"
+    torch.testing.assert_close(again, padded, atol=0, rtol=0)
+    torch.testing.assert_close(packed, padded, atol=1e-5, rtol=1e-5)
