@@ -346,7 +346,7 @@ def _samples(vocab: int):
 
 
 def test_grpo_update_weighs_micro_batches_as_upstreams_dp_actor(monkeypatch):
-    """One micro-batch per response (a token budget of 20): the update's gradient is that of
+    """One micro-batch per response (a token budget of 14): the update's gradient is that of
     sum_i (1/4) token-mean_i, each response's policy loss averaged over its own tokens."""
     import torch
     from helpers.rollout import random_policy
@@ -370,7 +370,7 @@ def test_grpo_update_weighs_micro_batches_as_upstreams_dp_actor(monkeypatch):
         return real_step(engine)
 
     monkeypatch.setattr(grpo_step, "step_with_grad_norm", recording_step)
-    grpo = {"n": 2, "batch_prompts": 2, "mini_batch_prompts": 2, "micro_batch_tokens": 20, "lr": 1e-3}
+    grpo = {"n": 2, "batch_prompts": 2, "mini_batch_prompts": 2, "micro_batch_tokens": 14, "lr": 1e-3}
     cfg = load_config({"grpo": {**grpo, "loss_weighting": "micro_batch_share", "deepspeed": {"zero_stage": 0}}})
     ctx = dse.init_distributed()
     unused = Path("-")

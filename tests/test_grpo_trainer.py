@@ -236,7 +236,7 @@ def test_deepspeed_update_equals_the_plain_torch_update_whatever_the_micro_batch
         model_dir, samples, 10_000, overrides, monkeypatch
     )
     many_plan, _, many_norms, many_params, _, many_grads = deepspeed_update(
-        model_dir, samples, 20, overrides, monkeypatch
+        model_dir, samples, 14, overrides, monkeypatch  # 14 tokens: every sample alone, packed or padded
     )
     assert (
         len(one_plan[0].micro_batches) == 1 and len(many_plan[0].micro_batches) == 4
@@ -283,7 +283,7 @@ def test_zero_advantage_samples_skip_the_forward_with_the_same_update(advantages
     samples = _with_advantages(_random_samples(vocab=300, seed=2), advantages)
     runs = {
         skip: deepspeed_update(
-            model_dir, samples, 20, {"skip_zero_advantage": skip, "mini_batch_prompts": mini_batch_prompts}, monkeypatch
+            model_dir, samples, 14, {"skip_zero_advantage": skip, "mini_batch_prompts": mini_batch_prompts}, monkeypatch
         )
         for skip in (False, True)
     }
