@@ -150,56 +150,65 @@ import pytest
 from helpers.grpo_updates import deepspeed_update
 from agentrl.training import deepspeed_engine as dse
 
-model_dir, packing, out = sys.argv[1], sys.argv[2] == "packed", sys.argv[3]
-shapes = json.loads(sys.argv[4])
+model_dir, out, shapes, overrides = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
 ctx = dse.init_distributed(2.0)
 samples = uneven_samples(300, shapes[ctx.rank])
-overrides = {"packing": packing, "share_prompts": False, "batch_prompts": 4, "mini_batch_prompts": 4,
-             "deepspeed": {"zero_stage": 2}}
+overrides.update({"share_prompts": False, "batch_prompts": 4, "mini_batch_prompts": 4, "deepspeed": {"zero_stage": 2}})
 plan, stats, norms, params, cfg, grads = deepspeed_update(model_dir, samples, 64, overrides, pytest.MonkeyPatch())
 with open(f"{out}.{ctx.rank}", "w") as f:
     json.dump({"micro_batches": [len(m.micro_batches) for m in plan],
                "own": [sum(1 for mb in m.micro_batches if mb) for m in plan],
+               "tokens": stats["rank/input_tokens"],
                "optimizer_steps": len(norms), "norms": norms, "pg_loss": stats["actor/pg_loss"],
                "grads": {k: v.tolist() for k, v in grads.items()}}, f)
 """
 )
 
 
-def _two_ranks(tmp_path: Path, model_dir: Path, mode: str) -> list[dict]:
+def _two_ranks(tmp_path: Path, model_dir: Path, mode: str, overrides: dict) -> list[dict]:
     script, out = tmp_path / "worker.py", tmp_path / f"{mode}.json"
     script.write_text(WORKER)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
     tests = str(Path(__file__).parent)
     env["PYTHONPATH"] = os.pathsep.join([tests, env.get("PYTHONPATH", "")])
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
-    command += [str(model_dir), mode, str(out), json.dumps(RANK_SHAPES)]
+    command += [str(model_dir), str(out), json.dumps(RANK_SHAPES), json.dumps(overrides)]
     done = subprocess.run(command, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     return [json.loads(Path(f"{out}.{rank}").read_text()) for rank in range(2)]
 
 
 @pytest.mark.slow
-def test_two_ranks_of_uneven_loads_run_alike_and_packed_equals_padded(tmp_path):
+def test_two_ranks_of_uneven_loads_run_alike_packed_padded_or_balanced(tmp_path):
     """torchrun, gloo, real DeepSpeed (ZeRO-2): packed and padded give the same gradients and
     loss over two ranks whose token loads differ, and each rank runs as many micro-batches and
-    optimizer steps as the other, the short rank padding with empty micro-batches."""
+    optimizer steps as the other, the short rank padding with empty micro-batches. Balanced
+    (grpo.balance_ranks), the samples move to equal token loads, and the gradients stay the same."""
     from helpers.rollout import random_policy
 
     model_dir = random_policy()
-    padded, packed = _two_ranks(tmp_path, model_dir, "padded"), _two_ranks(tmp_path, model_dir, "packed")
-    for ranks in (padded, packed):
+    padded = _two_ranks(tmp_path, model_dir, "padded", {"packing": False, "balance_ranks": False})
+    packed = _two_ranks(tmp_path, model_dir, "packed", {"packing": True, "balance_ranks": False})
+    balanced = _two_ranks(tmp_path, model_dir, "balanced", {"packing": True, "balance_ranks": True})
+    for ranks in (padded, packed, balanced):
         assert ranks[0]["micro_batches"] == ranks[1]["micro_batches"]
         assert ranks[0]["optimizer_steps"] == ranks[1]["optimizer_steps"] == 1
         assert ranks[0]["norms"] == ranks[1]["norms"]
     assert packed[0]["own"][0] > 1 and packed[1]["own"][0] == 1, "rank 0 should need several packed rows"
     assert packed[1]["micro_batches"][0] > packed[1]["own"][0], "rank 1 should pad with empty micro-batches"
-    assert packed[0]["norms"] == pytest.approx(padded[0]["norms"], rel=1e-5)
-    assert packed[0]["pg_loss"] == pytest.approx(padded[0]["pg_loss"], abs=1e-6)
-    for name, grad in padded[0]["grads"].items():
-        torch.testing.assert_close(
-            torch.tensor(packed[0]["grads"][name]), torch.tensor(grad), atol=1e-7, rtol=1e-4, msg=name
-        )
+    assert packed[0]["tokens"] > 4 * packed[1]["tokens"]
+    total = packed[0]["tokens"] + packed[1]["tokens"]
+    assert balanced[0]["tokens"] + balanced[1]["tokens"] == total
+    assert abs(balanced[0]["tokens"] - balanced[1]["tokens"]) < 0.2 * total, balanced
+    for other in (packed, balanced):
+        assert other[0]["norms"] == pytest.approx(padded[0]["norms"], rel=1e-5)
+        # each rank's part of the loss moves with its samples; the step logs their mean
+        mean_loss = (other[0]["pg_loss"] + other[1]["pg_loss"]) / 2
+        assert mean_loss == pytest.approx((padded[0]["pg_loss"] + padded[1]["pg_loss"]) / 2, abs=1e-6)
+        for name, grad in padded[0]["grads"].items():
+            torch.testing.assert_close(
+                torch.tensor(other[0]["grads"][name]), torch.tensor(grad), atol=1e-7, rtol=1e-4, msg=name
+            )
 
 
 def test_the_packed_attention_keeps_the_models_own_attention_for_unpacked_calls():

@@ -71,9 +71,16 @@ def deepspeed_update(model_dir: Path, samples, budget: int, overrides: dict, mon
     parts = Components(cfg, settings, ctx, engine, reference, None, None, None, pad_token_id=0)
     step = GrpoStep(parts)
     samples = copy.deepcopy(samples)
-    plan = step.plan(len(samples) // cfg.grpo.n, samples)
+    groups = len(samples) // cfg.grpo.n
+    samples, minis = step.balanced(samples, step.mini_batches(groups))  # as GrpoStep.run
+    plan = step.plan(groups, samples, minis)
     recomputed = step.recompute_logprobs(samples, plan)
     stats, grad_norms, lrs = step.update(samples, plan)
     params = {k: v.detach().clone() for k, v in engine.module.model.named_parameters()}
     # the statistics of both passes, as the step's record merges them
-    return plan, TokenWeightedStats.merge([recomputed, stats]), grad_norms, params, cfg, first_grads
+    merged = TokenWeightedStats.merge([recomputed, stats])
+    # this rank's trained prompt + response tokens, after any redistribution over the ranks
+    merged["rank/input_tokens"] = sum(
+        len(samples[i].input_ids) for mini in plan for mb in mini.micro_batches for i in mb
+    )
+    return plan, merged, grad_norms, params, cfg, first_grads

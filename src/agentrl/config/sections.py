@@ -323,6 +323,7 @@ class GrpoConfig:
     loss_weighting: Literal["mini_batch_tokens", "micro_batch_share"]
     share_prompts: bool
     packing: bool
+    balance_ranks: bool
     skip_zero_advantage: bool
     lr: float
     lr_schedule: Literal["constant", "cosine"]

@@ -247,17 +247,62 @@ class GrpoStep:
             return True
         return sample.advantage != 0.0 and sample.num_loss_tokens > 0
 
-    def plan(self, num_groups: int, samples: Sequence[PolicySample]) -> list[MiniBatchPlan]:
-        """Mini-batches (by prompt groups) of micro-batches (by token budget) of the sample
-        indices that train (:meth:`trains`), with the counts agreed over the ranks; an empty
-        micro-batch is ``[]``."""
-        n = self.grpo.n
-        per_mini = self.grpo.mini_batch_prompts // self.ctx.world_size
-        local_minis = -(-num_groups // per_mini)
-        num_minis = int(all_reduce(self.ctx, local_minis, "max"))
+    def mini_batches(self, num_groups: int) -> list[list[int]]:
+        """This rank's sample indices per mini-batch: ``mini_batch_prompts / W`` groups each."""
+        n, per_mini = self.grpo.n, self.grpo.mini_batch_prompts // self.ctx.world_size
+        return [
+            list(range(start * n, min(start + per_mini, num_groups) * n)) for start in range(0, num_groups, per_mini)
+        ]
+
+    def balanced(
+        self, samples: list[PolicySample], minis: list[list[int]]
+    ) -> tuple[list[PolicySample], list[list[int]]]:
+        """Each mini-batch's samples redistributed over the ranks to equal token loads
+        (``grpo.balance_ranks``, upstream's ``balance_batch``); returns this rank's samples and
+        its mini-batches. The identity on one process.
+
+        Units (a sample, or a prompt group with ``share_prompts``) of all ranks go, longest first,
+        each to the rank with the least trained tokens among those with fewer than
+        ``ceil(units / W)`` (equal counts, as upstream's equal-size partition). The update's
+        denominators are all-rank counts, so which rank trains a sample changes no gradient, only
+        the float summation order; advantages were computed before, per group.
+        """
+        ctx = self.ctx
+        if ctx.world_size == 1 or not self.grpo.balance_ranks:
+            return samples, minis
+        count = int(all_reduce(ctx, len(minis), "max"))
+        local = [[samples[i] for i in mini] for mini in minis] + [[] for _ in range(count - len(minis))]
+        gathered = all_gather(ctx, local)
+        mine: list[PolicySample] = []
+        out: list[list[int]] = []
+        for m in range(count):
+            pool = [sample for rank in gathered for sample in rank[m]]
+            units = (
+                prompt_groups(pool, range(len(pool))) if self.grpo.share_prompts else [[i] for i in range(len(pool))]
+            )
+            cost = [sum(len(pool[i].input_ids) for i in unit if self.trains(pool[i])) for unit in units]
+            cap = -(-len(units) // ctx.world_size)
+            loads, taken = [0] * ctx.world_size, [[] for _ in range(ctx.world_size)]
+            for u in sorted(range(len(units)), key=lambda u: (-cost[u], u)):
+                rank = min((r for r in range(ctx.world_size) if len(taken[r]) < cap), key=lambda r: (loads[r], r))
+                taken[rank].append(u)
+                loads[rank] += cost[u]
+            chosen = [pool[i] for u in sorted(taken[ctx.rank]) for i in units[u]]
+            out.append(list(range(len(mine), len(mine) + len(chosen))))
+            mine += chosen
+        return mine, out
+
+    def plan(
+        self, num_groups: int, samples: Sequence[PolicySample], minis: list[list[int]] | None = None
+    ) -> list[MiniBatchPlan]:
+        """Mini-batches (by prompt groups: :meth:`mini_batches`, or ``minis``) of micro-batches
+        (by token budget) of the sample indices that train (:meth:`trains`), with the counts
+        agreed over the ranks; an empty micro-batch is ``[]``."""
+        minis = self.mini_batches(num_groups) if minis is None else minis
+        num_minis = int(all_reduce(self.ctx, len(minis), "max"))
         plan = []
         for m in range(num_minis):
-            members = list(range(m * per_mini * n, min((m + 1) * per_mini, num_groups) * n))
+            members = minis[m] if m < len(minis) else []
             trained = [i for i in members if self.trains(samples[i])]
             if m == 0 and not trained:
                 # The sampler-actor mismatch is measured on the first mini-batch's forward: it
@@ -469,8 +514,8 @@ class GrpoStep:
         started = time.perf_counter()
         groups, rollout_timing = self.collect(step, sampler)
         advantages = self.advantages(groups)
-        samples = self.samples(groups, advantages)
-        plan = self.plan(len(groups), samples)
+        samples, minis = self.balanced(self.samples(groups, advantages), self.mini_batches(len(groups)))
+        plan = self.plan(len(groups), samples, minis)
 
         self.parts.rollout_engine.sleep()  # its memory to the trainer until the weights are pushed
         t0 = time.perf_counter()
