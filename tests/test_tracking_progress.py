@@ -117,7 +117,8 @@ def test_an_evaluation_shard_with_a_missing_tracking_package_stops_before_sampli
 
     write_records(arith_problems(2), tmp_path / "arith.parquet")
     shadow = shadow_packages(tmp_path / "shadow", "wandb")
-    config = {"eval": {"n": 1}, "rollout": {"max_response_tokens": 16, "max_turns": 1}, "tracking": {"wandb": {"enable": True}}}  # fmt: skip
+    # a 16-token budget with no overlong penalty: its window (128 tokens) would not fit the budget
+    config = {"eval": {"n": 1}, "rollout": {"max_response_tokens": 16, "max_turns": 1}, "reward": {"overlong": {"enable": False}}, "tracking": {"wandb": {"enable": True}}}  # fmt: skip
     out = tmp_path / "shards" / "0-of-1.jsonl"
     command = [sys.executable, "-m", "agentrl", "evaluate", "shard", "--config-json", json.dumps(config)]
     command += ["--model", str(sft_inputs / "base"), "--problems", str(tmp_path / "arith.parquet")]
