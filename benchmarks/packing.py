@@ -12,7 +12,8 @@ defaults are the paper's trajectories (median ~8K tokens, at most 2,560 + 20,480
 samples). ``--stage sft`` uses the same lengths as conversations (each a global batch member,
 the second half of each one trained).
 
-GRPO arm: the trainer's own parts on real DeepSpeed (ZeRO-0, fp32 on CPU): the recomputation
+GRPO arm: the trainer's own parts on real DeepSpeed (ZeRO-0, ``--dtype``: auto is fp32 on CPU and
+bf16 on CUDA, where packed rows take torch's varlen flash kernel): the recomputation
 pass (the actor's no-grad forward over every micro-batch) and :meth:`GrpoStep.update` over one
 mini-batch (one optimizer step). SFT arm: ``sft.trainer._run_step`` (one optimizer step).
 ``packed`` sets ``packing: true``, ``padded`` false, ``shared`` (GRPO) ``share_prompts: true``.
@@ -139,12 +140,12 @@ def grpo_child(args, arm: str, groups, ctx, model) -> dict:
     from agentrl.training import deepspeed_engine as dse
 
     overrides = {"packed": {"packing": True}, "padded": {"packing": False}, "shared": {"share_prompts": True}}[arm]
-    raw = {"share_prompts": False, **overrides, "deepspeed": {"zero_stage": 0}}
+    raw = {"share_prompts": False, **overrides, "deepspeed": {"zero_stage": 0, "dtype": args.dtype}}
     raw.update(n=args.n, batch_prompts=args.prompts, mini_batch_prompts=args.prompts, micro_batch_tokens=args.budget)
     cfg = load_config({"grpo": raw})
     paths = GrpoPaths(*[Path("-")] * 2, (), *[Path("-")] * 3, dse.find_deepspeed_config(0))
     actor = ResponseLogProbs(model, logit_chunk_tokens=cfg.grpo.logit_chunk_tokens, temperature=1.0)
-    engine = build_engine(actor, cfg, paths, ctx, torch.float32, steps=1)
+    engine = build_engine(actor, cfg, paths, ctx, args.torch_dtype, steps=1)
     parts = Components(cfg, resolve_algorithm(cfg.grpo), ctx, engine, None, None, None, None, pad_token_id=0)
     step = GrpoStep(parts)
     generator = torch.Generator().manual_seed(args.seed + 1)
@@ -181,7 +182,7 @@ def sft_child(args, arm: str, groups, ctx, model) -> dict:
                 "global_batch_size": len(conversations),
                 "micro_batch_size": len(conversations),
                 "micro_batch_tokens": args.budget,
-                "deepspeed": {"zero_stage": 0},
+                "deepspeed": {"zero_stage": 0, "dtype": args.dtype},
             }
         }
     ).sft
@@ -190,7 +191,7 @@ def sft_child(args, arm: str, groups, ctx, model) -> dict:
         cfg,
         dse.find_deepspeed_config(0),
         ctx,
-        torch.float32,
+        args.torch_dtype,
         hidden_size=model.config.hidden_size,
         micro_batch_size=len(conversations),
         accumulation=1,
@@ -216,7 +217,11 @@ def child(args) -> None:
     groups = lengths(args, torch.Generator().manual_seed(args.seed))
     ctx = dse.init_distributed()
     torch.manual_seed(args.seed)
-    model = Qwen3ForCausalLM(model_config(max(p + r for p, rs in groups for r in rs))).to(ctx.device)
+    from agentrl.precision import resolve_dtype
+
+    args.torch_dtype = resolve_dtype(args.dtype, ctx.device)
+    model = Qwen3ForCausalLM(model_config(max(p + r for p, rs in groups for r in rs)))
+    model = model.to(device=ctx.device, dtype=args.torch_dtype)
     run = grpo_child if args.stage == "grpo" else sft_child
     print(json.dumps(run(args, args.child, groups, ctx, model)))
 
@@ -233,6 +238,7 @@ def main() -> None:
     parser.add_argument("--max", type=int, default=1440)
     parser.add_argument("--budget", type=int, default=2048)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto", help="auto: bf16 on CUDA")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--child", help=argparse.SUPPRESS)
