@@ -30,15 +30,18 @@ from agentrl.data.prompts import CODE_INTERPRETER_TOOL
 pytestmark = pytest.mark.slow
 
 
-def test_two_processes_zero2_and_zero3_follow_the_single_process_loss_curve(tiny_sft_workspace):
+def test_two_processes_zero2_and_zero3_padded_or_packed_follow_the_single_process_loss_curve(tiny_sft_workspace):
     single, single_weights = train_sft_run(tiny_sft_workspace, "one", {**BASE_SFT, "deepspeed": {"zero_stage": 2}})
     assert [m["step"] for m in single] == list(range(1, 13))
     assert single[-1]["loss"] < 0.8 * single[0]["loss"], "the model must learn"
     base = load_file(tiny_sft_workspace / "base" / "model.safetensors")
     assert any(not torch.equal(base[k], single_weights[k]) for k in base)
-    for stage in (2, 3):
+    for stage, packing in ((2, False), (3, False), (3, True)):  # packing: sft.packing's rows (the paper preset's)
         double, weights = train_sft_run(
-            tiny_sft_workspace, f"two-zero{stage}", {**BASE_SFT, "deepspeed": {"zero_stage": stage}}, 2
+            tiny_sft_workspace,
+            f"two-zero{stage}{'-packed' * packing}",
+            {**BASE_SFT, "packing": packing, "deepspeed": {"zero_stage": stage}},
+            2,
         )
         losses = torch.tensor([m["loss"] for m in double])
         torch.testing.assert_close(losses, torch.tensor([m["loss"] for m in single]), rtol=1e-4, atol=1e-5)
