@@ -235,8 +235,9 @@ def test_deepspeed_update_equals_the_plain_torch_update_whatever_the_micro_batch
     one_plan, one_stats, one_norms, one_params, cfg, one_grads = deepspeed_update(
         model_dir, samples, 10_000, overrides, monkeypatch
     )
+    # 14 tokens: every sample alone, packed or padded
     many_plan, _, many_norms, many_params, _, many_grads = deepspeed_update(
-        model_dir, samples, 14, overrides, monkeypatch  # 14 tokens: every sample alone, packed or padded
+        model_dir, samples, 14, overrides, monkeypatch
     )
     assert (
         len(one_plan[0].micro_batches) == 1 and len(many_plan[0].micro_batches) == 4
