@@ -104,7 +104,7 @@ def _varlen_flash(query, key, value, cu_seqlens: torch.Tensor, max_length: int, 
     """``(1, H, T, D)`` -> ``(1, T, H, D)`` by torch's varlen flash kernel (CUDA, 16-bit)."""
     from torch.nn.attention.varlen import varlen_attn
 
-    q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (T, H, D)
+    q, k, v = (x[0].transpose(0, 1).contiguous() for x in (query, key, value))  # (T, H, D), as flash lays them out
     out = varlen_attn(
         q,
         k,
