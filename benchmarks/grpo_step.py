@@ -50,8 +50,8 @@ def plain_update(model, samples, plan, pad_token_id: int, lr: float, temperature
     model.train()
     started = time.perf_counter()
     for mini in plan:
-        tokens = sum(samples[i].num_loss_tokens for micro in mini for i in micro)
-        for micro in mini:
+        tokens = sum(samples[i].num_loss_tokens for i in mini.members)
+        for micro in mini.micro_batches:
             if not micro:
                 continue
             batch = collate([samples[i] for i in micro], pad_token_id)
@@ -115,7 +115,7 @@ def one_step(raw: dict, model: Path, train: Path, plain: bool) -> dict:
         "trajectories": len(samples),
         "input_tokens": input_tokens,
         "loss_tokens": sum(s.num_loss_tokens for s in samples),
-        "micro_batches": sum(len(m) for m in plan),
+        "micro_batches": sum(len(m.micro_batches) for m in plan),
         "optimizer_steps": len(plan) * cfg.grpo.ppo_epochs,
         "step_s": t4 - t0,
         "rollout_s": timing["timing/rollout_s"],
