@@ -75,8 +75,8 @@ def _entropy_calls(monkeypatch) -> list[bool]:
 
 
 def test_the_update_computes_no_entropy_when_the_recomputation_pass_logs_it(monkeypatch):
+    from helpers.grpo_updates import uneven_samples
     from helpers.rollout import random_policy
-    from test_grpo_packing import uneven_samples
 
     samples = uneven_samples(300, ((6, (9, 3)), (4, (14, 1))))
     calls = _entropy_calls(monkeypatch)
@@ -87,8 +87,8 @@ def test_the_update_computes_no_entropy_when_the_recomputation_pass_logs_it(monk
 
 
 def test_without_a_recomputation_pass_the_first_mini_batch_logs_the_entropy_without_gradient(monkeypatch):
+    from helpers.grpo_updates import uneven_samples
     from helpers.rollout import random_policy
-    from test_grpo_packing import uneven_samples
 
     samples = uneven_samples(300, ((6, (9, 3)), (4, (14, 1))))
     calls = _entropy_calls(monkeypatch)

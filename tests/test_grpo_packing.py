@@ -18,35 +18,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.grpo_updates import deepspeed_update
+from helpers.grpo_updates import deepspeed_update, uneven_samples
 from helpers.tiny_models import qwen3_for_updates
 
 from agentrl.grpo import algorithm as alg
 from agentrl.grpo.batching import collate, pack_token_budget
 from agentrl.grpo.policy import ResponseLogProbs
 from agentrl.training.packing import pack_sequences
-
-SAMPLES = """
-import torch
-from agentrl.grpo.batching import PolicySample
-
-def uneven_samples(vocab, shapes, seed=0):
-    '''Prompt groups of n samples; shapes[g] = (prompt length, response lengths). Masks with tool gaps.'''
-    generator = torch.Generator().manual_seed(seed)
-    samples = []
-    for prompt_length, response_lengths in shapes:
-        prompt = torch.randint(5, vocab, (prompt_length,), generator=generator).tolist()
-        for response_length in response_lengths:
-            response = torch.randint(5, vocab, (response_length,), generator=generator).tolist()
-            mask = (torch.rand(response_length, generator=generator) > 0.3).long().tolist()
-            mask[0] = 1
-            advantage = float(torch.randn(1, generator=generator))
-            samples.append(PolicySample(prompt + response, prompt_length, mask, [0.0] * response_length, advantage))
-    return samples
-"""
-_namespace: dict = {}
-exec(SAMPLES, _namespace)
-uneven_samples = _namespace["uneven_samples"]
 
 # lengths from 3 to 206 tokens in one micro-batch: the padded batch is ~3x the packed row
 SHAPES = ((6, (200, 3, 41)), (2, (1, 120)), (9, (17, 60)))
@@ -142,12 +120,10 @@ def test_a_deepspeed_update_packed_equals_the_padded_one(zero_stage, monkeypatch
 # Rank 0 holds the long samples, rank 1 short ones: with a 64-token budget rank 0 needs several
 # micro-batches per mini-batch and rank 1 one, which it pads with empty micro-batches.
 RANK_SHAPES = (((6, (50, 30)), (3, (40, 2))), ((2, (4, 3)), (1, (2, 5))))
-WORKER = (
-    SAMPLES
-    + """
+WORKER = """
 import json, sys
 import pytest
-from helpers.grpo_updates import deepspeed_update
+from helpers.grpo_updates import deepspeed_update, uneven_samples
 from agentrl.training import deepspeed_engine as dse
 
 model_dir, out, shapes, overrides = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
@@ -162,7 +138,6 @@ with open(f"{out}.{ctx.rank}", "w") as f:
                "optimizer_steps": len(norms), "norms": norms, "pg_loss": stats["actor/pg_loss"],
                "grads": {k: v.tolist() for k, v in grads.items()}}, f)
 """
-)
 
 
 def _two_ranks(tmp_path: Path, model_dir: Path, mode: str, overrides: dict) -> list[dict]:

@@ -13,6 +13,23 @@ from agentrl.grpo.policy import ResponseLogProbs
 from agentrl.grpo.variants import resolve_algorithm
 
 
+def uneven_samples(vocab: int, shapes, seed: int = 0) -> list:
+    """Prompt groups of n samples; ``shapes[g] = (prompt length, response lengths)``. Masks with tool gaps."""
+    from agentrl.grpo.batching import PolicySample
+
+    generator = torch.Generator().manual_seed(seed)
+    samples = []
+    for prompt_length, response_lengths in shapes:
+        prompt = torch.randint(5, vocab, (prompt_length,), generator=generator).tolist()
+        for response_length in response_lengths:
+            response = torch.randint(5, vocab, (response_length,), generator=generator).tolist()
+            mask = (torch.rand(response_length, generator=generator) > 0.3).long().tolist()
+            mask[0] = 1
+            advantage = float(torch.randn(1, generator=generator))
+            samples.append(PolicySample(prompt + response, prompt_length, mask, [0.0] * response_length, advantage))
+    return samples
+
+
 def deepspeed_update(model_dir: Path, samples, budget: int, overrides: dict, monkeypatch=None):
     """One GRPO update of ``samples`` on DeepSpeed; returns (plan, the statistics of the
     recomputation pass and the update, grad norms, params, cfg, the gradients of the first
