@@ -34,7 +34,8 @@ def end_of_sequence_ids(model: Any, tokenizer: Any = None) -> tuple[int, ...]:
     ``eos_token_id`` of the model's generation config (an int or a list; Qwen3's instruct models
     list ``<|im_end|>`` and ``<|endoftext|>``)."""
     ids: set[int] = set()
-    primary = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else model.config.eos_token_id
+    source = tokenizer if tokenizer is not None else getattr(model, "config", None)
+    primary = getattr(source, "eos_token_id", None)
     for value in (primary, getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
         if value is not None:
             ids.update([value] if isinstance(value, int) else value)
