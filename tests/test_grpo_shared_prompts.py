@@ -12,7 +12,7 @@ import copy
 
 import pytest
 import torch
-from helpers.grpo_updates import deepspeed_update
+from helpers.grpo_updates import deepspeed_update, uneven_samples
 from helpers.tiny_models import qwen3_for_updates
 
 from agentrl.config import ConfigError, check_cross_keys, load_config
@@ -23,17 +23,7 @@ from agentrl.grpo.policy import ResponseLogProbs
 
 def _grouped_samples(vocab: int, seed: int = 0) -> list[PolicySample]:
     """Two prompt groups (prompts of 6 and 4 tokens) of 3 and 2 samples; masks with tool gaps."""
-    generator = torch.Generator().manual_seed(seed)
-    samples = []
-    for prompt_length, response_lengths in ((6, (9, 3, 5)), (4, (14, 1))):
-        prompt = torch.randint(5, vocab, (prompt_length,), generator=generator).tolist()
-        for response_length in response_lengths:
-            response = torch.randint(5, vocab, (response_length,), generator=generator).tolist()
-            mask = (torch.rand(response_length, generator=generator) > 0.3).long().tolist()
-            mask[0] = 1
-            advantage = float(torch.randn(1, generator=generator))
-            samples.append(PolicySample(prompt + response, prompt_length, mask, [0.0] * response_length, advantage))
-    return samples
+    return uneven_samples(vocab, ((6, (9, 3, 5)), (4, (14, 1))), seed)
 
 
 def test_prompt_groups_are_runs_of_the_same_prompt_and_the_packer_keeps_them_whole():

@@ -547,7 +547,7 @@ def test_the_summary_links_each_table_and_plot_to_a_file_that_exists(run_dir):
 REPORT_INPUTS = {
     "metrics.json missing a key": ("metrics", ["rl/arith/metrics.json: missing key 'tool_use.modes.reactive.share'", "gather_evaluation"]),
     "an empty training log": ("sft", ["sft/metrics.jsonl: no rows", "logged no step"]),
-    "a training log of no objects": ("rl", ["rl/metrics.jsonl line 1: a row must be a JSON object"]),
+    "a training log of no objects": ("rl", ["rl/metrics.jsonl: line 1: expected a JSON object"]),
     "filter stats missing a key": ("stats", ["filter/stats.json: missing key 'thresholds.low'", "select_rl_data"]),
     "published.yaml not YAML": ("published", ["published.yaml: not valid YAML at line 3"]),
     "published.yaml missing a key": ("published entry", ["published.yaml: entry 'Org/Model' lacks key(s) ['n']"]),
@@ -615,7 +615,7 @@ def test_the_cost_table_refuses_a_log_it_cannot_read_naming_the_file(tmp_path):
         tmp_path / "cost.csv",
     ]
     assert_refused(
-        run_agentrl(*args, "--sft-metrics", log, cwd=tmp_path), "sft/metrics.jsonl line 2: a row must be a JSON object"
+        run_agentrl(*args, "--sft-metrics", log, cwd=tmp_path), "sft/metrics.jsonl: line 2: expected a JSON object"
     )
     assert_refused(run_agentrl(*args, "--rl-metrics", tmp_path / "rl.jsonl", cwd=tmp_path), "rl.jsonl: cannot be read")
     assert not (tmp_path / "cost.md").exists() and not (tmp_path / "cost.csv").exists()

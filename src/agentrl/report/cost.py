@@ -38,13 +38,14 @@ import math
 import os
 import subprocess
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from agentrl.errors import DataFormatError, UserInputError
+from agentrl.sampling.samples import read_jsonl  # streamed: the scoring samples of a paper run are gigabytes
 
 # Dense (no sparsity) bf16 tensor-core peaks per device, TFLOP/s, from NVIDIA's data sheets.
 PEAK_TFLOPS = {
@@ -96,35 +97,14 @@ def read_benchmark(path: Path) -> dict[str, float]:
     return {"wall_s": number("s"), "cpu_s": number("cpu_time"), "max_rss_mb": number("max_rss")}
 
 
-def _jsonl(path: Path) -> Iterable[dict[str, Any]]:
-    """The rows of a JSON-lines log or samples file; a missing file or a row that is not a JSON
-    object raises DataFormatError naming the file and the line."""
-    try:
-        fh = open(path, encoding="utf-8")  # streamed: the scoring samples of a paper run are gigabytes
-    except OSError as exc:
-        raise DataFormatError(f"{path}: cannot be read ({exc.strerror})") from None
-    with fh:
-        for number, line in enumerate(fh, 1):
-            if line.strip():
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise DataFormatError(f"{path} line {number}: not valid JSON: {exc}") from None
-                if not isinstance(row, dict):
-                    raise DataFormatError(
-                        f"{path} line {number}: a row must be a JSON object, got {type(row).__name__}"
-                    )
-                yield row
-
-
 def sft_tokens(path: Path) -> dict[str, float]:
-    trained = sum(float(r["tokens_per_s"]) * float(r["step_time_s"]) for r in _jsonl(path) if "tokens_per_s" in r)
+    trained = sum(float(r["tokens_per_s"]) * float(r["step_time_s"]) for r in read_jsonl(path) if "tokens_per_s" in r)
     return {"generated_tokens": 0.0, "trained_tokens": trained}
 
 
 def grpo_tokens(path: Path) -> dict[str, float]:
     generated = trained = 0.0
-    for row in _jsonl(path):
+    for row in read_jsonl(path):
         if "actor/input_tokens" in row:
             generated += float(row["rollout/generated_tokens_mean"]) * float(row["rollout/trajectories"])
             trained += float(row["actor/input_tokens"])
@@ -132,7 +112,7 @@ def grpo_tokens(path: Path) -> dict[str, float]:
 
 
 def samples_tokens(paths: Sequence[Path]) -> dict[str, float]:
-    generated = sum(float(row["response_tokens"]) for path in paths for row in _jsonl(path))
+    generated = sum(float(row["response_tokens"]) for path in paths for row in read_jsonl(path))
     return {"generated_tokens": generated, "trained_tokens": 0.0}
 
 

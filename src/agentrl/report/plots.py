@@ -10,7 +10,6 @@ change here.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -26,6 +25,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from agentrl.errors import DataFormatError  # noqa: E402
 from agentrl.report.tables import EvalResult, PublishedModel  # noqa: E402
+from agentrl.sampling.samples import read_jsonl  # noqa: E402
 
 STEP_KEYS = ("step", "global_step", "train/step", "training/global_step")
 # (panel title, y label, key pattern); a key goes to the first panel whose pattern it matches.
@@ -143,20 +143,7 @@ def _flatten(row: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
 
 def read_training_log(path: str | Path) -> tuple[str, list[dict[str, float]]]:
     """Numeric rows of a metrics.jsonl and the name of its step key (``row`` when it has none)."""
-    rows = []
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DataFormatError(f"{path}: the training log cannot be read ({exc})") from None
-    for number, line in enumerate(lines, 1):
-        if line.strip():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataFormatError(f"{path} line {number}: not valid JSON: {exc}") from None
-            if not isinstance(row, dict):
-                raise DataFormatError(f"{path} line {number}: a row must be a JSON object, got {type(row).__name__}")
-            rows.append(_flatten(row))
+    rows = [_flatten(row) for row in read_jsonl(path)]
     if not rows:
         raise DataFormatError(
             f"{path}: no rows; the training stage logged no step (did it stop before its first step?); "

@@ -130,15 +130,19 @@ def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
     except OSError as exc:
         raise DataFormatError(f"{path}: cannot be read ({exc.strerror})") from None
     with fh:
-        for number, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line.rstrip("\r\n"))
-            except json.JSONDecodeError as exc:
-                raise DataFormatError(
-                    f"{path}: line {number}, column {exc.colno}: not valid JSON ({exc.msg})"
-                ) from None
-            if not isinstance(row, dict):
-                raise DataFormatError(f"{path}: line {number}: expected a JSON object, got {type(row).__name__}")
-            yield row
+        number = 0
+        try:
+            for number, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line.rstrip("\r\n"))
+                except json.JSONDecodeError as exc:
+                    raise DataFormatError(
+                        f"{path}: line {number}, column {exc.colno}: not valid JSON ({exc.msg})"
+                    ) from None
+                if not isinstance(row, dict):
+                    raise DataFormatError(f"{path}: line {number}: expected a JSON object, got {type(row).__name__}")
+                yield row
+        except UnicodeDecodeError as exc:
+            raise DataFormatError(f"{path}: line {number + 1}: not UTF-8 text ({exc.reason})") from None
