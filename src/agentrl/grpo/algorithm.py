@@ -12,7 +12,10 @@ The recipe (upstream ``recipe/demystify`` on the authors' verl fork):
   Overlong shaping ("R") lives in the reward, not here.
 
 The paper's GRPO-SCR variant uses a sequence-level ratio (GSPO); ``policy_loss`` offers it as
-``ratio_level="sequence"``. Shapes: ``B`` sequences, ``T`` response positions, ``V`` vocabulary.
+``ratio_level="sequence"``. Asynchronous rollouts (one step off policy) come from a behaviour
+policy behind the proximal one (whose log-probs the trainer recomputes): ``policy_loss`` then takes
+a truncated importance weight (:func:`behaviour_importance_weight`), as decoupled PPO does.
+Shapes: ``B`` sequences, ``T`` response positions, ``V`` vocabulary.
 The loss mask is 1 on tokens the model sampled and 0 on tool output, template and padding.
 The settings a variant chooses (``norm_by_std``, the ratio level, the aggregation mode, the KL
 estimator) are required keyword arguments, without defaults: their values live in one place,
@@ -278,6 +281,42 @@ def importance_ratio(
     raise ValueError(f"unknown ratio_level {level!r}; choose 'token' or 'sequence'")
 
 
+def behaviour_importance_weight(
+    proximal_logp: Tensor,
+    behaviour_logp: Tensor,
+    loss_mask: Tensor,
+    *,
+    cap: float,
+    level: Literal["token", "sequence"],
+    log_ratio_clamp: float = 20.0,
+) -> Tensor:
+    """Truncated importance weight (B, T), detached, of the proximal to the behaviour policy.
+
+    token: ``w_{i,t} = min(exp(clamp(prox_{i,t} - behav_{i,t}, -c, c)), cap)``.
+    sequence: ``w_{i,t} = min(exp(clamp((1/|y_i|) sum_t (prox_{i,t} - behav_{i,t}), -c, c)), cap)``,
+    the geometric mean of the token weights over the loss tokens of sequence i, as
+    :func:`importance_ratio`'s sequence level, the same at each of its tokens.
+
+    ``prox``: log-probs of the proximal policy (recomputed by the trainer before the update); ``behav``:
+    those the engine returned for the policy that sampled. The cap (verl's rollout importance sampling,
+    "TIS") bounds the variance a stale sample adds. Positions outside the loss mask get 0, as in
+    :func:`broadcast_advantages`: a sum of ``w`` counts loss tokens only, and padding's inf never enters.
+    """
+    assert proximal_logp.shape == behaviour_logp.shape == loss_mask.shape, (
+        f"shapes differ: proximal_logp {tuple(proximal_logp.shape)}, "
+        f"behaviour_logp {tuple(behaviour_logp.shape)}, loss_mask {tuple(loss_mask.shape)}"
+    )
+    assert cap >= 1.0, f"cap must be at least 1 (below it on-policy tokens are scaled down too), got {cap}"
+    keep = loss_mask.bool()
+    log_weight = torch.where(keep, proximal_logp.detach() - behaviour_logp.detach(), 0.0)  # (B, T)
+    if level == "sequence":
+        log_weight = masked_mean(log_weight, loss_mask, dim=-1)[:, None].expand_as(log_weight)
+    elif level != "token":
+        raise ValueError(f"unknown importance weight level {level!r}; choose 'token' or 'sequence'")
+    weight = torch.clamp(log_weight.clamp(-log_ratio_clamp, log_ratio_clamp).exp(), max=cap)
+    return torch.where(keep, weight, 0.0)
+
+
 def per_token_policy_loss(
     logp: Tensor,
     old_logp: Tensor,
@@ -289,6 +328,8 @@ def per_token_policy_loss(
     clip_c: float | None,
     log_ratio_clamp: float = 20.0,
     ratio_level: Literal["token", "sequence"],
+    behaviour_weight: Tensor | None = None,
+    behaviour_weight_cap: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped surrogate per token, (B, T), and its statistics; see :func:`policy_loss`."""
     assert logp.shape == old_logp.shape == advantages.shape == loss_mask.shape, (
@@ -310,6 +351,14 @@ def per_token_policy_loss(
     if clip_c is not None:
         # Dual clip: for A < 0 a huge ratio would make the loss unbounded; cap it at -A*c.
         loss = torch.where(negative, torch.minimum(loss, -advantages * clip_c), loss)
+    if behaviour_weight is not None:
+        assert behaviour_weight.shape == loss_mask.shape and behaviour_weight_cap is not None, (
+            f"behaviour_weight {tuple(behaviour_weight.shape)} must match loss_mask {tuple(loss_mask.shape)} "
+            f"and come with behaviour_weight_cap (got {behaviour_weight_cap})"
+        )
+        # After the clip: the weight corrects for the sampler, the clip still bounds the step from pi_prox.
+        weight = torch.where(keep, behaviour_weight.detach(), 0.0)
+        loss = loss * weight
 
     with torch.no_grad():
         r = ratio.detach()
@@ -327,6 +376,10 @@ def per_token_policy_loss(
             "ratio_mean": masked_mean(r, loss_mask),
             "ratio_max": torch.where(keep, r, 0.0).max(),  # ratios are positive: 0 never wins
         }
+        if behaviour_weight is not None:
+            stats["is_weight_mean"] = masked_mean(weight, loss_mask)
+            stats["is_weight_max"] = torch.where(keep, weight, 0.0).max()  # weights are positive: 0 never wins
+            stats["is_truncated_frac"] = masked_mean((weight >= behaviour_weight_cap).float(), loss_mask)
     return loss, stats
 
 
@@ -344,6 +397,8 @@ def policy_loss(
     agg_mode: str,
     global_token_count: int | Tensor | None = None,
     global_seq_count: int | Tensor | None = None,
+    behaviour_weight: Tensor | None = None,
+    behaviour_weight_cap: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GRPO-TCR policy loss (scalar) and statistics.
 
@@ -356,15 +411,28 @@ def policy_loss(
     rho > 1 + clip_high, and for A < 0 and rho < 1 - clip_low, the loss is constant (zero
     gradient); for A < 0 and rho > clip_c the dual clip makes it constant too.
 
+    Off-policy samples (decoupled PPO, Hilton et al. 2021, arXiv 2110.00641, as AReaL, Fu et al.
+    2025, arXiv 2505.24298): with ``behaviour_weight`` w (:func:`behaviour_importance_weight`) the
+    loss of each token, after the clip and the dual clip, is
+
+        l_{i,t} = w_{i,t} max(-A rho, -A clip(rho)),  rho = pi_theta / pi_prox,  w = min(pi_prox / pi_behav, cap)
+
+    where pi_prox is the proximal policy (``old_logp``, recomputed before the update) and pi_behav
+    the policy that sampled (whose log-probs the engine returned); the truncation at ``cap`` is
+    verl's rollout importance sampling (TIS, Yao et al. 2025, "Your efficient RL framework secretly
+    brings you off-policy RL training"). w is detached; ``behaviour_weight_cap`` is the cap it used.
+    Without a weight (None) the loss is the on-policy one, bit for bit.
+
     logp: (B, T) log-probs under the current policy (with grad); old_logp: (B, T) under the
-    policy that sampled (recomputed before the update); advantages: (B, T) (see
-    :func:`broadcast_advantages`); loss_mask: (B, T), 1 on tokens the model sampled.
+    proximal policy (recomputed before the update; on policy, the one that sampled); advantages:
+    (B, T) (see :func:`broadcast_advantages`); loss_mask: (B, T), 1 on tokens the model sampled.
 
     Stats (detached 0-dim tensors, so the caller chooses when to sync the device), means over
     the loss-mask tokens of this call: ``clip_frac_high`` (A > 0, rho > 1 + clip_high),
     ``clip_frac_low`` (A < 0, rho < 1 - clip_low), ``dual_clip_frac`` (A < 0, rho > clip_c),
     ``approx_kl_k1`` = mean(old - logp), ``approx_kl_k3`` = mean(rho - 1 - log rho) with the
-    token ratio, ``ratio_mean`` and ``ratio_max`` of the ratio used in the loss.
+    token ratio, ``ratio_mean`` and ``ratio_max`` of the ratio used in the loss; with a
+    ``behaviour_weight`` also ``is_weight_mean``, ``is_weight_max`` and ``is_truncated_frac`` (w = cap).
     """
     per_token, stats = per_token_policy_loss(
         logp,
@@ -376,6 +444,8 @@ def policy_loss(
         clip_c=clip_c,
         log_ratio_clamp=log_ratio_clamp,
         ratio_level=ratio_level,
+        behaviour_weight=behaviour_weight,
+        behaviour_weight_cap=behaviour_weight_cap,
     )
     loss = aggregate_loss(
         per_token, loss_mask, mode=agg_mode, global_token_count=global_token_count, global_seq_count=global_seq_count
