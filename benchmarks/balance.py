@@ -62,7 +62,9 @@ engine = build_engine(actor, cfg, paths, ctx, torch.float32, steps=1)
 step = GrpoStep(Components(cfg, resolve_algorithm(cfg.grpo), ctx, engine, None, None, None, None, pad_token_id=0))
 torch.distributed.barrier()
 started = time.perf_counter()
-samples, minis = step.balanced(samples, step.mini_batches(groups))
+# rank r rolled out groups r, r + W, ... (grpo.rollout_queue: fixed); as GrpoStep.run
+keys = [(0, k * ctx.world_size + ctx.rank) for k in range(groups)]
+samples, minis = step.distribute(samples, keys)
 plan = step.plan(groups, samples, minis)
 with torch.no_grad():
     engine.module.eval()

@@ -4,7 +4,7 @@ Two processes under torchrun (gloo), each with a real DeepSpeed engine and its o
 ``VllmEngine``: the weights pushed after a DeepSpeed step equal the DeepSpeed module's on every rank
 (read back from vLLM's model), and a sleep/wake round trip leaves greedy outputs identical. Two
 real GRPO steps (the trainer's own parts, its engine wrapped by a recorder that delegates every
-call) show each rank rolling out its share of the step's prompts (prompt i on rank i mod W) and
+call) show each rank rolling out its share of the step's prompts (claimed from the shared queue) and
 the engine asleep through the old-log-prob recomputation and the update, then woken with the new
 weights before the next rollout. A GRPO run resumed from a checkpoint samples its first rollout
 from the resumed policy. This file runs itself as the torchrun script (vLLM must be built under
@@ -331,10 +331,17 @@ def run_grpo_rank(model_dir: str, data: Path, out_dir: Path) -> None:
     class RecordingStep(GrpoStep):
         """The real step; records its phases (with the engine's state) and each rank's prompts."""
 
-        def _rollout_groups(self, problems, step, round_, timing):
-            calls.append("trainer.rollout")
-            shards.append([p.id for p in problems])
-            return super()._rollout_groups(problems, step, round_, timing)
+        def __init__(self, parts):
+            super().__init__(parts)
+            rollout_groups = self.collector.rollout_groups
+
+            def recorded(problems, positions, step, round_, timing):
+                calls.append("trainer.rollout")
+                groups = rollout_groups(problems, positions, step, round_, timing)
+                shards.append([g.problem.id for g in groups])
+                return groups
+
+            self.collector.rollout_groups = recorded
 
         def recompute_logprobs(self, samples, plan):
             calls.append(f"trainer.recompute_logprobs(asleep={self.parts.rollout_engine.asleep})")
@@ -395,12 +402,13 @@ def test_a_grpo_step_splits_prompts_over_ranks_and_sleeps_the_engine_through_the
     assert done.returncode == 0, done.stderr[-5000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
 
-    # The batches every rank draws (the same sampler and seed); prompt i of a batch goes to rank i mod 2.
+    # The batches every rank draws (the same sampler and seed), shared through the queue: each
+    # prompt rolled out once, by one of the ranks.
     sampler = PromptSampler(read_problems(tmp_path / "rl_train.parquet"), derived_seed(0, "grpo-data"))
     batches = [[p.id for p in sampler.next_batch(CALL_ORDER_GRPO["batch_prompts"])] for _ in range(2)]
     for step, batch in enumerate(batches):
-        assert ranks[0]["shards"][step] == [batch[0], batch[2]], (step, batch, ranks[0]["shards"])
-        assert ranks[1]["shards"][step] == [batch[1], batch[3]], (step, batch, ranks[1]["shards"])
+        rolled = ranks[0]["shards"][step] + ranks[1]["shards"][step]
+        assert sorted(rolled) == sorted(batch), (step, batch, ranks[0]["shards"], ranks[1]["shards"])
     assert batches[0] != batches[1], "the two steps must draw different prompts for the split to mean anything"
 
     # Asleep from the end of the rollout through the recomputation and the update; woken by the

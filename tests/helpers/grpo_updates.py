@@ -89,7 +89,9 @@ def deepspeed_update(model_dir: Path, samples, budget: int, overrides: dict, mon
     step = GrpoStep(parts)
     samples = copy.deepcopy(samples)
     groups = len(samples) // cfg.grpo.n
-    samples, minis = step.balanced(samples, step.mini_batches(groups))  # as GrpoStep.run
+    # rank r rolled out groups r, r + W, ... (grpo.rollout_queue: fixed); as GrpoStep.run
+    keys = [(0, k * ctx.world_size + ctx.rank) for k in range(groups)]
+    samples, minis = step.distribute(samples, keys)
     plan = step.plan(groups, samples, minis)
     recomputed = step.recompute_logprobs(samples, plan)
     stats, grad_norms, lrs = step.update(samples, plan)

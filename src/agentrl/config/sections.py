@@ -324,6 +324,8 @@ class GrpoConfig:
     share_prompts: bool
     packing: bool
     balance_ranks: bool
+    rollout_queue: Literal["shared", "fixed"]
+    queue_groups_in_flight: int | None
     skip_zero_advantage: bool
     lr: float
     lr_schedule: Literal["constant", "cosine"]

@@ -27,11 +27,14 @@ The loop around the steps is :mod:`agentrl.grpo.trainer`. Per step, as upstream'
 7. the new weights go to the rollout engine (``Engine.update_weights``: free when the ``hf``
    engine shares the module, an in-memory load for vLLM).
 
-Data parallelism: every rank draws the same prompts and rolls out its share (prompt i goes to
-rank i mod W), so a prompt's group never spans ranks and its advantage needs no communication.
-The number of mini-batches and of micro-batches per mini-batch is agreed over the ranks (a rank
-with fewer pads with an empty micro-batch of zero loss), because the gradient reduction inside
-``backward``/``step`` is collective.
+Data parallelism (:mod:`agentrl.grpo.work_sharing`): every rank draws the same prompts; the
+ranks share them through a queue in the process group's store (``grpo.rollout_queue: shared``)
+or prompt i goes to rank i mod W (``fixed``), a group never spanning ranks, so its advantage needs
+no communication; the rollout seeds are not the rank's, so a trajectory is the same on any rank.
+Before the update each mini-batch's samples are redistributed to equal token loads
+(``grpo.balance_ranks``). The number of mini-batches and of micro-batches per mini-batch is
+agreed over the ranks (a rank with fewer pads with an empty micro-batch of zero loss), because
+the gradient reduction inside ``backward``/``step`` is collective.
 
 Tool-response tokens have loss mask 0, so they never enter the loss, but they count in the
 response length that the overlong penalty sees (as upstream).
@@ -54,7 +57,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from agentrl.config import Config, ConfigError, process_count_problems
-from agentrl.data.records import Problem, Trajectory
 from agentrl.grpo import algorithm as alg
 from agentrl.grpo.batching import (
     MicroBatch,
@@ -67,13 +69,17 @@ from agentrl.grpo.batching import (
     prompt_groups,
     unpad_response,
 )
+from agentrl.grpo.collection import Group, RolloutCollector
 from agentrl.grpo.distributed import all_gather, all_reduce, step_with_grad_norm
 from agentrl.grpo.metrics import TokenWeightedStats, TrajectorySummary, rollout_metrics
 from agentrl.grpo.variants import AlgorithmSettings
-from agentrl.rewards.reward_function import leave_out_lost_rewards
+from agentrl.grpo.work_sharing import (
+    GroupKey,
+    SampleInfo,
+    distribute,
+)
 from agentrl.tools.health import ToolUse, tool_health
 from agentrl.training.deepspeed_engine import DistributedContext
-from agentrl.training.seeds import derived_seed
 
 if TYPE_CHECKING:  # the heavy imports stay out of a step's module import
     from deepspeed import DeepSpeedEngine
@@ -83,27 +89,6 @@ if TYPE_CHECKING:  # the heavy imports stay out of a step's module import
     from agentrl.rollout import AgentLoop, Engine
 
 log = logging.getLogger("agentrl.grpo")
-
-
-@dataclass
-class Group:
-    """The n rollouts of one prompt, graded."""
-
-    problem: Problem
-    trajectories: list[Trajectory]
-    scores: list[float]
-    accs: list[bool]
-    overlong_penalties: list[float]
-
-    @property
-    def valid(self) -> list[bool]:
-        """Per trajectory: not lost to an infrastructure failure (:mod:`agentrl.tools.health`)."""
-        return [not t.infra_failed for t in self.trajectories]
-
-    @property
-    def uniform(self) -> bool:
-        scores = [s for s, ok in zip(self.scores, self.valid) if ok]
-        return not scores or max(scores) == min(scores)
 
 
 @dataclass
@@ -136,80 +121,11 @@ class GrpoStep:
         problems = process_count_problems(self.grpo, self.ctx.world_size)
         if problems:
             raise ConfigError("; ".join(problems))
+        self.collector = RolloutCollector(parts.cfg, parts.ctx, parts.loop, parts.reward_fn)
 
-    # ------------------------------------------------------------------ rollout
     def collect(self, step: int, sampler) -> tuple[list[Group], dict[str, float]]:
-        """Roll out and grade this rank's groups (dynamic sampling: only groups that teach)."""
-        grpo, ctx = self.grpo, self.ctx
-        share = grpo.batch_prompts // ctx.world_size
-        dynamic = grpo.dynamic_sampling.enable
-        kept: list[Group] = []
-        timing = {"timing/rollout_s": 0.0, "timing/reward_s": 0.0, "timing/generate_s": 0.0, "timing/tools_s": 0.0}
-        rounds = generated = 0
-        while True:
-            problems = sampler.next_batch(grpo.batch_prompts, grpo.epoch_end)  # the same on every rank
-            if len(kept) < share:
-                groups = self._rollout_groups(problems[ctx.rank :: ctx.world_size], step, rounds, timing)
-                generated += len(groups)
-                kept += [g for g in groups if not (dynamic and g.uniform)]
-            rounds += 1
-            if not dynamic or rounds >= grpo.dynamic_sampling.max_rollout_batches:
-                break
-            if all_reduce(ctx, float(len(kept) < share), "max") == 0.0:
-                break
-        if dynamic and len(kept) < share:
-            log.warning(
-                "step %d: dynamic sampling kept %d of %d groups after %d rounds; training on those",
-                step,
-                len(kept),
-                share,
-                rounds,
-            )
-        extra = {"rollout/rounds": float(rounds), "rollout/groups_generated": all_reduce(ctx, generated)}
-        return kept[:share], {**timing, **extra}
-
-    def _rollout_groups(self, problems: list[Problem], step: int, round_: int, timing: dict) -> list[Group]:
-        cfg, n = self.cfg, self.grpo.n
-        seed = derived_seed(cfg.seed, f"grpo-step{step}-round{round_}", self.ctx.rank)
-        params = self._sampling_params(seed)
-        started = time.perf_counter()
-        trajectories = self.parts.loop.run(problems, n, params, seed)
-        stats = self.parts.loop.stats
-        timing["timing/rollout_s"] += time.perf_counter() - started
-        timing["timing/generate_s"] += stats.generate_s
-        timing["timing/tools_s"] += stats.tools_s
-        assert len(trajectories) == len(problems) * n, (
-            f"agent loop returned {len(trajectories)} trajectories for {len(problems)} prompts x n={n}"
-        )
-        started = time.perf_counter()
-        results = self.parts.reward_fn.score_many(
-            [
-                (p, t.text, len(t.response_ids), len(t.tool_calls))
-                for p, t in zip([p for p in problems for _ in range(n)], trajectories)
-            ]
-        )
-        leave_out_lost_rewards(trajectories, results)
-        timing["timing/reward_s"] += time.perf_counter() - started
-        groups = []
-        for index, problem in enumerate(problems):
-            chunk = slice(index * n, (index + 1) * n)
-            trajs, graded = trajectories[chunk], results[chunk]
-            assert all(t.problem_id == problem.id for t in trajs), f"trajectories of {problem.id} out of order"
-            groups.append(
-                Group(
-                    problem,
-                    trajs,
-                    [r.score for r in graded],
-                    [bool(r.acc) for r in graded],
-                    [float(r.details.get("overlong_penalty", 0.0)) for r in graded],
-                )
-            )
-        return groups
-
-    def _sampling_params(self, seed: int):
-        from agentrl.rollout import SamplingParams
-
-        return SamplingParams.from_config(self.cfg.rollout, seed)
+        """This rank's graded groups of the step and the rollout's metrics (:class:`RolloutCollector`)."""
+        return self.collector.collect(step, sampler)
 
     # ------------------------------------------------------------------ batch preparation
     def advantages(self, groups: Sequence[Group]) -> list[list[float]]:
@@ -254,43 +170,33 @@ class GrpoStep:
             list(range(start * n, min(start + per_mini, num_groups) * n)) for start in range(0, num_groups, per_mini)
         ]
 
-    def balanced(
-        self, samples: list[PolicySample], minis: list[list[int]]
+    def distribute(
+        self, samples: list[PolicySample], keys: Sequence[GroupKey]
     ) -> tuple[list[PolicySample], list[list[int]]]:
-        """Each mini-batch's samples redistributed over the ranks to equal token loads
-        (``grpo.balance_ranks``, upstream's ``balance_batch``); returns this rank's samples and
-        its mini-batches. The identity on one process.
+        """The update's mini-batches over the ranks; returns this rank's samples and its
+        mini-batches (indices into them).
 
-        Units (a sample, or a prompt group with ``share_prompts``) of all ranks go, longest first,
-        each to the rank with the least trained tokens among those with fewer than
-        ``ceil(units / W)`` (equal counts, as upstream's equal-size partition). The update's
-        denominators are all-rank counts, so which rank trains a sample changes no gradient, only
-        the float summation order; advantages were computed before, per group.
-        """
-        ctx = self.ctx
-        if ctx.world_size == 1 or not self.grpo.balance_ranks:
-            return samples, minis
-        count = int(all_reduce(ctx, len(minis), "max"))
-        local = [[samples[i] for i in mini] for mini in minis] + [[] for _ in range(count - len(minis))]
-        gathered = all_gather(ctx, local)
-        mine: list[PolicySample] = []
-        out: list[list[int]] = []
-        for m in range(count):
-            pool = [sample for rank in gathered for sample in rank[m]]
-            units = (
-                prompt_groups(pool, range(len(pool))) if self.grpo.share_prompts else [[i] for i in range(len(pool))]
-            )
-            cost = [sum(len(pool[i].input_ids) for i in unit if self.trains(pool[i])) for unit in units]
-            cap = -(-len(units) // ctx.world_size)
-            loads, taken = [0] * ctx.world_size, [[] for _ in range(ctx.world_size)]
-            for u in sorted(range(len(units)), key=lambda u: (-cost[u], u)):
-                rank = min((r for r in range(ctx.world_size) if len(taken[r]) < cap), key=lambda r: (loads[r], r))
-                taken[rank].append(u)
-                loads[rank] += cost[u]
-            chosen = [pool[i] for u in sorted(taken[ctx.rank]) for i in units[u]]
-            out.append(list(range(len(mine), len(mine) + len(chosen))))
-            mine += chosen
-        return mine, out
+        ``samples`` are this rank's, ``n`` per group, group k with key ``keys[k]``. All ranks'
+        groups in key order make the step; mini-batch m is groups ``m * mini_batch_prompts`` on.
+        Each mini-batch's samples (or whole prompt groups with ``share_prompts``) then go to the
+        ranks as :func:`~agentrl.grpo.work_sharing.assign_units` says: to equal trained-token
+        loads and counts with ``grpo.balance_ranks`` (upstream's ``balance_batch``), else group k
+        of the mini-batch to rank k mod W. Advantages were computed before, per group."""
+        n, ctx = self.grpo.n, self.ctx
+        assert len(samples) == len(keys) * n, f"{len(samples)} samples for {len(keys)} groups x n={n}"
+        step_keys = sorted(k for rank_keys in all_gather(ctx, list(keys)) for k in rank_keys)
+        per_mini = self.grpo.mini_batch_prompts
+        mini_groups = [step_keys[start : start + per_mini] for start in range(0, len(step_keys), per_mini)]
+        local = {(key, i): samples[g * n + i] for g, key in enumerate(keys) for i in range(n)}
+        infos = [
+            SampleInfo(key, i, len(sample.input_ids) if self.trains(sample) else 0)
+            for (key, i), sample in local.items()
+        ]
+        balance = self.grpo.balance_ranks
+        per_mini_samples = distribute(ctx, local, infos, mini_groups, by_group=self.grpo.share_prompts, balance=balance)
+        mine = [sample for mini in per_mini_samples for sample in mini]
+        starts = [sum(len(m) for m in per_mini_samples[:i]) for i in range(len(per_mini_samples))]
+        return mine, [list(range(start, start + len(m))) for start, m in zip(starts, per_mini_samples)]
 
     def plan(
         self, num_groups: int, samples: Sequence[PolicySample], minis: list[list[int]] | None = None
@@ -514,7 +420,7 @@ class GrpoStep:
         started = time.perf_counter()
         groups, rollout_timing = self.collect(step, sampler)
         advantages = self.advantages(groups)
-        samples, minis = self.balanced(self.samples(groups, advantages), self.mini_batches(len(groups)))
+        samples, minis = self.distribute(self.samples(groups, advantages), [g.key for g in groups])
         plan = self.plan(len(groups), samples, minis)
 
         self.parts.rollout_engine.sleep()  # its memory to the trainer until the weights are pushed

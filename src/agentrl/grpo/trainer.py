@@ -13,7 +13,7 @@ Only a checkpoint of the same run setup is resumed (``run_fingerprint``); one of
 stops naming what differs and the command that starts over.
 
 Seeds: the prompt order comes from ``(seed, "grpo-data")``, rollouts of step k from
-``(seed, step k, round, rank)``, validation from ``(seed, set)``; none depend on how many steps
+``(seed, step k, round)`` with the problem, sample and turn (never the rank), validation from ``(seed, set)``; none depend on how many steps
 this process has run, which is what makes a resumed run continue rather than restart.
 """
 
@@ -70,7 +70,14 @@ class GrpoPaths:
 # Every other key of the sections below is in, the validation settings too: the checkpoint carries
 # the metric records, and a resumed run must not mix validations made two ways in one file.
 NOT_IN_FINGERPRINT = {
-    "grpo": ("save_freq", "save_every_minutes", "collective_timeout_minutes", "keep_checkpoints"),
+    "grpo": (
+        "save_freq",
+        "save_every_minutes",
+        "collective_timeout_minutes",
+        "keep_checkpoints",
+        "rollout_queue",  # which rank rolls out a group: the same trajectories on any
+        "queue_groups_in_flight",
+    ),
     "sandbox": ("workers", "sandbox_fusion_url"),  # parallelism and the service's address
     "rollout.vllm": (
         "gpu_memory_utilization",
@@ -90,7 +97,8 @@ FINGERPRINT_SECTIONS = ("grpo", "rollout", "reward", "tool", "sandbox")
 def run_fingerprint(cfg: Config, paths: GrpoPaths, world_size: int) -> dict[str, Any]:
     """What a checkpoint must share with this run to be resumed (:mod:`agentrl.training.fingerprint`):
     the config sections that shape training (less ``NOT_IN_FINGERPRINT``), the seed, the process
-    count (rank r's rollouts are seeded by r), the RL and validation parquets and the DeepSpeed
+    count (the trajectories do not depend on it, but the float summation order of the update
+    and the trainer's per-rank random states do), the RL and validation parquets and the DeepSpeed
     config by content, the initial model's files by size and mtime."""
     sections = {name: dataclasses.asdict(getattr(cfg, name)) for name in FINGERPRINT_SECTIONS}
     return fingerprint_of(

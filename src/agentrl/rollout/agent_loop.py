@@ -80,6 +80,7 @@ the call when too many do, before their problems are handed over.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 import time
@@ -253,6 +254,24 @@ class AgentLoop:
         self._roll_out(problems, n, params, seed, keep, window=None)
         return [t for group in done for t in group]
 
+    def run_pulled(
+        self,
+        problems: Iterable[Problem],
+        n: int,
+        params: SamplingParams,
+        seed: int,
+        *,
+        max_problems_in_flight: int | None,
+    ) -> list[Trajectory]:
+        """:meth:`run` over problems taken from ``problems`` only as room frees up: at most
+        ``max_problems_in_flight`` at once (None: all of them), the next one taken as soon as
+        one ends. Returns ``n`` trajectories per problem in the order taken. The iterable may be
+        a queue that other processes draw from too (:class:`agentrl.grpo.work_sharing.ClaimQueue`),
+        so it is never read ahead of the room."""
+        done: dict[int, list[Trajectory]] = {}
+        self._roll_out(problems, n, params, seed, done.__setitem__, window=max_problems_in_flight)
+        return [t for number in sorted(done) for t in done[number]]
+
     def stream(
         self,
         problems: Iterable[Problem],
@@ -281,7 +300,7 @@ class AgentLoop:
         if self.cfg.scheduling == "per_trajectory":
             self._run_per_trajectory(iter(problems), n, turn_params, seed, on_group, window)
         else:
-            self._run_per_turn_chunks(list(problems), n, turn_params, seed, on_group, window)
+            self._run_per_turn_chunks(iter(problems), n, turn_params, seed, on_group, window)
         if self.infra_bound is not None:
             self.infra_bound.check()
 
@@ -295,14 +314,17 @@ class AgentLoop:
 
         return observed
 
-    def _run_per_turn_chunks(self, problems: list[Problem], n: int, turn_params, seed: int, on_group, window) -> None:
-        size = window or max(1, len(problems))
-        for start in range(0, len(problems), size):
-            chunk = [(p, self.prompt_ids(p)) for p in problems[start : start + size]]
+    def _run_per_turn_chunks(
+        self, problems: Iterator[Problem], n: int, turn_params, seed: int, on_group, window
+    ) -> None:
+        """Chunks of ``window`` problems (None: all), each taken from ``problems`` when the last ends."""
+        start = 0
+        while chunk := [(p, self.prompt_ids(p)) for p in itertools.islice(problems, window)]:
             rollouts = [_Rollout(p, i, prompt) for p, prompt in chunk for i in range(n)]
             self._run_per_turn(
                 rollouts, n, turn_params, seed, lambda number, t, first=start: on_group(first + number, t)
             )
+            start += len(chunk)
 
     # ------------------------------------------------------------------ per_trajectory
     def _run_per_trajectory(
