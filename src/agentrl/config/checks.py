@@ -35,6 +35,7 @@ def cross_key_problems(cfg: Config) -> list[str]:
         )
     if cfg.rollout.temperature <= 0:
         problems.append("rollout.temperature must be > 0 for GRPO: greedy rollouts of a group are identical")
+    problems += placement_problems(cfg)
     if cfg.rollout.engine == "vllm" and "rl" in cfg.eval.models:  # GRPO on vLLM (evaluation-only runs may use TP)
         problems += colocated_engine_problems(cfg.rollout)
     problems += overlong_window_problems(cfg)
@@ -52,6 +53,36 @@ def cross_key_problems(cfg: Config) -> list[str]:
             "local sandbox forks its children under sandbox.memory_mb and a run can only lower it"
         )
     problems += _filter_problems(cfg.filter)
+    return problems
+
+
+def rollout_placement(grpo: GrpoConfig) -> str:
+    """``grpo.placement`` resolved: ``auto`` is ``separate`` when rollouts may be stale, else ``colocated``."""
+    if grpo.placement != "auto":
+        return grpo.placement
+    return "separate" if grpo.max_staleness > 0 else "colocated"
+
+
+def placement_problems(cfg: Config) -> list[str]:
+    """What the separate placement and stale rollouts (agentrl.grpo.rollout_process) need."""
+    grpo, problems = cfg.grpo, []
+    placement = rollout_placement(grpo)
+    if grpo.max_staleness > 0 and placement == "colocated":
+        problems.append(
+            f"grpo.max_staleness = {grpo.max_staleness} with grpo.placement: colocated: rollouts can only run ahead "
+            "of the update in a process of their own; set grpo.placement: separate (or auto)"
+        )
+    if grpo.max_staleness > 0 and grpo.old_logprobs == "engine":
+        problems.append(
+            "grpo.old_logprobs: engine with grpo.max_staleness > 0: the engine's log-probs are those of the stale "
+            "policy that sampled, not of the weights the update starts from; use auto or recompute"
+        )
+    if placement == "separate" and cfg.rollout.engine != "hf":
+        problems.append(
+            f"grpo.placement: separate with rollout.engine: {cfg.rollout.engine}: the rollout process runs the hf "
+            "engine; vLLM engines on GPUs of their own (weight transfer over NCCL) are not built yet "
+            "(docs/paper-scale.md); use rollout.engine: hf or grpo.max_staleness: 0"
+        )
     return problems
 
 

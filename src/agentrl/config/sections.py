@@ -326,6 +326,10 @@ class GrpoConfig:
     balance_ranks: bool
     rollout_queue: Literal["shared", "fixed"]
     queue_groups_in_flight: int | None
+    max_staleness: int
+    placement: Literal["auto", "colocated", "separate"]
+    rollout_share: float
+    behaviour_weight_cap: float
     skip_zero_advantage: bool
     lr: float
     lr_schedule: Literal["constant", "cosine"]

@@ -38,7 +38,10 @@ if TYPE_CHECKING:
 
 
 def old_logprobs_source(
-    mode: Literal["auto", "recompute", "engine"], rollout: RolloutConfig, policy_dtype: torch.dtype
+    mode: Literal["auto", "recompute", "engine"],
+    rollout: RolloutConfig,
+    policy_dtype: torch.dtype,
+    max_staleness: int = 0,
 ) -> Literal["recompute", "engine"]:
     """Where the update's old log-probs come from (``grpo.old_logprobs``); ``auto`` resolved.
 
@@ -58,6 +61,9 @@ def old_logprobs_source(
       bf16 that noise is ~1e-2, and vLLM has its own kernels (and bf16), so both recompute, as
       upstream verl does.
 
+    - the rollouts are on-policy (``grpo.max_staleness`` 0): stale ones were sampled by older
+      weights, and the update's ratio is to the weights it starts from (decoupled PPO).
+
     ``auto`` picks ``engine`` in exactly those cases, else ``recompute``; ``engine`` and
     ``recompute`` force one (``engine`` with filters on trains on a biased ratio: for
     experiments only). ``policy_dtype`` is the dtype of the actor's parameters (what the shared
@@ -72,6 +78,7 @@ def old_logprobs_source(
         and rollout.temperature > 0
         and rollout.top_p == 1.0
         and rollout.top_k <= 0  # -1 (and vLLM's 0) = off
+        and max_staleness == 0
     )
     return "engine" if exact else "recompute"
 

@@ -85,6 +85,7 @@ if TYPE_CHECKING:  # the heavy imports stay out of a step's module import
     from deepspeed import DeepSpeedEngine
 
     from agentrl.grpo.policy import ResponseLogProbs
+    from agentrl.grpo.rollout_process import RolloutProcess
     from agentrl.rewards import RewardFunction
     from agentrl.rollout import AgentLoop, Engine
 
@@ -107,6 +108,9 @@ class Components:
     # grpo.old_logprobs resolved (agentrl.grpo.policy.old_logprobs_source): "engine" = the
     # sampling log-probs are the old log-probs, "recompute" = the actor's forward gives them.
     old_logprobs: str = "recompute"
+    # grpo.placement separate: the rollout process (agentrl.grpo.rollout_process), which then
+    # rolls out, grades and validates in place of rollout_engine, loop and reward_fn (None)
+    rollout_process: RolloutProcess | None = None
 
 
 class GrpoStep:
@@ -124,8 +128,13 @@ class GrpoStep:
         self.collector = RolloutCollector(parts.cfg, parts.ctx, parts.loop, parts.reward_fn)
 
     def collect(self, step: int, sampler) -> tuple[list[Group], dict[str, float]]:
-        """This rank's graded groups of the step and the rollout's metrics (:class:`RolloutCollector`)."""
-        return self.collector.collect(step, sampler)
+        """This rank's graded groups of the step and the rollout's metrics (:class:`RolloutCollector`,
+        or the rollout process's answer, whose prompt sampler state ``sampler`` takes over)."""
+        if self.parts.rollout_process is None:
+            return self.collector.collect(step, sampler)
+        result = self.parts.rollout_process.rollouts(step)
+        sampler.load_state_dict(result.sampler_state)
+        return result.groups, result.timing
 
     # ------------------------------------------------------------------ batch preparation
     def advantages(self, groups: Sequence[Group]) -> list[list[float]]:
@@ -375,6 +384,13 @@ class GrpoStep:
         with_entropy = settings.entropy_coef > 0 or log_entropy
         logp, entropy = self.parts.engine(batch, with_entropy=with_entropy, entropy_grad=settings.entropy_coef > 0)
         old_logp = batch.old_logp if batch.old_logp is not None else logp.detach()
+        correction = {}
+        if self.grpo.max_staleness > 0:  # decoupled PPO: old_logp is the proximal policy, the engine's the behaviour
+            cap = self.grpo.behaviour_weight_cap
+            weight = alg.behaviour_importance_weight(
+                old_logp, batch.sampling_logp, batch.loss_mask, cap=cap, level=settings.ratio_level
+            )
+            correction = {"behaviour_weight": weight, "behaviour_weight_cap": cap}
         pg_loss, pg_stats = alg.policy_loss(
             logp,
             old_logp,
@@ -386,6 +402,7 @@ class GrpoStep:
             ratio_level=settings.ratio_level,
             agg_mode=settings.loss_agg_mode,
             **counts,
+            **correction,
         )
         loss = pg_loss
         stats = {f"actor/{k}": float(v) for k, v in pg_stats.items()}
@@ -416,6 +433,14 @@ class GrpoStep:
                 samples.append(sample)
         return samples
 
+    def push_weights(self, step: int) -> None:
+        """The updated weights to the rollout engine, or to the rollout process as version ``step``."""
+        weights = self.parts.engine.module.model.named_parameters()
+        if self.parts.rollout_process is not None:
+            self.parts.rollout_process.publish(weights, step)
+        else:
+            self.parts.rollout_engine.update_weights(weights)
+
     def run(self, step: int, sampler) -> dict[str, Any]:
         started = time.perf_counter()
         groups, rollout_timing = self.collect(step, sampler)
@@ -423,13 +448,14 @@ class GrpoStep:
         samples, minis = self.distribute(self.samples(groups, advantages), [g.key for g in groups])
         plan = self.plan(len(groups), samples, minis)
 
-        self.parts.rollout_engine.sleep()  # its memory to the trainer until the weights are pushed
+        if self.parts.rollout_engine is not None:
+            self.parts.rollout_engine.sleep()  # its memory to the trainer until the weights are pushed
         t0 = time.perf_counter()
         mismatch = self.recompute_logprobs(samples, plan)
         t1 = time.perf_counter()
         update_stats, grad_norms, lrs = self.update(samples, plan)
         t2 = time.perf_counter()
-        self.parts.rollout_engine.update_weights(self.parts.engine.module.model.named_parameters())
+        self.push_weights(step)
         t3 = time.perf_counter()
 
         summaries = [

@@ -19,6 +19,7 @@ this process has run, which is what makes a resumed run continue rather than res
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -28,7 +29,7 @@ from typing import Any
 
 import torch
 
-from agentrl.config import Config
+from agentrl.config import Config, ConfigError, rollout_placement
 from agentrl.grpo.checkpoint import resume, save_checkpoint
 from agentrl.grpo.distributed import barrier
 from agentrl.grpo.metrics import console_line
@@ -77,6 +78,7 @@ NOT_IN_FINGERPRINT = {
         "keep_checkpoints",
         "rollout_queue",  # which rank rolls out a group: the same trajectories on any
         "queue_groups_in_flight",
+        "rollout_share",  # the rollout process's CPU threads
     ),
     "sandbox": ("workers", "sandbox_fusion_url"),  # parallelism and the service's address
     "rollout.vllm": (
@@ -184,24 +186,26 @@ def build_components(cfg: Config, paths: GrpoPaths, ctx: dse.DistributedContext,
             ref_model, logit_chunk_tokens=cfg.grpo.logit_chunk_tokens, temperature=cfg.rollout.temperature
         )
     policy = engine.module.model
-    with rng_state_kept():  # vLLM's worker reseeds the global generators seeded in _train
-        rollout_engine = make_engine(
+    rollout_engine = loop = reward_fn = None  # separate placement: the rollout process's (start_rollout_process)
+    if rollout_placement(cfg.grpo) == "colocated":
+        with rng_state_kept():  # vLLM's worker reseeds the global generators seeded in _train
+            rollout_engine = make_engine(
+                cfg.rollout,
+                str(paths.model),
+                model=policy,
+                tokenizer=tokenizer,
+                colocated=True,
+                seed=derived_seed(cfg.seed, "grpo-engine", ctx.rank),
+                trainer_memory=trainer_memory(cfg, policy, ctx.world_size),
+            )
+        loop = AgentLoop(
+            rollout_engine,
+            tokenizer,
+            CodeInterpreter(sandbox, cfg.tool),
             cfg.rollout,
-            str(paths.model),
-            model=policy,
-            tokenizer=tokenizer,
-            colocated=True,
-            seed=derived_seed(cfg.seed, "grpo-engine", ctx.rank),
-            trainer_memory=trainer_memory(cfg, policy, ctx.world_size),
+            InfraFailureBound.from_config(cfg.sandbox),
         )
-    loop = AgentLoop(
-        rollout_engine,
-        tokenizer,
-        CodeInterpreter(sandbox, cfg.tool),
-        cfg.rollout,
-        InfraFailureBound.from_config(cfg.sandbox),
-    )
-    reward_fn = RewardFunction(reward_config(cfg, settings), sandbox)
+        reward_fn = RewardFunction(reward_config(cfg, settings), sandbox)
     parts = Components(
         cfg=cfg,
         settings=settings,
@@ -212,10 +216,35 @@ def build_components(cfg: Config, paths: GrpoPaths, ctx: dse.DistributedContext,
         loop=loop,
         reward_fn=reward_fn,
         pad_token_id=int(pad_id),
-        old_logprobs=old_logprobs_source(cfg.grpo.old_logprobs, cfg.rollout, next(actor.parameters()).dtype),
+        old_logprobs=old_logprobs_source(
+            cfg.grpo.old_logprobs, cfg.rollout, next(actor.parameters()).dtype, cfg.grpo.max_staleness
+        ),
     )
     log.info("old log-probs: %s (grpo.old_logprobs: %s)", parts.old_logprobs, cfg.grpo.old_logprobs)
     return parts, tokenizer
+
+
+def start_rollout_process(cfg: Config, paths: GrpoPaths, parts: Components, eval_sets, steps: int):
+    """The separate placement's rollout process (:mod:`agentrl.grpo.rollout_process`), with
+    ``grpo.rollout_share`` of this process's CPU threads; the trainer keeps the rest."""
+    from agentrl.grpo.rollout_process import RolloutProcess
+
+    ctx = parts.ctx
+    if ctx.world_size > 1 or ctx.device.type != "cpu":
+        raise ConfigError(
+            f"grpo.placement: separate runs one trainer process on CPU beside one rollout process; this job has "
+            f"{ctx.world_size} process(es) on {ctx.device.type}. The GPU layout (vLLM engines on GPUs of their own, "
+            "weights over NCCL) is not built yet: use grpo.max_staleness: 0 with grpo.placement: auto there"
+        )
+    threads = torch.get_num_threads()
+    rollout_threads = max(1, min(threads - 1, round(threads * cfg.grpo.rollout_share)))
+    if threads < 2:
+        log.warning("separate placement with one CPU thread: the trainer and the rollout process share it")
+    torch.set_num_threads(max(1, threads - rollout_threads))
+    log.info("trainer %d thread(s), rollout process %d (grpo.rollout_share)", torch.get_num_threads(), rollout_threads)
+    return RolloutProcess(
+        cfg, paths.model, paths.train, eval_sets, parts.engine.module.model, threads=rollout_threads, total_steps=steps
+    )
 
 
 def trainer_memory(cfg: Config, policy: torch.nn.Module, world_size: int) -> TrainerMemory:
@@ -258,10 +287,18 @@ def _train(cfg: Config, paths: GrpoPaths, stop) -> int:
     steps = total_steps(cfg, len(problems))
     sampler = PromptSampler(problems, derived_seed(cfg.seed, "grpo-data"))
     fingerprint = run_fingerprint(cfg, paths, ctx.world_size)
-    with make_sandbox(cfg.sandbox) as sandbox:
+    separate = rollout_placement(cfg.grpo) == "separate"  # the rollout process has its own sandbox
+    with contextlib.ExitStack() as stack:
+        sandbox = None if separate else stack.enter_context(make_sandbox(cfg.sandbox))
         parts, tokenizer = build_components(cfg, paths, ctx, sandbox, steps)
         eval_sets = fit_eval_sets(eval_sets, tokenizer, cfg.rollout)
         start, records = resume_run(parts, paths, fingerprint, sampler, steps)
+        if separate:  # closed (its rollouts in flight discarded) however the stage ends
+            process = stack.enter_context(
+                contextlib.closing(start_rollout_process(cfg, paths, parts, eval_sets, steps))
+            )
+            process.begin(start, sampler.state_dict(), parts.engine.module.model.named_parameters())
+            parts.rollout_process = process
         loop = TrainingLoop(
             "grpo",
             ctx,
@@ -306,7 +343,10 @@ def _run_steps(
 
     def run_validation() -> dict:
         began = time.perf_counter()
-        metrics = validate(cfg, parts.loop, parts.reward_fn, eval_sets, ctx)
+        if parts.rollout_process is not None:  # on the weights it loaded last: the trainer's
+            metrics = parts.rollout_process.validate()
+        else:
+            metrics = validate(cfg, parts.loop, parts.reward_fn, eval_sets, ctx)
         return {**metrics, "timing/validation_s": time.perf_counter() - began}
 
     if loop.start == 0 and cfg.grpo.val_before_train and eval_sets:
@@ -357,7 +397,8 @@ def resume_run(
         return 0, []
     sampler.load_state_dict(state["sampler"])
     # The rollout engine loaded the initial model: the resumed policy must reach it before the
-    # first rollout, not only after the next update.
-    parts.rollout_engine.update_weights(parts.engine.module.model.named_parameters())
+    # first rollout, not only after the next update (a rollout process gets it when it starts).
+    if parts.rollout_engine is not None:
+        parts.rollout_engine.update_weights(parts.engine.module.model.named_parameters())
     log.info("resumed from %s: step %d of %d done", paths.checkpoints, int(state["step"]), steps)
     return int(state["step"]), list(state["metrics"])
