@@ -416,6 +416,7 @@ def test_cost_table_has_a_row_per_rule_with_tokens_and_mfu(tmp_path):
                 "rollout/generated_tokens_mean": 50.0,
                 "rollout/trajectories": 8.0,
                 "actor/input_tokens": 1000.0,
+                **({"rollout/staleness": 1.0} if s > 1 else {"rollout/staleness": 0.0}),  # one-step-off
             }
             for s in (1, 2, 3)
         ],
@@ -446,8 +447,10 @@ def test_cost_table_has_a_row_per_rule_with_tokens_and_mfu(tmp_path):
     assert "measured float32 matmul" in frame.loc["sft", "note"] and "H100" in frame.loc["grpo", "note"]
     assert pd.isna(frame.loc["prepare_data", "generated_tokens"]) and pd.isna(frame.loc["prepare_data", "mfu_pct"])
     assert frame.loc["total", "wall_s"] == 392.5 and frame.loc["total", "jobs"] == 6 - 1
+    assert frame.loc["grpo", "staleness_mean"] == pytest.approx(2 / 3) and pd.isna(frame.loc["sft", "staleness_mean"])
     text = md.read_text()
     assert text.startswith("# Cost of every stage") and "| grpo | 1 | 200.0 |" in text
+    assert "| 0.67 |" in text.split("| grpo |")[1].splitlines()[0]
     # Without the GPU model the GPU stage's MFU is omitted, with the reason.
     assert report_cli.main(["cost", *[a for a in args if a not in ("--accelerator", "H100")]]) == 0
     frame = pd.read_csv(csv).set_index("rule")

@@ -69,6 +69,7 @@ COLUMNS = (
     "trained_tokens",
     "tokens_per_s",
     "mfu_pct",
+    "staleness_mean",
     "note",
 )
 
@@ -103,12 +104,20 @@ def sft_tokens(path: Path) -> dict[str, float]:
 
 
 def grpo_tokens(path: Path) -> dict[str, float]:
+    """The tokens of the GRPO steps, and how stale their rollouts were on average (policy versions
+    behind the update, ``rollout/staleness``; 0 for a synchronous run, which logs none)."""
     generated = trained = 0.0
+    staleness = []
     for row in read_jsonl(path):
         if "actor/input_tokens" in row:
             generated += float(row["rollout/generated_tokens_mean"]) * float(row["rollout/trajectories"])
             trained += float(row["actor/input_tokens"])
-    return {"generated_tokens": generated, "trained_tokens": trained}
+            staleness.append(float(row.get("rollout/staleness", 0.0)))
+    return {
+        "generated_tokens": generated,
+        "trained_tokens": trained,
+        "staleness_mean": sum(staleness) / len(staleness) if staleness else 0.0,
+    }
 
 
 def samples_tokens(paths: Sequence[Path]) -> dict[str, float]:
@@ -218,6 +227,7 @@ def cost_frame(
                 "trained_tokens": trained,
                 "tokens_per_s": moved / wall if counts and wall > 0 else None,
                 "mfu_pct": mfu,
+                "staleness_mean": counts.get("staleness_mean"),
                 "note": note,
             }
         )
@@ -240,19 +250,24 @@ def cost_markdown(frame: pd.DataFrame) -> str:
             return "-"
         return f"{value:,.{digits}f}" if isinstance(value, float) else str(value)
 
-    header = "| rule | jobs | wall s | CPU-h | GPUs / job | GPU-h | max RSS MB | generated tokens | trained tokens | tokens/s | MFU % | note |"
-    lines = ["# Cost of every stage", "", header, "|" + "---|" * 12]
+    header = (
+        "| rule | jobs | wall s | CPU-h | GPUs / job | GPU-h | max RSS MB | generated tokens | trained tokens "
+        "| tokens/s | MFU % | staleness | note |"
+    )
+    lines = ["# Cost of every stage", "", header, "|" + "---|" * 13]
     for row in frame.to_dict("records"):
         cells = [row["rule"], cell(row["jobs"], 0), cell(row["wall_s"], 1), cell(row["cpu_h"], 4)]
         cells += [cell(row["gpus_per_job"], 0), cell(row["gpu_h"], 4), cell(row["max_rss_mb"], 0)]
         cells += [cell(row["generated_tokens"], 0), cell(row["trained_tokens"], 0), cell(row["tokens_per_s"], 1)]
-        cells += [cell(row["mfu_pct"], 3), row["note"] if isinstance(row["note"], str) else ""]
+        cells += [cell(row["mfu_pct"], 3), cell(row["staleness_mean"], 2)]
+        cells += [row["note"] if isinstance(row["note"], str) else ""]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     lines += [
         "",
         "From Snakemake's benchmark files (results/timings/) and the stages' outputs "
         "(src/agentrl/report/cost.py says how each figure is computed). Wall time is summed over a "
-        "rule's jobs; tokens/s divides the generated and trained tokens by it.",
+        "rule's jobs; tokens/s divides the generated and trained tokens by it. Staleness: how many "
+        "policy versions GRPO's rollouts lagged the update on average (grpo.max_staleness; 0 on-policy).",
     ]
     return "\n".join(lines) + "\n"
 
