@@ -86,14 +86,19 @@ def test_one_step_off_rollouts_come_from_the_version_they_record_and_a_dead_proc
 
 
 def test_staleness_needs_its_own_process_and_the_proximal_log_probs():
+    """Stale rollouts need the separate placement and the proximal log-probs; its rollout process
+    runs either engine (vLLM with one in-process worker: tensor parallelism is refused)."""
     from agentrl.config import ConfigError, rollout_placement
 
     assert rollout_placement(load_config({}).grpo) == "colocated"
     assert rollout_placement(load_config({"grpo": {"max_staleness": 1}}).grpo) == "separate"
+    for engine in ("hf", "vllm"):
+        check_cross_keys(load_config({"grpo": {"max_staleness": 1}, "rollout": {"engine": engine}}))
+    tp2 = {"engine": "vllm", "vllm": {"tensor_parallel_size": 2}}
     for raw, words in (
         ({"grpo": {"max_staleness": 1, "placement": "colocated"}}, "grpo.placement: colocated"),
         ({"grpo": {"max_staleness": 1, "old_logprobs": "engine"}}, "grpo.old_logprobs: engine"),
-        ({"grpo": {"placement": "separate"}, "rollout": {"engine": "vllm"}}, "rollout.engine: vllm"),
+        ({"grpo": {"placement": "separate"}, "rollout": tp2}, "tensor_parallel_size = 2 with grpo.placement: separate"),
     ):
         with pytest.raises(ConfigError, match=words):
             check_cross_keys(load_config(raw))

@@ -36,7 +36,8 @@ def cross_key_problems(cfg: Config) -> list[str]:
     if cfg.rollout.temperature <= 0:
         problems.append("rollout.temperature must be > 0 for GRPO: greedy rollouts of a group are identical")
     problems += placement_problems(cfg)
-    if cfg.rollout.engine == "vllm" and "rl" in cfg.eval.models:  # GRPO on vLLM (evaluation-only runs may use TP)
+    # GRPO on colocated vLLM engines (evaluation-only runs may use TP; placement_problems has the separate one's)
+    if cfg.rollout.engine == "vllm" and "rl" in cfg.eval.models and rollout_placement(cfg.grpo) == "colocated":
         problems += colocated_engine_problems(cfg.rollout)
     problems += overlong_window_problems(cfg)
     overlong = cfg.reward.overlong
@@ -77,11 +78,15 @@ def placement_problems(cfg: Config) -> list[str]:
             "grpo.old_logprobs: engine with grpo.max_staleness > 0: the engine's log-probs are those of the stale "
             "policy that sampled, not of the weights the update starts from; use auto or recompute"
         )
-    if placement == "separate" and cfg.rollout.engine != "hf":
+    # Either engine runs in the rollout process on CPU. The CUDA layout (vLLM engines on GPUs of their
+    # own, weights over NCCL) is not built; the trainer refuses it once it knows its devices
+    # (agentrl.grpo.trainer.start_rollout_process), which this config-only check cannot.
+    tp = cfg.rollout.vllm.tensor_parallel_size
+    if placement == "separate" and cfg.rollout.engine == "vllm" and tp != 1:
         problems.append(
-            f"grpo.placement: separate with rollout.engine: {cfg.rollout.engine}: the rollout process runs the hf "
-            "engine; vLLM engines on GPUs of their own (weight transfer over NCCL) are not built yet "
-            "(docs/paper-scale.md); use rollout.engine: hf or grpo.max_staleness: 0"
+            f"{TP_KEY} = {tp} with grpo.placement: separate: the rollout process's vLLM engine loads each policy "
+            "version from the trainer's shared copy by reference, in its own process, and tensor parallelism "
+            f"would put vLLM's workers in processes of their own, out of the tensors' reach; set {TP_KEY}: 1"
         )
     return problems
 

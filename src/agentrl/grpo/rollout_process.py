@@ -1,4 +1,4 @@
-"""GRPO's rollouts in a process of their own beside the trainer (``rollout.placement: separate``).
+"""GRPO's rollouts in a process of their own beside the trainer (``grpo.placement: separate``).
 
 Colocated (the default), one process rolls out, then trains, on the same devices, so the trainer
 idles through the rollout's long tail and the engine through the update. Separate, a rollout
@@ -14,6 +14,20 @@ requests over a pipe:
   rollout process answers ``loaded v``, and the trainer never overwrites the copy before that
   answer, so a load never reads half of two versions;
 - ``validate``: the validation sets on the loaded weights (``grpo.test_freq``).
+
+The rollout process builds the engine ``rollout.engine`` names from the model folder. ``hf``
+loads it with transformers; ``vllm`` is a standalone ``vllm.LLM`` whose engine core runs in the
+rollout process itself (``make_engine(..., in_process=True)``), because its ``update_weights``
+hands the shared copy's tensors to vLLM's ``reload_weights`` by reference: vLLM's own route
+between processes serialises the tensors (and cannot carry them), and its built-in weight-transfer
+backends (nccl, ipc) need CUDA. Before a load each tensor is cast to the engine's dtype
+(``rollout.dtype``, :func:`agentrl.precision.resolve_dtype`): vLLM's reload takes the tensors a
+checkpoint in the model's dtype gives (most of its weight loaders cast as they copy, not every
+model's), and the hf engine then copies into its module without a cast.
+This is the CPU layout: one trainer process on CPU beside one rollout process
+(:func:`agentrl.grpo.trainer.start_rollout_process` refuses any other). The CUDA layout, vLLM
+engines on GPUs of their own taking each version over NCCL through vLLM's weight-transfer API, is
+not built.
 
 The process draws the step's prompts itself, from the sampler state it was started with, so it
 can run ahead of the trainer. With ``grpo.max_staleness`` s the trainer asks for step k + s's
@@ -162,7 +176,7 @@ class RolloutProcess:
         how = f"exited with code {code}" if code is not None and code >= 0 else f"was killed by signal {-(code or 0)}"
         return RolloutProcessError(
             f"the rollout process (pid {self.process.pid}) {how} while the trainer waited for {waiting_for} "
-            "(rollout.placement: separate); the stage stops and its rollouts in flight are lost. Rerunning the "
+            "(grpo.placement: separate); the stage stops and its rollouts in flight are lost. Rerunning the "
             "stage resumes from the last checkpoint."
         )
 
@@ -254,9 +268,11 @@ def _serve(connection, cfg: Config, model_dir: str, train: str, eval_sets, weigh
     from agentrl.grpo.validation import validate
     from agentrl.grpo.variants import grpo_reward_config, resolve_algorithm
     from agentrl.model.tokenizer import load_chat_tokenizer
+    from agentrl.precision import resolve_dtype
     from agentrl.rewards import RewardFunction
     from agentrl.rewards.ground_truth import read_gradable_problems
     from agentrl.rollout import AgentLoop, make_engine
+    from agentrl.rollout.engine import default_device
     from agentrl.tools.code_interpreter import CodeInterpreter
     from agentrl.tools.factory import make_sandbox
     from agentrl.tools.health import InfraFailureBound
@@ -266,7 +282,10 @@ def _serve(connection, cfg: Config, model_dir: str, train: str, eval_sets, weigh
     single = DistributedContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
     sampler = PromptSampler(read_gradable_problems(Path(train)), derived_seed(cfg.seed, "grpo-data"))
     with make_sandbox(cfg.sandbox) as sandbox:
-        engine = make_engine(cfg.rollout, model_dir)
+        # in_process: a vLLM engine's core in this process, the only place its update_weights can
+        # read the shared copy's tensors (the hf engine always is); the seed is colocated rank 0's
+        engine = make_engine(cfg.rollout, model_dir, in_process=True, seed=derived_seed(cfg.seed, "grpo-engine", 0))
+        engine_dtype = resolve_dtype(cfg.rollout.dtype, default_device())  # the engines' one rule
         tokenizer = load_chat_tokenizer(model_dir)
         loop = AgentLoop(
             engine,
@@ -286,7 +305,8 @@ def _serve(connection, cfg: Config, model_dir: str, train: str, eval_sets, weigh
             if kind == "stop":
                 return
             if kind == "weights":
-                engine.update_weights(weights.items())
+                # .to is the shared tensor itself when the dtypes agree (float32 on CPU by default)
+                engine.update_weights((name, tensor.to(engine_dtype)) for name, tensor in weights.items())
                 version = message[1]
                 connection.send(("loaded", version))
             elif kind == "sampler":

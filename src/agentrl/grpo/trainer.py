@@ -232,9 +232,10 @@ def start_rollout_process(cfg: Config, paths: GrpoPaths, parts: Components, eval
     ctx = parts.ctx
     if ctx.world_size > 1 or ctx.device.type != "cpu":
         raise ConfigError(
-            f"grpo.placement: separate runs one trainer process on CPU beside one rollout process; this job has "
-            f"{ctx.world_size} process(es) on {ctx.device.type}. The GPU layout (vLLM engines on GPUs of their own, "
-            "weights over NCCL) is not built yet: use grpo.max_staleness: 0 with grpo.placement: auto there"
+            f"grpo.placement: separate runs one trainer process on CPU beside one rollout process (rollout.engine "
+            f"hf or vllm); this job has {ctx.world_size} process(es) on {ctx.device.type}. The CUDA layout (vLLM "
+            "engines on GPUs of their own, each policy version sent over NCCL through vLLM's weight-transfer API) "
+            "is not built: use grpo.max_staleness: 0 with grpo.placement: auto there"
         )
     threads = torch.get_num_threads()
     rollout_threads = max(1, min(threads - 1, round(threads * cfg.grpo.rollout_share)))

@@ -45,18 +45,23 @@ def make_engine(
     model=None,
     tokenizer=None,
     colocated: bool = False,
+    in_process: bool | None = None,
     seed: int = 0,
     trainer_memory: TrainerMemory | None = None,
 ) -> Engine:
     """The engine named by ``cfg.engine``.
 
     ``hf`` generates with ``model`` when given (the trainer's own in-memory module: then weight
-    updates are free) or loads ``model_dir``. ``vllm`` always loads ``model_dir`` into an
-    in-process vLLM engine; the trainer pushes new weights with ``update_weights``. ``colocated``:
-    the engine of one trainer rank (GRPO: vLLM's external launcher on the rank's own device, see
-    :mod:`agentrl.rollout.vllm_engine`), ``seed`` its default seed (requests carry their own),
-    ``trainer_memory`` what the trainer beside it still needs (``rollout.vllm.colocated_memory:
-    measured``; engines that share the trainer's module need none).
+    updates are free) or loads ``model_dir``. ``vllm`` always loads ``model_dir`` into a
+    ``vllm.LLM``; the trainer pushes new weights with ``update_weights``. ``colocated``: the
+    engine of one trainer rank (GRPO: vLLM's external launcher on the rank's own device, see
+    :mod:`agentrl.rollout.vllm_engine`). ``in_process`` (vLLM; default: ``colocated``): the engine
+    core in this process, which ``update_weights`` needs (it hands tensors over by reference), for a
+    standalone engine that still takes weight pushes (GRPO's rollout process,
+    :mod:`agentrl.grpo.rollout_process`); the hf engine always runs in this process. ``seed`` its
+    default seed (requests carry their own), ``trainer_memory`` what the trainer beside it still
+    needs (``rollout.vllm.colocated_memory: measured``; engines that share the trainer's module
+    need none).
     """
     if cfg.engine == "hf":
         from agentrl.rollout.hf_engine import HFEngine
@@ -74,5 +79,7 @@ def make_engine(
     if cfg.engine == "vllm":
         from agentrl.rollout.vllm_engine import VllmEngine
 
-        return VllmEngine(model_dir, cfg, seed=seed, colocated=colocated, trainer_memory=trainer_memory)
+        return VllmEngine(
+            model_dir, cfg, seed=seed, colocated=colocated, trainer_memory=trainer_memory, in_process=in_process
+        )
     raise ValueError(f"rollout.engine = {cfg.engine!r} is not known; choose one of: hf, vllm")
