@@ -122,7 +122,6 @@ class RolloutProcess:
         )
         self.process.start()
         child.close()
-        self.started: dict[int, float] = {}  # step -> when its rollout was asked for
         self.loaded_version: int | None = None
         self.published_version: int | None = None
         self.next_step: int | None = None
@@ -193,7 +192,9 @@ class RolloutProcess:
         assert self.next_step is not None, "begin() first"
         while self.next_step <= min(step, self.total_steps):
             self._ask(self.next_step)
+        waiting = time.perf_counter()
         _, answered, groups, timing, sampler_state, version = self._take("rolled", f"step {step}'s rollouts")
+        waited = time.perf_counter() - waiting  # what the trainer lost: the rollout not overlapped
         assert answered == step, f"rollout process answered step {answered}, the trainer waits for {step}"
         staleness = (step - 1) - version
         if not 0 <= staleness <= self.max_staleness:
@@ -203,13 +204,11 @@ class RolloutProcess:
             )
         while self.next_step <= min(step + self.max_staleness, self.total_steps):
             self._ask(self.next_step)
-        waited = time.perf_counter() - self.started.pop(step)
         timing = {**timing, "timing/rollout_wait_s": waited, "rollout/staleness": float(staleness)}
         return RolloutResult(step, groups, timing, sampler_state, version)
 
     def _ask(self, step: int) -> None:
         self._send("rollout", step)
-        self.started[step] = time.perf_counter()
         self.next_step = step + 1
 
     def publish(self, named_parameters: Iterable, version: int) -> None:
