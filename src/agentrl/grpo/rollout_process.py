@@ -88,9 +88,9 @@ class RolloutProcess:
     """The trainer's end: starts the rollout process, asks for steps, publishes weights.
 
     ``policy`` is the trainer's module (its parameters are copied once into shared memory),
-    ``start`` the step the trainer resumes after (the weights it holds are version ``start``),
-    ``sampler_state`` the prompt sampler's state there, ``threads`` the rollout process's torch
-    threads."""
+    ``eval_sets`` the validation sets, ``threads`` the rollout process's torch threads,
+    ``total_steps`` the run's last step (nothing is asked beyond it). :meth:`begin` then hands it
+    the step to start after and the prompt sampler's state there."""
 
     def __init__(
         self,
@@ -116,7 +116,7 @@ class RolloutProcess:
         self.connection, child = context.Pipe()
         self.process = context.Process(
             target=serve,
-            args=(child, cfg, str(model_dir), str(train), eval_sets, self.weights, threads, os.getpid()),
+            args=(child, cfg, str(model_dir), str(train), eval_sets, self.weights, threads),
             name="agentrl-rollout",
             daemon=True,
         )
@@ -242,10 +242,11 @@ class RolloutProcess:
         self.connection.close()
 
 
-def serve(connection, cfg: Config, model_dir: str, train: str, eval_sets, weights, threads: int, parent: int) -> None:
+def serve(connection, cfg: Config, model_dir: str, train: str, eval_sets, weights, threads: int) -> None:
     """The rollout process: build the engine, loop and reward, then answer the trainer's requests."""
     # The cluster's stop signals reach every process of the job: the trainer finishes its step
-    # and checkpoints, then closes the pipe, which ends this process.
+    # and checkpoints, then closes the pipe, which ends this process. A trainer killed outright
+    # closes its end too: the next read or write here fails and the process ends.
     for stop in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
         signal.signal(stop, signal.SIG_IGN)
     try:
