@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check, on one CUDA GPU without network, in two parts (about 7 minutes on an H100/H200):
+# GPU check, on one CUDA GPU without network, in four parts (about 10 minutes on an H100/H200):
 # 1. benchmarks/gpu_check.py: SFT steps and GRPO steps of a randomly initialised ~0.5 B-parameter
 #    Qwen3 in bf16 on DeepSpeed (ZeRO-2) with the hf rollout engine: SFT tokens/s and model FLOPs
 #    utilisation, GRPO update tokens/s and MFU, hf-engine rollout tokens/s (about 3 minutes, limit 7.5).
@@ -12,6 +12,11 @@
 #    CPU ranks (needs no GPU); (b) the HF export's extra GPU memory beside an awake hf engine on a
 #    ZeRO-2 model, against save_pretrained's; (c) the colocated memory plan measured beside the one
 #    docs/paper-scale.md assumes (about 1 minute).
+# 4. benchmarks/packing.py: GRPO's update (the recomputation pass and one optimizer step) packed -
+#    padding-free rows on torch's varlen flash kernel in bf16 - against padded micro-batches, on
+#    the paper's trajectory lengths (prompts 640-2,560 tokens, responses median 8K, 2% at 22K,
+#    budget 32,768), time and peak memory, arms A B B A (about 2 minutes). The update's MFU with
+#    the packed default is part 1's.
 #
 #   benchmarks/gpu_check.sh [summary.json] [--size tiny] # default: $OUT/gpu_check.json; part 2 writes
 #                                                       # gpu_check_vllm.json beside it
@@ -92,6 +97,22 @@ case "$part3" in
     "$SKIPPED") ran+=("3 (in part)"); skipped+=("in 3: see gpu_check_paper_path.json") ;;
     *) failed=1; ran+=("3 (failed)") ;;
 esac
+if python -c "import deepspeed" 2> /dev/null; then
+    if [[ "$size" == tiny ]]; then  # the script's own test on a CPU: small lengths, one pair
+        packing=(--pairs 1 --prompts 2 --n 4 --prompt-tokens 20 40 --median 60 --max 200 --budget 512)
+    else
+        packing=(--pairs 2 --prompts 4 --n 8 --prompt-tokens 640 2560 --median 8000 --max 22000 --budget 32768)
+    fi
+    if python benchmarks/packing.py "${packing[@]}" --json "$summary_dir/gpu_check_packing.json"; then
+        ran+=("4")
+    else
+        failed=1
+        ran+=("4 (failed)")
+    fi
+else
+    echo "gpu_check: part 4: skipped: deepspeed not importable on this machine"
+    skipped+=("4")
+fi
 echo "gpu_check: ran: ${ran[*]:-none}; skipped: ${skipped[*]:-none}; summaries in $summary_dir"
 if [[ "$failed" != 0 ]]; then exit 1; fi
 if [[ ${#skipped[@]} -gt 0 ]]; then

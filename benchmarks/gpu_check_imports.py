@@ -61,6 +61,7 @@ PART_NEEDS = {  # part -> the modules it needs beyond REQUIRED
     "2a (colocated vLLM engine)": ("vllm",),
     "2b (ZeRO-2 step on a long sequence)": tuple(DEEPSPEED),
     "2c (vLLM decode speed)": ("vllm",),
+    "4 (GRPO update packed against padded)": tuple(DEEPSPEED),
 }
 NOT_CARRIED = {"torch", "transformers", "tokenizers", "safetensors", "huggingface_hub", "numpy", "pandas", "pyarrow"}
 CARRIED = {module: dist for module, dist in {**REQUIRED, **DEEPSPEED}.items() if module not in NOT_CARRIED}

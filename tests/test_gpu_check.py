@@ -268,7 +268,10 @@ def test_without_deepspeed_the_check_skips_its_parts_runs_the_rest_and_says_so(t
     assert parts["c_decode"]["status"] == "skipped: vllm not importable on this machine", parts
     paper_path = json.loads((summary_path.parent / "gpu_check_paper_path.json").read_text())
     assert all(part["status"].startswith("skipped: ") for part in paper_path.values()), paper_path
+    assert "part 4 (GRPO update packed against padded): SKIPPED, not importable: deepspeed" in done.stdout
+    assert not (summary_path.parent / "gpu_check_packing.json").exists()
     assert "gpu_check: ran: 2 (in part) 3 (in part); skipped: 1 in 2" in done.stdout
+    assert "gpu_check_vllm.json in 3: see gpu_check_paper_path.json 4;" in done.stdout
 
 
 @pytest.mark.slow
@@ -283,4 +286,6 @@ def test_without_vllm_the_deepspeed_parts_run_and_the_check_exits_with_the_skip_
     assert parts["b_long_sequence"]["status"] == "passed" and parts["b_long_sequence"]["beside_sleeping_vllm"] is False
     assert parts["a_engine"]["status"].startswith("skipped") and parts["c_decode"]["status"].startswith("skipped")
     assert json.loads((summary_path.parent / "gpu_check_paper_path.json").read_text())["a"]["status"] == "passed"
-    assert "gpu_check: ran: 1 2 (in part) 3 (in part); skipped: in 2" in done.stdout
+    packing = json.loads((summary_path.parent / "gpu_check_packing.json").read_text())
+    assert packing["packed/padded"]["time_ratio_median"] > 0, packing
+    assert "gpu_check: ran: 1 2 (in part) 3 (in part) 4; skipped: in 2" in done.stdout
