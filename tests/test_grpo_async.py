@@ -20,60 +20,27 @@ from agentrl.config import check_cross_keys, load_config
 from agentrl.errors import StageInterrupted
 
 
-def _response_logprobs(model, trajectory) -> torch.Tensor:
-    """log pi(response token) under ``model`` at temperature 1, for every response position."""
-    ids = torch.tensor([list(trajectory.prompt_ids) + list(trajectory.response_ids)])
-    with torch.no_grad():
-        logits = model(ids).logits[0, len(trajectory.prompt_ids) - 1 : -1].float()
-    return torch.log_softmax(logits, -1).gather(-1, ids[0, len(trajectory.prompt_ids) :, None])[:, 0]
-
-
-def _sampled(trajectory) -> tuple[torch.Tensor, torch.Tensor]:
-    mask = torch.tensor(trajectory.loss_mask, dtype=torch.bool)
-    return torch.tensor(trajectory.logprobs)[mask], mask
-
-
 @pytest.mark.timeout(900)
 def test_one_step_off_rollouts_come_from_the_version_they_record_and_a_dead_process_stops_the_wait(tmp_path):
     """max_staleness 1: step 2 is rolled out while step 1 "trains", with version 0; step 3 with
     version 1. Each trajectory's sampling log-probs equal its recorded version's weights' own and
     not the other version's; killing the process makes the next wait fail in seconds, naming it."""
     from helpers.rollout import random_policy
-    from transformers import AutoModelForCausalLM
+    from helpers.rollout_process import check_sampled_by_recorded_version, one_step_off, two_versions
 
-    from agentrl.grpo.prompts import PromptSampler
-    from agentrl.grpo.rollout_process import RolloutProcess, RolloutProcessError
-    from agentrl.rewards.ground_truth import read_gradable_problems
-    from agentrl.training.seeds import derived_seed
+    from agentrl.grpo.rollout_process import RolloutProcessError
 
     model_dir = random_policy()
     root = write_arith_inputs(tmp_path)
-    raw = {**TINY_RUN, "grpo": {**TINY_RUN["grpo"], "max_staleness": 1}}
-    cfg = load_config(raw)
+    cfg = load_config({**TINY_RUN, "grpo": {**TINY_RUN["grpo"], "max_staleness": 1}})
     check_cross_keys(cfg)
-    versions = [AutoModelForCausalLM.from_pretrained(model_dir).float().eval() for _ in range(2)]
-    with torch.no_grad():  # version 1: far enough from version 0 that their log-probs tell them apart
-        for p in versions[1].parameters():
-            p.add_(0.5 * torch.randn_like(p))
-    sampler = PromptSampler(read_gradable_problems(root / "rl_train.parquet"), derived_seed(cfg.seed, "grpo-data"))
-    process = RolloutProcess(cfg, model_dir, root / "rl_train.parquet", [], versions[0], threads=1, total_steps=3)
-    try:  # as the trainer: rollouts(k), (train k), publish(k)
-        process.begin(0, sampler.state_dict(), versions[0].named_parameters())
-        first = process.rollouts(1)  # asks for step 2 at once, before "training" step 1
-        process.publish(versions[1].named_parameters(), 1)
-        second = process.rollouts(2)  # asks for step 3, which loads version 1 first
-        process.publish(versions[0].named_parameters(), 2)
-        third = process.rollouts(3)
-        assert [first.policy_version, second.policy_version, third.policy_version] == [0, 0, 1]
-        assert [r.timing["rollout/staleness"] for r in (first, second, third)] == [0.0, 1.0, 1.0]
-        assert first.sampler_state != second.sampler_state != third.sampler_state
-        for result in (second, third):
-            held, other = versions[result.policy_version], versions[1 - result.policy_version]
-            for group in result.groups:
-                for trajectory in group.trajectories:
-                    sampled, mask = _sampled(trajectory)
-                    torch.testing.assert_close(sampled, _response_logprobs(held, trajectory)[mask], atol=2e-4, rtol=0)
-                    assert (sampled - _response_logprobs(other, trajectory)[mask]).abs().max() > 0.05
+    versions = two_versions(model_dir)
+    with one_step_off(cfg, model_dir, root / "rl_train.parquet", versions) as (process, results):
+        assert [r.policy_version for r in results] == [0, 0, 1]
+        assert [r.timing["rollout/staleness"] for r in results] == [0.0, 1.0, 1.0]
+        assert results[0].sampler_state != results[1].sampler_state != results[2].sampler_state
+        checked = check_sampled_by_recorded_version(results, versions, atol=2e-4, gap=0.05)
+        assert checked == 3 * cfg.grpo.batch_prompts * cfg.grpo.n
 
         os.kill(process.process.pid, signal.SIGKILL)
         began = time.monotonic()
@@ -81,8 +48,6 @@ def test_one_step_off_rollouts_come_from_the_version_they_record_and_a_dead_proc
             process.validate()
         assert time.monotonic() - began < 10
         assert isinstance(failure.value, StageInterrupted) and "resumes from the last checkpoint" in str(failure.value)
-    finally:
-        process.close()
 
 
 def test_staleness_needs_its_own_process_and_the_proximal_log_probs():
