@@ -52,6 +52,21 @@ class Group:
         return not scores or max(scores) == min(scores)
 
 
+def rollout_parts(cfg: Config, engine, tokenizer, sandbox) -> tuple[AgentLoop, RewardFunction]:
+    """GRPO's agent loop (the code interpreter on ``sandbox``, the infrastructure-failure bound)
+    and reward function (overlong shaping as the variant says), as the colocated trainer and the
+    rollout process both build them."""
+    from agentrl.grpo.variants import grpo_reward_config, resolve_algorithm
+    from agentrl.rewards import RewardFunction
+    from agentrl.rollout import AgentLoop
+    from agentrl.tools.code_interpreter import CodeInterpreter
+    from agentrl.tools.health import InfraFailureBound
+
+    interpreter = CodeInterpreter(sandbox, cfg.tool)
+    loop = AgentLoop(engine, tokenizer, interpreter, cfg.rollout, InfraFailureBound.from_config(cfg.sandbox))
+    return loop, RewardFunction(grpo_reward_config(cfg.reward, resolve_algorithm(cfg.grpo)), sandbox)
+
+
 class RolloutCollector:
     """Rolls out and grades this rank's share of a step's prompts."""
 

@@ -263,19 +263,15 @@ def serve(connection, cfg: Config, model_dir: str, train: str, eval_sets, weight
 
 
 def _serve(connection, cfg: Config, model_dir: str, train: str, eval_sets, weights) -> None:
-    from agentrl.grpo.collection import RolloutCollector
+    from agentrl.grpo.collection import RolloutCollector, rollout_parts
     from agentrl.grpo.prompts import PromptSampler
     from agentrl.grpo.validation import validate
-    from agentrl.grpo.variants import grpo_reward_config, resolve_algorithm
     from agentrl.model.tokenizer import load_chat_tokenizer
     from agentrl.precision import resolve_dtype
-    from agentrl.rewards import RewardFunction
     from agentrl.rewards.ground_truth import read_gradable_problems
-    from agentrl.rollout import AgentLoop, make_engine
+    from agentrl.rollout import make_engine
     from agentrl.rollout.engine import default_device
-    from agentrl.tools.code_interpreter import CodeInterpreter
     from agentrl.tools.factory import make_sandbox
-    from agentrl.tools.health import InfraFailureBound
     from agentrl.training.deepspeed_engine import DistributedContext
     from agentrl.training.seeds import derived_seed
 
@@ -287,14 +283,7 @@ def _serve(connection, cfg: Config, model_dir: str, train: str, eval_sets, weigh
         engine = make_engine(cfg.rollout, model_dir, in_process=True, seed=derived_seed(cfg.seed, "grpo-engine", 0))
         engine_dtype = resolve_dtype(cfg.rollout.dtype, default_device())  # the engines' one rule
         tokenizer = load_chat_tokenizer(model_dir)
-        loop = AgentLoop(
-            engine,
-            tokenizer,
-            CodeInterpreter(sandbox, cfg.tool),
-            cfg.rollout,
-            InfraFailureBound.from_config(cfg.sandbox),
-        )
-        reward_fn = RewardFunction(grpo_reward_config(cfg.reward, resolve_algorithm(cfg.grpo)), sandbox)
+        loop, reward_fn = rollout_parts(cfg, engine, tokenizer, sandbox)
         collector = RolloutCollector(cfg, single, loop, reward_fn)
         version = None
         next_step = None

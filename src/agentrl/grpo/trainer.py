@@ -31,6 +31,7 @@ import torch
 
 from agentrl.config import Config, ConfigError, rollout_placement
 from agentrl.grpo.checkpoint import resume, save_checkpoint
+from agentrl.grpo.collection import rollout_parts
 from agentrl.grpo.distributed import barrier
 from agentrl.grpo.metrics import console_line
 from agentrl.grpo.policy import ResponseLogProbs, old_logprobs_source
@@ -163,10 +164,7 @@ def build_engine(
 
 def build_components(cfg: Config, paths: GrpoPaths, ctx: dse.DistributedContext, sandbox, steps: int):
     """The DeepSpeed actor, the reference (KL variants), the rollout engine, agent loop and reward."""
-    from agentrl.rewards import RewardFunction
-    from agentrl.rollout import AgentLoop, make_engine
-    from agentrl.tools.code_interpreter import CodeInterpreter
-    from agentrl.tools.health import InfraFailureBound
+    from agentrl.rollout import make_engine
 
     settings = resolve_algorithm(cfg.grpo)
     tokenizer = load_chat_tokenizer(paths.model)
@@ -198,14 +196,7 @@ def build_components(cfg: Config, paths: GrpoPaths, ctx: dse.DistributedContext,
                 seed=derived_seed(cfg.seed, "grpo-engine", ctx.rank),
                 trainer_memory=trainer_memory(cfg, policy, ctx.world_size),
             )
-        loop = AgentLoop(
-            rollout_engine,
-            tokenizer,
-            CodeInterpreter(sandbox, cfg.tool),
-            cfg.rollout,
-            InfraFailureBound.from_config(cfg.sandbox),
-        )
-        reward_fn = RewardFunction(reward_config(cfg, settings), sandbox)
+        loop, reward_fn = rollout_parts(cfg, rollout_engine, tokenizer, sandbox)
     parts = Components(
         cfg=cfg,
         settings=settings,
