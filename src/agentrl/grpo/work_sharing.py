@@ -54,11 +54,9 @@ class ClaimQueue:
         self.store = store
         self.key = f"agentrl/rollout-queue/{token}/{label}"
         self.size = size
-        self.claimed: list[int] = []
 
     def __iter__(self) -> Iterator[int]:
         while (position := int(self.store.add(self.key, 1)) - 1) < self.size:
-            self.claimed.append(position)
             yield position
 
 
