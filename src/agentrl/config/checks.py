@@ -64,6 +64,27 @@ def rollout_placement(grpo: GrpoConfig) -> str:
     return "separate" if grpo.max_staleness > 0 else "colocated"
 
 
+def gpu_split(gpus: int, rollout_share: float) -> tuple[int, int]:
+    """A node's ``gpus`` under ``grpo.placement: separate`` as (trainer GPUs, rollout GPUs): the
+    rollout share rounded, at least one each (agentrl.grpo.rollout_process puts the rollout engine
+    on the node's last GPUs). One GPU is shared, (1, 1): the trainer and an hf engine on it, the
+    weights over gloo (NCCL connects no two processes on one device)."""
+    if gpus < 1:
+        raise ValueError(f"gpu_split needs at least one GPU, got {gpus}")
+    if gpus == 1:
+        return 1, 1
+    rollout = min(gpus - 1, max(1, round(gpus * rollout_share)))
+    return gpus - rollout, rollout
+
+
+def trainer_processes(grpo: GrpoConfig, gpus: int) -> int:
+    """GRPO's trainer ranks on a node of ``gpus`` GPUs (0: a CPU job, returned as is): all of them,
+    or under ``grpo.placement: separate`` those :func:`gpu_split` leaves to training."""
+    if gpus < 1 or rollout_placement(grpo) != "separate":
+        return gpus
+    return gpu_split(gpus, grpo.rollout_share)[0]
+
+
 def placement_problems(cfg: Config) -> list[str]:
     """What the separate placement and stale rollouts (agentrl.grpo.rollout_process) need."""
     grpo, problems = cfg.grpo, []
@@ -78,15 +99,22 @@ def placement_problems(cfg: Config) -> list[str]:
             "grpo.old_logprobs: engine with grpo.max_staleness > 0: the engine's log-probs are those of the stale "
             "policy that sampled, not of the weights the update starts from; use auto or recompute"
         )
-    # Either engine runs in the rollout process on CPU. The CUDA layout (vLLM engines on GPUs of their
-    # own, weights over NCCL) is not built; the trainer refuses it once it knows its devices
-    # (agentrl.grpo.trainer.start_rollout_process), which this config-only check cannot.
+    if grpo.deepspeed.zero_stage == 3 and placement != "separate":
+        problems.append(
+            "grpo.deepspeed.zero_stage = 3 with grpo.placement: colocated: the colocated engine shares the "
+            "trainer's module (hf: it would gather every weight for each generated token) or reads its "
+            "parameters (vllm: it would get the partitions); use zero_stage 2, or placement: separate, whose "
+            "weight pushes gather each parameter once"
+        )
+    # The rollout process's vLLM engine spans the GPUs grpo.rollout_share gives it (tensor parallel
+    # over them, agentrl.grpo.rollout_process.gpu_split); the GPU count is the job's, which the
+    # trainer checks once it knows its devices (rollout_gpus).
     tp = cfg.rollout.vllm.tensor_parallel_size
     if placement == "separate" and cfg.rollout.engine == "vllm" and tp != 1:
         problems.append(
-            f"{TP_KEY} = {tp} with grpo.placement: separate: the rollout process's vLLM engine loads each policy "
-            "version from the trainer's shared copy by reference, in its own process, and tensor parallelism "
-            f"would put vLLM's workers in processes of their own, out of the tensors' reach; set {TP_KEY}: 1"
+            f"{TP_KEY} = {tp} with grpo.placement: separate: the rollout process's vLLM engine is tensor parallel "
+            f"over the GPUs grpo.rollout_share gives it, whatever {TP_KEY} says; set {TP_KEY}: 1 and choose the "
+            "split with grpo.rollout_share"
         )
     return problems
 

@@ -53,6 +53,29 @@ def _check(cfg: Config) -> None:
     check_tracking(cfg.tracking)
 
 
+def trainer_nproc(cfg: Config, nproc: str) -> str:
+    """``--nproc`` for the trainer: on GPUs, the node's less the rollout process's under
+    ``grpo.placement: separate`` (:func:`agentrl.config.trainer_processes`); on CPU
+    (no CUDA device) the processes asked for."""
+    import os
+
+    import torch
+
+    from agentrl.config import trainer_processes
+    from agentrl.cpus import visible_gpus
+
+    if not torch.cuda.is_available():
+        return nproc
+    text = str(nproc).strip().lower()
+    if text == "auto":
+        gpus = visible_gpus(os.environ) or 0
+    elif text.isdigit():
+        gpus = int(text)
+    else:
+        return nproc  # launch() reports it
+    return str(trainer_processes(cfg.grpo, gpus)) if gpus > 0 else nproc
+
+
 def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -73,6 +96,7 @@ def main(argv: list[str]) -> int:
     load_deepspeed_config(deepspeed_config(args, cfg.grpo.deepspeed.zero_stage), cfg.grpo.deepspeed.zero_stage)
     for problems in (args.train, *args.eval):
         read_gradable_problems(problems)
+    args.nproc = trainer_nproc(cfg, args.nproc)
     launch(parser, "grpo", argv, args)
 
     from agentrl.grpo.trainer import GrpoPaths, train

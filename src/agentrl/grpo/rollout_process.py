@@ -9,25 +9,24 @@ requests over a pipe:
   with the newest weights it has loaded; the answer carries the groups, the prompt sampler's
   state after the step (the trainer keeps it for its checkpoints) and the policy version that
   generated them;
-- ``weights v``: load version v from the shared-memory copy of the policy (a float32 copy of every
-  parameter, made once at start, that the trainer overwrites in place after each update); the
-  rollout process answers ``loaded v``, and the trainer never overwrites the copy before that
-  answer, so a load never reads half of two versions;
+- weights: each new policy version goes over vLLM's weight-transfer protocol
+  (:mod:`agentrl.rollout.weight_transfer`): the trainer's end is built once with
+  ``WeightTransferTrainerFactory.trainer_init`` and sends each version with ``send_weights()``; the
+  protocol's four inference-side calls travel over the pipe (:class:`PipeWeightSync`) to the
+  engine's :meth:`~agentrl.rollout.engine.Engine.weight_sync` in the rollout process, and the
+  tensors over the backend's own group: vLLM's ``nccl`` on CUDA, ``agentrl_gloo`` (a gloo broadcast
+  registered into vLLM's factories; vLLM has no CPU backend) on CPU and for the hf engine. The
+  version label rides ``finish_weight_update``;
 - ``validate``: the validation sets on the loaded weights (``grpo.test_freq``).
 
-The rollout process builds the engine ``rollout.engine`` names from the model folder. ``hf``
-loads it with transformers; ``vllm`` is a standalone ``vllm.LLM`` whose engine core runs in the
-rollout process itself (``make_engine(..., in_process=True)``), because its ``update_weights``
-hands the shared copy's tensors to vLLM's ``reload_weights`` by reference: vLLM's own route
-between processes serialises the tensors (and cannot carry them), and its built-in weight-transfer
-backends (nccl, ipc) need CUDA. Before a load each tensor is cast to the engine's dtype
-(``rollout.dtype``, :func:`agentrl.precision.resolve_dtype`): vLLM's reload takes the tensors a
-checkpoint in the model's dtype gives (most of its weight loaders cast as they copy, not every
-model's), and the hf engine then copies into its module without a cast.
-This is the CPU layout: one trainer process on CPU beside one rollout process
-(:func:`agentrl.grpo.trainer.start_rollout_process` refuses any other). The CUDA layout, vLLM
-engines on GPUs of their own taking each version over NCCL through vLLM's weight-transfer API, is
-not built.
+The rollout process builds the engine ``rollout.engine`` names from the model folder (``hf`` with
+transformers; ``vllm`` a ``vllm.LLM`` answering on the weight-transfer backend, its core in the
+rollout process on CPU, where the gloo backend is registered). On CUDA it runs on the job's last
+``grpo.rollout_share`` of the node's GPUs (:func:`agentrl.config.gpu_split`), one engine tensor-parallel over them,
+and the trainer's ranks on the others; on CPU it takes ``grpo.rollout_share`` of the CPU threads.
+The trainer's rank 0 holds the rollout process and every step's groups; the update's
+redistribution (:func:`agentrl.grpo.work_sharing.distribute`) gives the other ranks theirs, and
+every rank joins each weight push (the ZeRO-3 gathers, :class:`TrainerWeights`).
 
 The process draws the step's prompts itself, from the sampler state it was started with, so it
 can run ahead of the trainer. With ``grpo.max_staleness`` s the trainer asks for step k + s's
@@ -50,12 +49,14 @@ was one step off (the trajectories differ; staleness is in the run fingerprint).
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import os
 import signal
 import time
 import traceback
-from collections.abc import Iterable
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,8 @@ import torch
 
 from agentrl.config import Config
 from agentrl.errors import StageInterrupted
+from agentrl.rollout.weight_transfer import ParamSpec, trainer_engine
+from agentrl.training.deepspeed_engine import DistributedContext
 
 log = logging.getLogger("agentrl.grpo")
 
@@ -78,19 +81,78 @@ class RolloutProcessError(StageInterrupted):
 @dataclass
 class RolloutResult:
     step: int
-    groups: list  # agentrl.grpo.collection.Group, in step order
+    groups: list  # agentrl.grpo.collection.Group, in step order (rank 0's; none on the other ranks)
     timing: dict[str, float]
     sampler_state: dict[str, Any]  # the prompt sampler after this step
     policy_version: int  # the weights that generated the groups: after this many steps
 
 
-class RolloutProcess:
-    """The trainer's end: starts the rollout process, asks for steps, publishes weights.
+class TrainerWeights:
+    """The trainer's parameters as the weight source vLLM's trainer engines iterate: full tensors
+    in ``named_parameters`` order. Under ZeRO-3 each parameter is gathered for the moment it is
+    sent (``deepspeed.zero.GatheredParameters``, a collective: every rank iterates in step), so no
+    rank ever holds a second copy of the model."""
 
-    ``policy`` is the trainer's module (its parameters are copied once into shared memory),
-    ``eval_sets`` the validation sets, ``threads`` the rollout process's torch threads,
-    ``total_steps`` the run's last step (nothing is asked beyond it). :meth:`begin` then hands it
-    the step to start after and the prompt sampler's state there."""
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module = module
+
+    def metadata(self) -> list[ParamSpec]:
+        return [
+            ParamSpec(name, p.dtype, tuple(getattr(p, "ds_shape", p.shape)))
+            for name, p in self.module.named_parameters()
+        ]
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, parameter in self.module.named_parameters():
+            if hasattr(parameter, "ds_id"):  # a ZeRO-3 partition
+                import deepspeed
+
+                with deepspeed.zero.GatheredParameters([parameter]):
+                    yield name, parameter.data  # sent before the generator resumes and frees it
+            else:
+                yield name, parameter.detach()
+
+
+class PipeWeightSync:
+    """vLLM's ``VLLMWeightSyncClient`` over the pipe: each call runs in the rollout process on its
+    engine's :meth:`~agentrl.rollout.engine.Engine.weight_sync` and returns when it ended there.
+    ``update_weights`` is called on a thread beside the trainer's broadcast (vLLM's trainer engines
+    do that), while the trainer's own thread does not read the pipe. ``finish_weight_update``
+    carries :attr:`version` as the label. :attr:`waited_s` adds up the time the start of an update
+    waited for the rollout process to end the rollout it was in."""
+
+    def __init__(self, process: RolloutProcess) -> None:
+        self.process = process
+        self.version: int | None = None
+        self.waited_s = 0.0
+
+    def _call(self, method: str, *args) -> None:
+        self.process._send("weight-sync", method, args)
+        self.process._take("weight-synced", f"the rollout process's {method}")
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self._call("init_weight_transfer_engine", init_info)
+
+    def start_weight_update(self) -> None:
+        began = time.perf_counter()
+        self._call("start_weight_update")
+        self.waited_s += time.perf_counter() - began
+
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        self._call("update_weights", update_info)
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self._call("finish_weight_update", weight_version if weight_version is not None else str(self.version))
+
+
+class RolloutProcess:
+    """The trainer's end, on rank 0: starts the rollout process, asks for steps, sends weights.
+
+    ``source`` is the trainer's weights (:class:`TrainerWeights`), ``eval_sets`` the validation
+    sets, ``threads`` the rollout process's torch threads, ``gpus`` the devices it runs on (their
+    ids for ``CUDA_VISIBLE_DEVICES``; none on CPU), ``total_steps`` the run's last step (nothing is
+    asked beyond it). :meth:`begin` then hands it the step to start after and the prompt
+    sampler's state there. The other ranks hold a :class:`RolloutPeer`."""
 
     def __init__(
         self,
@@ -98,37 +160,51 @@ class RolloutProcess:
         model_dir: Path,
         train: Path,
         eval_sets: list,
-        policy: torch.nn.Module,
+        source: TrainerWeights,
+        ctx: DistributedContext,
         *,
         threads: int,
         total_steps: int,
+        gpus: list[str] | None = None,
     ) -> None:
         import torch.multiprocessing as mp
 
         self.cfg = cfg
+        self.ctx = ctx
         self.total_steps = total_steps
         self.max_staleness = cfg.grpo.max_staleness
-        self.weights = {
-            name: p.detach().to("cpu", torch.float32, copy=True).share_memory_()
-            for name, p in policy.named_parameters()
-        }
         context = mp.get_context("spawn")
         self.connection, child = context.Pipe()
         self.process = context.Process(
             target=serve,
-            args=(child, cfg, str(model_dir), str(train), eval_sets, self.weights, threads),
+            args=(child, cfg, str(model_dir), str(train), eval_sets, threads),
             name="agentrl-rollout",
             daemon=True,
         )
-        self.process.start()
+        with visible_devices(gpus):  # a spawned child reads its environment when it starts
+            self.process.start()
         child.close()
-        self.loaded_version: int | None = None
-        self.published_version: int | None = None
         self.next_step: int | None = None
         self._inbox: list[tuple] = []
         self._take("ready", "the rollout process to start")
+        self.client = PipeWeightSync(self)
+        self.sender = self._guarded(
+            "the weight-transfer rendezvous",
+            lambda: trainer_engine(
+                cfg.rollout.engine,
+                ctx.device.type,
+                source,
+                self.client,
+                rank=0,
+                receivers=max(len(gpus or ()), 1),
+                timeout_s=cfg.grpo.collective_timeout_minutes * 60,
+            ),
+        )
         log.info(
-            "rollout process %d started (%d threads, max_staleness %d)", self.process.pid, threads, self.max_staleness
+            "rollout process %d started (%s, max_staleness %d)",
+            self.process.pid,
+            f"GPUs {','.join(gpus)}" if gpus else f"{threads} threads",
+            self.max_staleness,
         )
 
     # ------------------------------------------------------------------ pipe
@@ -155,19 +231,15 @@ class RolloutProcess:
         return message
 
     def _take(self, kind: str, waiting_for: str) -> tuple:
-        """The next message of ``kind``: weight acknowledgements are noted on the way, other
-        answers kept in order for their own wait."""
+        """The next message of ``kind``; others are kept in order for their own wait."""
         for index, message in enumerate(self._inbox):
             if message[0] == kind:
                 return self._inbox.pop(index)
         while True:
             message = self._next(waiting_for)
-            if message[0] == "loaded":
-                self.loaded_version = message[1]
             if message[0] == kind:
                 return message
-            if message[0] != "loaded":
-                self._inbox.append(message)
+            self._inbox.append(message)
 
     def _failure(self, waiting_for: str) -> RolloutProcessError:
         self.process.join(timeout=5)
@@ -179,10 +251,22 @@ class RolloutProcess:
             "stage resumes from the last checkpoint."
         )
 
+    def _guarded(self, what: str, transfer):
+        """``transfer()``; a rollout process that died during it (the group's collective then
+        fails on the trainer's side) is reported as such."""
+        try:
+            return transfer()
+        except RolloutProcessError:
+            raise
+        except Exception as error:
+            if not self.process.is_alive():
+                raise self._failure(what) from error
+            raise
+
     # ------------------------------------------------------------------ what the trainer asks
-    def begin(self, start: int, sampler_state: dict[str, Any], named_parameters: Iterable) -> None:
+    def begin(self, start: int, sampler_state: dict[str, Any]) -> None:
         """Start after step ``start`` with the trainer's weights (version ``start``) and sampler state."""
-        self.publish(named_parameters, start)
+        self.publish(start)
         self._send("sampler", sampler_state, start + 1)
         self.next_step = start + 1
 
@@ -194,7 +278,10 @@ class RolloutProcess:
             self._ask(self.next_step)
         waiting = time.perf_counter()
         _, answered, groups, timing, sampler_state, version = self._take("rolled", f"step {step}'s rollouts")
-        waited = time.perf_counter() - waiting  # what the trainer lost: the rollout not overlapped
+        # what the trainer lost to the rollout: this wait, and the starts of weight pushes that
+        # waited for the rollout process to end a rollout
+        waited = time.perf_counter() - waiting + self.client.waited_s
+        self.client.waited_s = 0.0
         assert answered == step, f"rollout process answered step {answered}, the trainer waits for {step}"
         staleness = (step - 1) - version
         if not 0 <= staleness <= self.max_staleness:
@@ -205,28 +292,26 @@ class RolloutProcess:
         while self.next_step <= min(step + self.max_staleness, self.total_steps):
             self._ask(self.next_step)
         timing = {**timing, "timing/rollout_wait_s": waited, "rollout/staleness": float(staleness)}
+        share_with_peers(self.ctx, (timing, sampler_state, version))
         return RolloutResult(step, groups, timing, sampler_state, version)
 
     def _ask(self, step: int) -> None:
         self._send("rollout", step)
         self.next_step = step + 1
 
-    def publish(self, named_parameters: Iterable, version: int) -> None:
-        """The trainer's weights as version ``version``: written into the shared copy once the
-        rollout process has loaded the previous one, then announced (it loads them before its
-        next rollout or validation)."""
-        while self.published_version is not None and self.loaded_version != self.published_version:
-            self._take("loaded", f"the load of version {self.published_version}")
-        with torch.no_grad():
-            for name, tensor in named_parameters:
-                self.weights[name].copy_(tensor.detach())
-        self.published_version = version
-        self._send("weights", version)
+    def publish(self, version: int) -> None:
+        """The trainer's weights as version ``version``, through the weight-transfer engine (every
+        rank joins: :meth:`RolloutPeer.publish`). The rollout process loads them when it is
+        between rollouts, so this returns once it has ended the one it was in."""
+        self.client.version = version
+        self._guarded(f"the push of policy version {version}", self.sender.send_weights)
 
     def validate(self) -> dict[str, float]:
-        """The validation metrics on the newest published weights (loaded before it runs)."""
+        """The validation metrics on the newest published weights (every rank gets them)."""
         self._send("validate")
-        return self._take("validated", f"the validation of version {self.published_version}")[1]
+        metrics = self._take("validated", f"the validation of version {self.client.version}")[1]
+        share_with_peers(self.ctx, metrics)
+        return metrics
 
     def close(self) -> None:
         """Stop the rollout process (in-flight rollouts are discarded)."""
@@ -242,7 +327,94 @@ class RolloutProcess:
         self.connection.close()
 
 
-def serve(connection, cfg: Config, model_dir: str, train: str, eval_sets, weights, threads: int) -> None:
+class RolloutPeer:
+    """A trainer rank other than 0 beside the rollout process: the same calls as
+    :class:`RolloutProcess`, answered by rank 0 (no groups: the update's redistribution brings this
+    rank its samples), and its part of every weight push."""
+
+    def __init__(self, cfg: Config, source: TrainerWeights, ctx: DistributedContext, gpus: list[str] | None) -> None:
+        self.ctx = ctx
+        self.sender = trainer_engine(
+            cfg.rollout.engine,
+            ctx.device.type,
+            source,
+            None,
+            rank=ctx.rank,
+            receivers=max(len(gpus or ()), 1),
+            timeout_s=cfg.grpo.collective_timeout_minutes * 60,
+        )
+
+    def begin(self, start: int, sampler_state: dict[str, Any]) -> None:
+        self.publish(start)
+
+    def rollouts(self, step: int) -> RolloutResult:
+        timing, sampler_state, version = share_with_peers(self.ctx, None)
+        return RolloutResult(step, [], timing, sampler_state, version)
+
+    def publish(self, version: int) -> None:
+        self.sender.send_weights()
+
+    def validate(self) -> dict[str, float]:
+        return share_with_peers(self.ctx, None)
+
+    def close(self) -> None:
+        pass
+
+
+def rollout_gpus(cfg: Config, ctx: DistributedContext, env) -> list[str]:
+    """The rollout process's GPUs: the node's last ones (``CUDA_VISIBLE_DEVICES`` ids, else
+    indices), after the trainer's ranks, which hold the first ``world_size`` (one node only)."""
+    from agentrl.config import ConfigError, gpu_split
+
+    rollout_share = cfg.grpo.rollout_share
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    ids = (
+        [d.strip() for d in visible.split(",") if d.strip() and d.strip() != "-1"]
+        if visible is not None
+        else [str(i) for i in range(torch.cuda.device_count())]
+    )
+    trainers, rollout = gpu_split(len(ids), rollout_share) if ids else (0, 0)
+    if ctx.world_size != trainers:
+        raise ConfigError(
+            f"grpo.placement: separate on {len(ids)} GPU(s) of one node: grpo.rollout_share = {rollout_share} "
+            f"leaves {trainers} to the trainer, but {ctx.world_size} trainer process(es) run (the stage starts "
+            "that many itself from --nproc; one node only, with the rollout engine beside the trainer)"
+        )
+    if len(ids) == 1 and cfg.rollout.engine == "vllm":
+        raise ConfigError(
+            "grpo.placement: separate with rollout.engine: vllm on one GPU: vLLM's weight transfer is NCCL there, "
+            "which connects no two processes on one device; give the job two GPUs or more, or use rollout.engine: hf"
+        )
+    return ids[-rollout:]
+
+
+def share_with_peers(ctx: DistributedContext, value):
+    """Rank 0's ``value`` on every rank."""
+    if ctx.world_size == 1:
+        return value
+    box = [value]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+@contextlib.contextmanager
+def visible_devices(gpus: list[str] | None):
+    """``CUDA_VISIBLE_DEVICES`` set to ``gpus`` while a child process starts (unchanged without)."""
+    if not gpus:
+        yield
+        return
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
+
+
+def serve(connection, cfg: Config, model_dir: str, train: str, eval_sets, threads: int) -> None:
     """The rollout process: build the engine, loop and reward, then answer the trainer's requests."""
     # The cluster's stop signals reach every process of the job: the trainer finishes its step
     # and checkpoints, then closes the pipe, which ends this process. A trainer killed outright
@@ -252,7 +424,7 @@ def serve(connection, cfg: Config, model_dir: str, train: str, eval_sets, weight
     try:
         torch.set_num_threads(threads)
         os.environ["OMP_NUM_THREADS"] = str(threads)
-        _serve(connection, cfg, model_dir, train, eval_sets, weights)
+        _serve(connection, cfg, model_dir, train, eval_sets)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the trainer is gone
     except BaseException:
@@ -262,26 +434,41 @@ def serve(connection, cfg: Config, model_dir: str, train: str, eval_sets, weight
             os._exit(1)
 
 
-def _serve(connection, cfg: Config, model_dir: str, train: str, eval_sets, weights) -> None:
+def _serve(connection, cfg: Config, model_dir: str, train: str, eval_sets) -> None:
     from agentrl.grpo.collection import RolloutCollector, rollout_parts
     from agentrl.grpo.prompts import PromptSampler
     from agentrl.grpo.validation import validate
     from agentrl.model.tokenizer import load_chat_tokenizer
-    from agentrl.precision import resolve_dtype
     from agentrl.rewards.ground_truth import read_gradable_problems
     from agentrl.rollout import make_engine
     from agentrl.rollout.engine import default_device
     from agentrl.tools.factory import make_sandbox
-    from agentrl.training.deepspeed_engine import DistributedContext
     from agentrl.training.seeds import derived_seed
 
-    single = DistributedContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    device = default_device()
+    single = DistributedContext(rank=0, world_size=1, local_rank=0, device=torch.device(device))
     sampler = PromptSampler(read_gradable_problems(Path(train)), derived_seed(cfg.seed, "grpo-data"))
     with make_sandbox(cfg.sandbox) as sandbox:
-        # in_process: a vLLM engine's core in this process, the only place its update_weights can
-        # read the shared copy's tensors (the hf engine always is); the seed is colocated rank 0's
-        engine = make_engine(cfg.rollout, model_dir, in_process=True, seed=derived_seed(cfg.seed, "grpo-engine", 0))
-        engine_dtype = resolve_dtype(cfg.rollout.dtype, default_device())  # the engines' one rule
+        weight_transfer = None
+        if cfg.rollout.engine == "vllm":
+            from agentrl.rollout.vllm_weight_transfer import backend_for
+
+            weight_transfer = backend_for(device)
+        # CPU: the vLLM engine's core in this process, where the gloo backend is registered (the
+        # hf engine always is); the seed is colocated rank 0's
+        rollout_cfg = cfg.rollout
+        if device == "cuda":  # one engine, tensor parallel over the GPUs this process was given
+            rollout_cfg = dataclasses.replace(
+                rollout_cfg, vllm=dataclasses.replace(rollout_cfg.vllm, tensor_parallel_size=torch.cuda.device_count())
+            )
+        engine = make_engine(
+            rollout_cfg,
+            model_dir,
+            in_process=device == "cpu",
+            seed=derived_seed(cfg.seed, "grpo-engine", 0),
+            weight_transfer=weight_transfer,
+        )
+        weight_sync = engine.weight_sync()
         tokenizer = load_chat_tokenizer(model_dir)
         loop, reward_fn = rollout_parts(cfg, engine, tokenizer, sandbox)
         collector = RolloutCollector(cfg, single, loop, reward_fn)
@@ -293,11 +480,12 @@ def _serve(connection, cfg: Config, model_dir: str, train: str, eval_sets, weigh
             kind = message[0]
             if kind == "stop":
                 return
-            if kind == "weights":
-                # .to is the shared tensor itself when the dtypes agree (float32 on CPU by default)
-                engine.update_weights((name, tensor.to(engine_dtype)) for name, tensor in weights.items())
-                version = message[1]
-                connection.send(("loaded", version))
+            if kind == "weight-sync":
+                _, method, args = message
+                getattr(weight_sync, method)(*args)
+                if method == "finish_weight_update":
+                    version = int(args[0])
+                connection.send(("weight-synced", method))
             elif kind == "sampler":
                 sampler.load_state_dict(message[1])
                 next_step = message[2]

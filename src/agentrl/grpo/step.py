@@ -85,7 +85,7 @@ if TYPE_CHECKING:  # the heavy imports stay out of a step's module import
     from deepspeed import DeepSpeedEngine
 
     from agentrl.grpo.policy import ResponseLogProbs
-    from agentrl.grpo.rollout_process import RolloutProcess
+    from agentrl.grpo.rollout_process import RolloutPeer, RolloutProcess
     from agentrl.rewards import RewardFunction
     from agentrl.rollout import AgentLoop, Engine
 
@@ -110,7 +110,7 @@ class Components:
     old_logprobs: str = "recompute"
     # grpo.placement separate: the rollout process (agentrl.grpo.rollout_process), which then
     # rolls out, grades and validates in place of rollout_engine, loop and reward_fn (None)
-    rollout_process: RolloutProcess | None = None
+    rollout_process: RolloutProcess | RolloutPeer | None = None
 
 
 class GrpoStep:
@@ -435,11 +435,10 @@ class GrpoStep:
 
     def push_weights(self, step: int) -> None:
         """The updated weights to the rollout engine, or to the rollout process as version ``step``."""
-        weights = self.parts.engine.module.model.named_parameters()
         if self.parts.rollout_process is not None:
-            self.parts.rollout_process.publish(weights, step)
+            self.parts.rollout_process.publish(step)
         else:
-            self.parts.rollout_engine.update_weights(weights)
+            self.parts.rollout_engine.update_weights(self.parts.engine.module.model.named_parameters())
 
     def run(self, step: int, sampler) -> dict[str, Any]:
         started = time.perf_counter()

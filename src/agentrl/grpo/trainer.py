@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,7 @@ from typing import Any
 
 import torch
 
-from agentrl.config import Config, ConfigError, rollout_placement
+from agentrl.config import Config, rollout_placement
 from agentrl.grpo.checkpoint import resume, save_checkpoint
 from agentrl.grpo.collection import rollout_parts
 from agentrl.grpo.distributed import barrier
@@ -216,26 +217,39 @@ def build_components(cfg: Config, paths: GrpoPaths, ctx: dse.DistributedContext,
 
 
 def start_rollout_process(cfg: Config, paths: GrpoPaths, parts: Components, eval_sets, steps: int):
-    """The separate placement's rollout process (:mod:`agentrl.grpo.rollout_process`), with
-    ``grpo.rollout_share`` of this process's CPU threads; the trainer keeps the rest."""
-    from agentrl.grpo.rollout_process import RolloutProcess
+    """The separate placement's rollout process (:mod:`agentrl.grpo.rollout_process`), held by rank 0
+    (the other ranks get a :class:`~agentrl.grpo.rollout_process.RolloutPeer`). On CUDA it runs on
+    the node's last GPUs (:func:`agentrl.config.gpu_split`), the trainer's ranks on
+    the first; on CPU it takes ``grpo.rollout_share`` of this process's threads."""
+    from agentrl.grpo.rollout_process import RolloutPeer, RolloutProcess, TrainerWeights, rollout_gpus
 
     ctx = parts.ctx
-    if ctx.world_size > 1 or ctx.device.type != "cpu":
-        raise ConfigError(
-            f"grpo.placement: separate runs one trainer process on CPU beside one rollout process (rollout.engine "
-            f"hf or vllm); this job has {ctx.world_size} process(es) on {ctx.device.type}. The CUDA layout (vLLM "
-            "engines on GPUs of their own, each policy version sent over NCCL through vLLM's weight-transfer API) "
-            "is not built: use grpo.max_staleness: 0 with grpo.placement: auto there"
-        )
+    source = TrainerWeights(parts.engine.module.model)
+    gpus = rollout_gpus(cfg, ctx, os.environ) if ctx.device.type == "cuda" else None
+    if not ctx.is_main:
+        return RolloutPeer(cfg, source, ctx, gpus)
     threads = torch.get_num_threads()
-    rollout_threads = max(1, min(threads - 1, round(threads * cfg.grpo.rollout_share)))
-    if threads < 2:
-        log.warning("separate placement with one CPU thread: the trainer and the rollout process share it")
-    torch.set_num_threads(max(1, threads - rollout_threads))
-    log.info("trainer %d thread(s), rollout process %d (grpo.rollout_share)", torch.get_num_threads(), rollout_threads)
+    if gpus:
+        rollout_threads = threads
+        log.info("trainer on %d GPU(s), rollout process on GPU(s) %s", ctx.world_size, ",".join(gpus))
+    else:
+        rollout_threads = max(1, min(threads - 1, round(threads * cfg.grpo.rollout_share)))
+        if threads < 2:
+            log.warning("separate placement with one CPU thread: the trainer and the rollout process share it")
+        torch.set_num_threads(max(1, threads - rollout_threads))
+        log.info(
+            "trainer %d thread(s), rollout process %d (grpo.rollout_share)", torch.get_num_threads(), rollout_threads
+        )
     return RolloutProcess(
-        cfg, paths.model, paths.train, eval_sets, parts.engine.module.model, threads=rollout_threads, total_steps=steps
+        cfg,
+        paths.model,
+        paths.train,
+        eval_sets,
+        source,
+        ctx,
+        threads=rollout_threads,
+        total_steps=steps,
+        gpus=gpus,
     )
 
 
@@ -289,7 +303,7 @@ def _train(cfg: Config, paths: GrpoPaths, stop) -> int:
             process = stack.enter_context(
                 contextlib.closing(start_rollout_process(cfg, paths, parts, eval_sets, steps))
             )
-            process.begin(start, sampler.state_dict(), parts.engine.module.model.named_parameters())
+            process.begin(start, sampler.state_dict())
             parts.rollout_process = process
         loop = TrainingLoop(
             "grpo",

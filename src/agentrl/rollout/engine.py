@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     import torch
 
     from agentrl.config import RolloutConfig
+    from agentrl.rollout.weight_transfer import WeightSyncClient
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,12 @@ class Engine(Protocol):
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load the trainer's current parameters (Hugging Face names) into the engine, in memory;
         a sleeping engine wakes up."""
+        ...
+
+    def weight_sync(self) -> WeightSyncClient:
+        """The engine's end of vLLM's weight-transfer protocol, for a trainer in another process
+        (:mod:`agentrl.rollout.weight_transfer`): its four calls, made in the engine's process.
+        The engine must have been built for it (``make_engine(..., weight_transfer=...)``)."""
         ...
 
     def sleep(self) -> None:

@@ -48,6 +48,7 @@ def make_engine(
     in_process: bool | None = None,
     seed: int = 0,
     trainer_memory: TrainerMemory | None = None,
+    weight_transfer: str | None = None,
 ) -> Engine:
     """The engine named by ``cfg.engine``.
 
@@ -61,7 +62,9 @@ def make_engine(
     :mod:`agentrl.grpo.rollout_process`); the hf engine always runs in this process. ``seed`` its
     default seed (requests carry their own), ``trainer_memory`` what the trainer beside it still
     needs (``rollout.vllm.colocated_memory: measured``; engines that share the trainer's module
-    need none).
+    need none). ``weight_transfer`` (vLLM): the backend of vLLM's weight-transfer API it answers
+    on (:meth:`~agentrl.rollout.engine.Engine.weight_sync`; :mod:`agentrl.rollout.vllm_weight_transfer`);
+    the hf engine answers on the gloo backend without it.
     """
     if cfg.engine == "hf":
         from agentrl.rollout.hf_engine import HFEngine
@@ -80,6 +83,12 @@ def make_engine(
         from agentrl.rollout.vllm_engine import VllmEngine
 
         return VllmEngine(
-            model_dir, cfg, seed=seed, colocated=colocated, trainer_memory=trainer_memory, in_process=in_process
+            model_dir,
+            cfg,
+            seed=seed,
+            colocated=colocated,
+            trainer_memory=trainer_memory,
+            in_process=in_process,
+            weight_transfer=weight_transfer,
         )
     raise ValueError(f"rollout.engine = {cfg.engine!r} is not known; choose one of: hf, vllm")

@@ -52,6 +52,7 @@ import torch
 from agentrl.model.tokenizer import end_of_sequence_ids
 from agentrl.rollout.engine import GenerationOutput, Request, SamplingParams
 from agentrl.rollout.hf_cache import batch_cache, cached_layers, use_cpu_gqa_attention
+from agentrl.rollout.weight_transfer import GlooWeightReceiver
 
 if TYPE_CHECKING:
     from transformers.cache_utils import Cache
@@ -480,6 +481,11 @@ class HFEngine:
             )
             if target.data_ptr() != tensor.data_ptr():
                 target.copy_(tensor)
+
+    def weight_sync(self) -> GlooWeightReceiver:
+        """The ``agentrl_gloo`` backend's inference side: each tensor copied into the module as it
+        arrives (:meth:`update_weights`, which casts to the module's dtype)."""
+        return GlooWeightReceiver(self.update_weights)
 
 
 def _by_sampling(rows: list[_Running]) -> list[tuple[SamplingParams, list[int]]]:
