@@ -13,6 +13,10 @@ Runs the project's real stage CLIs one after the other, on one CUDA GPU and with
 3. ``python -m agentrl sft``: ``--sft-steps`` steps, DeepSpeed ZeRO-2, bf16.
 4. ``python -m agentrl grpo``: ``--grpo-steps`` steps of GRPO-TCR from the SFT model, the ``hf``
    rollout engine in bf16 (sharing the DeepSpeed module), DeepSpeed ZeRO-2 in bf16.
+5. the same GRPO run one step off (``grpo.max_staleness: 1``, placement separate): a rollout
+   process with its own hf engine on the same GPU, each policy version pushed through vLLM's
+   weight-transfer protocol on the ``agentrl_gloo`` backend (NCCL connects no two processes on
+   one device, so vLLM's own backend needs a second GPU); staleness, push and step seconds.
 
 The figures come from the stages' own ``metrics.jsonl`` files:
 
@@ -402,12 +406,58 @@ def run_stages(
         logs / "grpo.log",
         deadline,
     )
+    # The same GRPO run one step off (grpo.max_staleness 1: placement separate): the rollout
+    # process's hf engine on the same GPU, each version pushed over the agentrl_gloo backend of
+    # vLLM's weight-transfer protocol (NCCL connects no two processes on one device).
+    async_cfg = {**grpo_cfg, "grpo": {**grpo_cfg["grpo"], "max_staleness": 1}}
+    walls["grpo_one_step_off"] = run_stage(
+        "grpo",
+        [
+            "--model",
+            str(models / "sft"),
+            "--train",
+            str(data / "rl_pool.parquet"),
+            "--out",
+            str(models / "rl_one_step_off"),
+            "--metrics",
+            str(logs / "grpo_one_step_off_metrics.jsonl"),
+            "--checkpoint-dir",
+            str(workdir / "grpo_one_step_off_checkpoints"),
+            "--nproc",
+            "1",
+            "--threads",
+            str(rollout_threads()),
+        ],
+        async_cfg,
+        logs / "grpo_one_step_off.log",
+        deadline,
+    )
     return {
         "parameters": safetensors_parameter_count(models / "base"),
         "sft_config": sft_cfg,
         "grpo_config": grpo_cfg,
         "sft_records": read_jsonl(logs / "sft_metrics.jsonl"),
         "grpo_records": read_jsonl(logs / "grpo_metrics.jsonl"),
+        "one_step_off_records": read_jsonl(logs / "grpo_one_step_off_metrics.jsonl"),
+    }
+
+
+def one_step_off_figures(records: Sequence[Mapping[str, Any]], synchronous: Sequence[Mapping[str, Any]]):
+    """The one-step-off run beside the synchronous one: per-step staleness (never above 1), the
+    weight push's seconds (gloo, trainer and rollout process on one GPU), the trainer's wait for
+    rollouts and the step times (the figures of a single GPU that both processes share: they check
+    the path, they do not measure the overlap)."""
+    steps = [r for r in records if r.get("step", 0) > 0]
+    staleness = [r.get("rollout/staleness", 0.0) for r in steps]
+    if any(s > 1 for s in staleness):
+        raise StageFailed(f"one-step-off GRPO: staleness {staleness} exceeds 1")
+    return {
+        "steps": len(steps),
+        "staleness": staleness,
+        "weight_sync_s": [r["timing/weight_sync_s"] for r in steps],
+        "rollout_wait_s": [r.get("timing/rollout_wait_s", 0.0) for r in steps],
+        "step_s": [r["timing/step_s"] for r in steps],
+        "synchronous_step_s": [r["timing/step_s"] for r in synchronous if r.get("step", 0) > 0],
     }
 
 
@@ -426,6 +476,16 @@ def print_summary(summary: Mapping[str, Any], path: Path) -> None:
         f"gpu_check: GRPO update {grpo['train_tokens_per_s']:,.0f} tokens/s, MFU {grpo['mfu']:.2%}; rollout "
         + (f"{rollout:,.0f} generated tokens/s" if rollout else "n/a")
         + " (last step)"
+    )
+    off = summary["grpo_one_step_off"]
+    print(
+        f"gpu_check: GRPO one step off (rollout process on the same GPU): staleness {off['staleness']}, weight push "
+        + ", ".join(f"{s:.2f}" for s in off["weight_sync_s"])
+        + " s; step "
+        + ", ".join(f"{s:.1f}" for s in off["step_s"])
+        + " s against "
+        + ", ".join(f"{s:.1f}" for s in off["synchronous_step_s"])
+        + " s synchronous"
     )
     print(f"gpu_check: summary -> {path} ({summary['total_wall_s']:.0f} s)")
 
@@ -490,6 +550,9 @@ def main(argv: list[str] | None = None) -> int:
             raise StageFailed(f"SFT loss did not fall ({sft['loss_first']:.4f} -> {sft['loss_last']:.4f})")
         if len(grpo["steps"]) != args.grpo_steps:
             raise StageFailed(f"{len(grpo['steps'])} GRPO steps in the metrics, {args.grpo_steps} asked")
+        one_step_off = one_step_off_figures(run["one_step_off_records"], run["grpo_records"])
+        if one_step_off["steps"] != args.grpo_steps:
+            raise StageFailed(f"{one_step_off['steps']} one-step-off GRPO steps, {args.grpo_steps} asked")
     except (StageFailed, ValueError) as exc:
         summary["error"] = str(exc)
         summary_path.write_text(json.dumps(summary, indent=2) + "\n")
@@ -509,6 +572,7 @@ def main(argv: list[str] | None = None) -> int:
                 "config": run["sft_config"],
             },
             "grpo": {**grpo, "zero_stage": 2, "dtype": "bfloat16", "engine": "hf", "config": run["grpo_config"]},
+            "grpo_one_step_off": {**one_step_off, "placement": "separate", "weight_transfer": "agentrl_gloo"},
             "total_wall_s": time.perf_counter() - started,
         }
     )

@@ -2,7 +2,9 @@
 # GPU check, on one CUDA GPU without network, in four parts (about 10 minutes on an H100/H200):
 # 1. benchmarks/gpu_check.py: SFT steps and GRPO steps of a randomly initialised ~0.5 B-parameter
 #    Qwen3 in bf16 on DeepSpeed (ZeRO-2) with the hf rollout engine: SFT tokens/s and model FLOPs
-#    utilisation, GRPO update tokens/s and MFU, hf-engine rollout tokens/s (about 3 minutes, limit 7.5).
+#    utilisation, GRPO update tokens/s and MFU, hf-engine rollout tokens/s; then the same GRPO run
+#    one step off, its rollout process on the same GPU taking each version over vLLM's
+#    weight-transfer protocol (gloo backend): staleness, push seconds (about 4 minutes, limit 7.5).
 # 2. benchmarks/gpu_check_vllm.py: (a) GRPO's colocated vLLM engine with CUDA graphs: weight push
 #    (outputs change, log-probs follow the HF forward of the pushed weights), sleep level 1 / wake,
 #    sleep level 2 / push; (b) a ZeRO-2 bf16 step with gradient checkpointing on a 16K-token

@@ -287,12 +287,14 @@ def check_process_counts(checked):
         else:
             section = "grpo" if main else "ablations.grpo"
             grpo = checked.grpo if main else checked.ablations.grpo
-            world, problems = _grpo_trainer_ranks(each, grpo, world) if main else (world, [])
-            problems += process_count_problems(grpo, world, section)
+            trainers, problems = _grpo_trainer_ranks(each, grpo, world) if main else (world, [])
+            problems += process_count_problems(grpo, trainers, section)
         if not problems:
             continue
         nodes = _rule_resources(each).get("nodes", 1)
         on_nodes = f" on {nodes} nodes" if nodes > 1 else ""
+        if each.name != "sft" and trainers != world:
+            on_nodes += f", {trainers} of them training beside the rollout engine (grpo.rollout_share)"
         message = f"config: the {each.name} rule's gpu resource ({world}{on_nodes}): " + "; ".join(problems)
         if main:
             sys.exit(message)

@@ -21,10 +21,13 @@ from agentrl.errors import StageInterrupted
 
 
 @pytest.mark.timeout(900)
-def test_one_step_off_rollouts_come_from_the_version_they_record_and_a_dead_process_stops_the_wait(tmp_path):
+@pytest.mark.parametrize("engines", [1, 2])
+def test_one_step_off_rollouts_come_from_the_version_they_record_and_a_dead_process_stops_the_wait(tmp_path, engines):
     """max_staleness 1: step 2 is rolled out while step 1 "trains", with version 0; step 3 with
     version 1. Each trajectory's sampling log-probs equal its recorded version's weights' own and
-    not the other version's; killing the process makes the next wait fail in seconds, naming it."""
+    not the other version's; killing the process makes the next wait fail in seconds, naming it.
+    With two rollout engines (grpo.rollout_engines) they share the prompts, every push reaches
+    both (ranks 1 and 2 of the transfer group) and the trainer gets every group once."""
     from helpers.rollout import random_policy
     from helpers.rollout_process import check_sampled_by_recorded_version, one_step_off, two_versions
 
@@ -32,7 +35,7 @@ def test_one_step_off_rollouts_come_from_the_version_they_record_and_a_dead_proc
 
     model_dir = random_policy()
     root = write_arith_inputs(tmp_path)
-    cfg = load_config({**TINY_RUN, "grpo": {**TINY_RUN["grpo"], "max_staleness": 1}})
+    cfg = load_config({**TINY_RUN, "grpo": {**TINY_RUN["grpo"], "max_staleness": 1, "rollout_engines": engines}})
     check_cross_keys(cfg)
     versions = two_versions(model_dir)
     with one_step_off(cfg, model_dir, root / "rl_train.parquet", versions) as (process, results):
@@ -41,8 +44,12 @@ def test_one_step_off_rollouts_come_from_the_version_they_record_and_a_dead_proc
         assert results[0].sampler_state != results[1].sampler_state != results[2].sampler_state
         checked = check_sampled_by_recorded_version(results, versions, atol=2e-4, gap=0.05)
         assert checked == 3 * cfg.grpo.batch_prompts * cfg.grpo.n
+        for result in results:  # the step's groups, each once, whichever engine rolled it out
+            assert [g.key for g in result.groups] == sorted({g.key for g in result.groups})
+            assert len(result.groups) == cfg.grpo.batch_prompts
+        assert len(process.children) == engines
 
-        os.kill(process.process.pid, signal.SIGKILL)
+        os.kill(process.children[-1].process.pid, signal.SIGKILL)
         began = time.monotonic()
         with pytest.raises(RolloutProcessError, match="was killed by signal 9") as failure:
             process.validate()
@@ -73,12 +80,13 @@ def test_staleness_needs_its_own_process_and_the_proximal_log_probs():
 
 
 def test_the_gpu_split_gives_the_rollout_engine_its_share_of_the_node():
-    """grpo.rollout_share of a node's GPUs serve the rollout engine (its last ones), at least one
+    """grpo.rollout_share of a node's GPUs serve the rollout engines (its last ones), at least one
     each; the trainer's --nproc becomes the rest, and a trainer started on another count, a vLLM
-    engine sharing one GPU, or the split on a CPU job are refused or left alone."""
+    engine sharing one GPU, or the split on a CPU job are refused or left alone. The rollout GPUs
+    hold one engine each unless grpo.rollout_engines asks for fewer, tensor parallel."""
     from agentrl.config import ConfigError, gpu_split, trainer_processes
     from agentrl.grpo.cli import trainer_nproc
-    from agentrl.grpo.rollout_process import rollout_gpus
+    from agentrl.grpo.rollout_process import engine_layout, rollout_gpus
     from agentrl.training.deepspeed_engine import DistributedContext
 
     assert [gpu_split(n, 0.5) for n in (1, 2, 3, 8)] == [(1, 1), (1, 1), (1, 2), (4, 4)]
@@ -100,6 +108,17 @@ def test_the_gpu_split_gives_the_rollout_engine_its_share_of_the_node():
     vllm = load_config({"grpo": {"max_staleness": 1}, "rollout": {"engine": "vllm"}})
     with pytest.raises(ConfigError, match="NCCL there, which connects no two processes on one device"):
         rollout_gpus(vllm, ranks(1), {"CUDA_VISIBLE_DEVICES": "5"})
+
+    # the engines on the rollout GPUs: one each by default (data parallel), or tensor parallel shares
+    gpus = ["4", "5", "6", "7"]
+    assert engine_layout(vllm, gpus) == [["4"], ["5"], ["6"], ["7"]]
+    two = load_config({"grpo": {"max_staleness": 1, "rollout_engines": 2}, "rollout": {"engine": "vllm"}})
+    assert engine_layout(two, gpus) == [["4", "5"], ["6", "7"]]
+    assert engine_layout(separate, None) == [None]  # CPU: one engine
+    with pytest.raises(ConfigError, match="rollout_engines = 3 does not divide the 4 rollout GPUs"):
+        engine_layout(load_config({"grpo": {"max_staleness": 1, "rollout_engines": 3}}), gpus)
+    with pytest.raises(ConfigError, match="rollout_engines = 2 with rollout.engine: vllm on CPU"):
+        engine_layout(two, None)
 
 
 def _separate_run_process(root: Path) -> int | None:
@@ -180,11 +199,12 @@ def test_separate_placement_trains_as_colocated_and_a_killed_rollout_process_res
     for name in one:
         torch.testing.assert_close(two[name], one[name], rtol=1e-4, atol=1e-5, msg=name)
 
-    # Two trainer ranks under ZeRO-3 beside the rollout process: rank 0 takes every group, the
-    # update's redistribution gives rank 1 its share, and each push gathers every parameter on both
-    # ranks; the rollouts are still the colocated run's and the weights its to round-off.
+    # Two trainer ranks under ZeRO-3 beside two rollout engines sharing the prompts: rank 0 takes
+    # every group, the update's redistribution gives rank 1 its share, and each push gathers every
+    # parameter on both ranks and reaches both engines; the rollouts are still the colocated run's
+    # and the weights its to round-off.
     ranks = tmp_path / "separate-2ranks"
-    line = command(ranks, placement="separate", deepspeed={"zero_stage": 3})
+    line = command(ranks, placement="separate", rollout_engines=2, deepspeed={"zero_stage": 3})
     line[line.index("--nproc") + 1] = "2"
     subprocess.run(line, check=True, env=env, capture_output=True, timeout=600)
     for a, b in zip(colocated, metric_records(ranks / "metrics.jsonl"), strict=True):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+import torch
 from helpers.grpo_runs import TINY_RUN, write_arith_inputs
 
 from agentrl.config import check_cross_keys, load_config
@@ -56,3 +57,53 @@ def test_a_vllm_rollout_process_samples_with_the_version_it_records(tmp_path):
         assert [r.timing["rollout/staleness"] for r in results] == [0.0, 1.0, 1.0]
         checked = check_sampled_by_recorded_version(results, versions, atol=SAME_WEIGHTS_ATOL, gap=OTHER_WEIGHTS_GAP)
         assert checked == 3 * cfg.grpo.batch_prompts * cfg.grpo.n, checked
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(600)
+@NEEDS_VLLM
+def test_a_weight_update_paused_mid_request_continues_on_the_new_weights_exactly():
+    """vLLM's weight-transfer calls with the engine paused in keep mode and its cache cleared
+    (VllmWeightSync): requests in flight stop, the new version arrives over the agentrl_gloo
+    backend, and each request's tokens before the pause are the old weights' (their log-probs
+    are version 0's) and every token after it the new weights' own, keys and values of the
+    prefix recomputed (log-probs equal version 1's to round-off, where kept keys would drift)."""
+    from helpers.rollout import random_policy
+    from helpers.rollout_process import response_logprobs, two_versions
+
+    from agentrl.grpo.rollout_process import TrainerWeights
+    from agentrl.rollout import make_engine
+    from agentrl.rollout.engine import Request, SamplingParams
+    from agentrl.rollout.weight_transfer import trainer_engine
+
+    model_dir = random_policy()
+    versions = two_versions(model_dir)
+    cfg = load_config({"rollout": {"engine": "vllm", "max_prompt_tokens": 64, "max_response_tokens": 64}})
+    engine = make_engine(cfg.rollout, str(model_dir), in_process=True, weight_transfer="agentrl_gloo")
+    sync = engine.weight_sync()
+    sender = trainer_engine("vllm", "cpu", TrainerWeights(versions[1]), sync, rank=0, receivers=1, timeout_s=120)
+    greedy = SamplingParams(temperature=0.0, max_tokens=48)
+    prompts = [[5, 17, 42, 8, 99], [7, 7, 300, 12]]
+    for i, prompt in enumerate(prompts):
+        engine.add_request(Request(f"r{i}", prompt, greedy))
+    for _ in range(8):  # the prefill and a few decode steps on version 0
+        assert not engine.step(), "a request ended before the update: nothing to continue"
+    sender.send_weights()  # start (pause, keep) / update / finish (cache cleared, resumed)
+    ended = {}
+    while engine.has_unfinished_requests():
+        ended.update(engine.step())
+    assert sorted(ended) == ["r0", "r1"]
+
+    class Done:  # what response_logprobs reads of a trajectory
+        def __init__(self, prompt, output):
+            self.prompt_ids, self.response_ids = prompt, output.token_ids
+
+    for i, prompt in enumerate(prompts):
+        output = ended[f"r{i}"]
+        sampled = torch.tensor(output.logprobs)
+        old, new = (response_logprobs(v, Done(prompt, output)) for v in versions)
+        on_old = (sampled - old).abs() < 1e-4
+        split = int(on_old.long().cumprod(0).sum())  # the tokens before the pause
+        assert 0 < split < len(output.token_ids), (split, len(output.token_ids))
+        torch.testing.assert_close(sampled[split:], new[split:], atol=1e-4, rtol=0)
+        assert (sampled[split:] - old[split:]).abs().max() > OTHER_WEIGHTS_GAP

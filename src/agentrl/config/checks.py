@@ -106,15 +106,15 @@ def placement_problems(cfg: Config) -> list[str]:
             "parameters (vllm: it would get the partitions); use zero_stage 2, or placement: separate, whose "
             "weight pushes gather each parameter once"
         )
-    # The rollout process's vLLM engine spans the GPUs grpo.rollout_share gives it (tensor parallel
-    # over them, agentrl.grpo.rollout_process.gpu_split); the GPU count is the job's, which the
-    # trainer checks once it knows its devices (rollout_gpus).
+    # The rollout engines span the GPUs grpo.rollout_share gives them (agentrl.grpo.rollout_process
+    # .engine_layout: grpo.rollout_engines sets their tensor parallelism); the GPU count is the
+    # job's, which the trainer checks once it knows its devices (rollout_gpus).
     tp = cfg.rollout.vllm.tensor_parallel_size
     if placement == "separate" and cfg.rollout.engine == "vllm" and tp != 1:
         problems.append(
-            f"{TP_KEY} = {tp} with grpo.placement: separate: the rollout process's vLLM engine is tensor parallel "
-            f"over the GPUs grpo.rollout_share gives it, whatever {TP_KEY} says; set {TP_KEY}: 1 and choose the "
-            "split with grpo.rollout_share"
+            f"{TP_KEY} = {tp} with grpo.placement: separate: the rollout engines' tensor parallelism follows "
+            f"from the GPUs grpo.rollout_share gives them and grpo.rollout_engines, whatever {TP_KEY} says; set "
+            f"{TP_KEY}: 1 and choose the layout with those two keys"
         )
     return problems
 

@@ -329,6 +329,7 @@ class GrpoConfig:
     max_staleness: int
     placement: Literal["auto", "colocated", "separate"]
     rollout_share: float
+    rollout_engines: int | None
     behaviour_weight_cap: float
     skip_zero_advantage: bool
     lr: float

@@ -21,12 +21,15 @@ requests over a pipe:
 
 The rollout process builds the engine ``rollout.engine`` names from the model folder (``hf`` with
 transformers; ``vllm`` a ``vllm.LLM`` answering on the weight-transfer backend, its core in the
-rollout process on CPU, where the gloo backend is registered). On CUDA it runs on the job's last
-``grpo.rollout_share`` of the node's GPUs (:func:`agentrl.config.gpu_split`), one engine tensor-parallel over them,
-and the trainer's ranks on the others; on CPU it takes ``grpo.rollout_share`` of the CPU threads.
-The trainer's rank 0 holds the rollout process and every step's groups; the update's
-redistribution (:func:`agentrl.grpo.work_sharing.distribute`) gives the other ranks theirs, and
-every rank joins each weight push (the ZeRO-3 gathers, :class:`TrainerWeights`).
+rollout process on CPU, where the gloo backend is registered). On CUDA the rollout processes run
+on the node's last ``grpo.rollout_share`` of GPUs (:func:`agentrl.config.gpu_split`), one engine
+per GPU by default (data parallel; ``grpo.rollout_engines`` fewer, each tensor parallel over its
+share: :func:`engine_layout`), and the trainer's ranks on the others; on CPU they take
+``grpo.rollout_share`` of the CPU threads. Several rollout processes form a gloo process group of
+their own and share each step's prompts through the collector's claim queue, as colocated ranks
+do. The trainer's rank 0 holds them and every step's groups; the update's redistribution
+(:func:`agentrl.grpo.work_sharing.distribute`) gives the other ranks theirs, and every rank joins
+each weight push (the ZeRO-3 gathers, :class:`TrainerWeights`).
 
 The process draws the step's prompts itself, from the sampler state it was started with, so it
 can run ahead of the trainer. With ``grpo.max_staleness`` s the trainer asks for step k + s's
@@ -51,6 +54,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import logging
 import os
 import signal
@@ -65,12 +69,23 @@ import torch
 
 from agentrl.config import Config
 from agentrl.errors import StageInterrupted
-from agentrl.rollout.weight_transfer import ParamSpec, trainer_engine
+from agentrl.rollout.weight_transfer import ParamSpec, free_port, trainer_engine
 from agentrl.training.deepspeed_engine import DistributedContext
 
 log = logging.getLogger("agentrl.grpo")
 
 POLL_SECONDS = 0.5  # how often a waiting trainer checks that the rollout process still runs
+TORCHRUN_ENVIRONMENT = (  # the variables torchrun gives a rank (prefixes)
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_",
+    "ROLE_",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_",
+)
 
 
 class RolloutProcessError(StageInterrupted):
@@ -114,24 +129,30 @@ class TrainerWeights:
 
 
 class PipeWeightSync:
-    """vLLM's ``VLLMWeightSyncClient`` over the pipe: each call runs in the rollout process on its
-    engine's :meth:`~agentrl.rollout.engine.Engine.weight_sync` and returns when it ended there.
-    ``update_weights`` is called on a thread beside the trainer's broadcast (vLLM's trainer engines
-    do that), while the trainer's own thread does not read the pipe. ``finish_weight_update``
-    carries :attr:`version` as the label. :attr:`waited_s` adds up the time the start of an update
-    waited for the rollout process to end the rollout it was in."""
+    """vLLM's ``VLLMWeightSyncClient`` over the pipes: each call runs in every rollout process on its
+    engine's :meth:`~agentrl.rollout.engine.Engine.weight_sync` and returns when it ended in all of
+    them (as vLLM's Ray client fans out to several engines). Engine i's workers take the transfer
+    group's ranks ``1 + i * workers_per_engine`` on (the init info's ``rank_offset``; rank 0 is the
+    trainer). ``update_weights`` is called on a thread beside the trainer's broadcast (vLLM's
+    trainer engines do that), while the trainer's own thread does not read the pipes.
+    ``finish_weight_update`` carries :attr:`version` as the label. :attr:`waited_s` adds up the
+    time the start of an update waited for the rollout processes to end the rollout they were in."""
 
-    def __init__(self, process: RolloutProcess) -> None:
+    def __init__(self, process: RolloutProcess, workers_per_engine: int) -> None:
         self.process = process
+        self.workers_per_engine = workers_per_engine
         self.version: int | None = None
         self.waited_s = 0.0
 
     def _call(self, method: str, *args) -> None:
-        self.process._send("weight-sync", method, args)
-        self.process._take("weight-synced", f"the rollout process's {method}")
+        self.process._send_all("weight-sync", method, args)
+        self.process._take_all("weight-synced", f"the rollout process's {method}")
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
-        self._call("init_weight_transfer_engine", init_info)
+        for child in self.process.children:
+            engine_info = {**init_info, "rank_offset": 1 + child.index * self.workers_per_engine}
+            self.process._send(child, "weight-sync", "init_weight_transfer_engine", (engine_info,))
+        self.process._take_all("weight-synced", "the rollout process's init_weight_transfer_engine")
 
     def start_weight_update(self) -> None:
         began = time.perf_counter()
@@ -145,14 +166,51 @@ class PipeWeightSync:
         self._call("finish_weight_update", weight_version if weight_version is not None else str(self.version))
 
 
+@dataclass
+class _Child:
+    """One rollout process, its end of the pipe and its answers kept for a later wait."""
+
+    index: int
+    process: Any  # multiprocessing.Process
+    connection: Any  # multiprocessing.connection.Connection
+    inbox: list
+
+
+def engine_layout(cfg: Config, gpus: list[str] | None) -> list[list[str] | None]:
+    """The rollout engines' devices: ``grpo.rollout_engines`` of them (default one per rollout GPU,
+    or one on CPU), the rollout GPUs split evenly between them (each engine tensor parallel over its
+    share), or none on CPU."""
+    from agentrl.config import ConfigError
+
+    count = cfg.grpo.rollout_engines
+    if not gpus:
+        if (count or 1) > 1 and cfg.rollout.engine == "vllm":
+            raise ConfigError(
+                f"grpo.rollout_engines = {count} with rollout.engine: vllm on CPU: vLLM-CPU takes its weights "
+                "in the rollout process's own engine core, one per process group; use one engine, or the hf engine"
+            )
+        return [None] * (count or 1)
+    count = count or len(gpus)
+    if len(gpus) % count:
+        raise ConfigError(
+            f"grpo.rollout_engines = {count} does not divide the {len(gpus)} rollout GPUs (grpo.rollout_share); "
+            "each engine is tensor parallel over an equal share"
+        )
+    size = len(gpus) // count
+    return [gpus[i * size : (i + 1) * size] for i in range(count)]
+
+
 class RolloutProcess:
-    """The trainer's end, on rank 0: starts the rollout process, asks for steps, sends weights.
+    """The trainer's end, on rank 0: starts the rollout processes, asks for steps, sends weights.
 
     ``source`` is the trainer's weights (:class:`TrainerWeights`), ``eval_sets`` the validation
-    sets, ``threads`` the rollout process's torch threads, ``gpus`` the devices it runs on (their
-    ids for ``CUDA_VISIBLE_DEVICES``; none on CPU), ``total_steps`` the run's last step (nothing is
-    asked beyond it). :meth:`begin` then hands it the step to start after and the prompt
-    sampler's state there. The other ranks hold a :class:`RolloutPeer`."""
+    sets, ``threads`` the rollout processes' torch threads (split between them), ``gpus`` their
+    devices (ids for ``CUDA_VISIBLE_DEVICES``; none on CPU), ``total_steps`` the run's last step
+    (nothing is asked beyond it). With several engines (:func:`engine_layout`) the rollout
+    processes form a gloo process group of their own and share each step's prompts through
+    :class:`~agentrl.grpo.collection.RolloutCollector`'s claim queue, as the colocated ranks do;
+    the trainer takes the union of their groups. :meth:`begin` then hands them the step to start
+    after and the prompt sampler's state there. The other trainer ranks hold a :class:`RolloutPeer`."""
 
     def __init__(
         self,
@@ -173,21 +231,30 @@ class RolloutProcess:
         self.ctx = ctx
         self.total_steps = total_steps
         self.max_staleness = cfg.grpo.max_staleness
+        layout = engine_layout(cfg, gpus)
+        engines = len(layout)
+        # the rollout processes' own process group (their claim queue and collectives), apart from
+        # the trainer's; the trainer only picks its port
+        group_port = free_port("127.0.0.1") if engines > 1 else 0
         context = mp.get_context("spawn")
-        self.connection, child = context.Pipe()
-        self.process = context.Process(
-            target=serve,
-            args=(child, cfg, str(model_dir), str(train), eval_sets, threads),
-            name="agentrl-rollout",
-            daemon=True,
-        )
-        with visible_devices(gpus):  # a spawned child reads its environment when it starts
-            self.process.start()
-        child.close()
+        self.children: list[_Child] = []
+        for index, devices in enumerate(layout):
+            connection, child = context.Pipe()
+            process = context.Process(
+                target=serve,
+                args=(child, cfg, str(model_dir), str(train), eval_sets, max(1, threads // engines)),
+                kwargs={"index": index, "engines": engines, "group_port": group_port},
+                name=f"agentrl-rollout-{index}",
+                daemon=True,
+            )
+            with visible_devices(devices):  # a spawned child reads its environment when it starts
+                process.start()
+            child.close()
+            self.children.append(_Child(index, process, connection, []))
         self.next_step: int | None = None
-        self._inbox: list[tuple] = []
-        self._take("ready", "the rollout process to start")
-        self.client = PipeWeightSync(self)
+        self._take_all("ready", "the rollout process to start")
+        workers_per_engine = len(layout[0] or ()) or 1
+        self.client = PipeWeightSync(self, workers_per_engine)
         self.sender = self._guarded(
             "the weight-transfer rendezvous",
             lambda: trainer_engine(
@@ -196,57 +263,67 @@ class RolloutProcess:
                 source,
                 self.client,
                 rank=0,
-                receivers=max(len(gpus or ()), 1),
+                receivers=engines * workers_per_engine,
                 timeout_s=cfg.grpo.collective_timeout_minutes * 60,
             ),
         )
         log.info(
-            "rollout process %d started (%s, max_staleness %d)",
-            self.process.pid,
-            f"GPUs {','.join(gpus)}" if gpus else f"{threads} threads",
+            "%d rollout process(es) %s started (%s, max_staleness %d)",
+            engines,
+            ",".join(str(c.process.pid) for c in self.children),
+            "GPUs " + " | ".join(",".join(d) for d in layout) if gpus else f"{max(1, threads // engines)} threads each",
             self.max_staleness,
         )
 
-    # ------------------------------------------------------------------ pipe
-    def _send(self, *message) -> None:
+    # ------------------------------------------------------------------ pipes
+    def _send(self, child: _Child, *message) -> None:
         try:
-            self.connection.send(message)
+            child.connection.send(message)
         except (BrokenPipeError, ConnectionResetError, EOFError) as error:
-            raise self._failure(f"sending {message[0]!r}") from error
+            raise self._failure(child, f"sending {message[0]!r}") from error
 
-    def _next(self, waiting_for: str) -> tuple:
-        """The next message, checking every ``POLL_SECONDS`` that the process still runs."""
-        while not self.connection.poll(POLL_SECONDS):
-            if not self.process.is_alive():
-                raise self._failure(waiting_for)
+    def _send_all(self, *message) -> None:
+        for child in self.children:
+            self._send(child, *message)
+
+    def _next(self, child: _Child, waiting_for: str) -> tuple:
+        """``child``'s next message, checking every ``POLL_SECONDS`` that every rollout process still
+        runs (one blocked in a collective with a dead one would wait for it)."""
+        while not child.connection.poll(POLL_SECONDS):
+            for each in self.children:
+                if not each.process.is_alive():
+                    raise self._failure(each, waiting_for)
         try:
-            message = self.connection.recv()
+            message = child.connection.recv()
         except (EOFError, ConnectionResetError) as error:
-            raise self._failure(waiting_for) from error
+            raise self._failure(child, waiting_for) from error
         if message[0] == "error":
             raise RolloutProcessError(
-                f"the rollout process failed while the trainer waited for {waiting_for}:\n{message[1]}"
-                "\nThe stage stops; rerunning it resumes from the last checkpoint."
+                f"the rollout process (pid {child.process.pid}) failed while the trainer waited for {waiting_for}:"
+                f"\n{message[1]}\nThe stage stops; rerunning it resumes from the last checkpoint."
             )
         return message
 
-    def _take(self, kind: str, waiting_for: str) -> tuple:
-        """The next message of ``kind``; others are kept in order for their own wait."""
-        for index, message in enumerate(self._inbox):
+    def _take(self, child: _Child, kind: str, waiting_for: str) -> tuple:
+        """``child``'s next message of ``kind``; others are kept in order for their own wait."""
+        for index, message in enumerate(child.inbox):
             if message[0] == kind:
-                return self._inbox.pop(index)
+                return child.inbox.pop(index)
         while True:
-            message = self._next(waiting_for)
+            message = self._next(child, waiting_for)
             if message[0] == kind:
                 return message
-            self._inbox.append(message)
+            child.inbox.append(message)
 
-    def _failure(self, waiting_for: str) -> RolloutProcessError:
-        self.process.join(timeout=5)
-        code = self.process.exitcode
+    def _take_all(self, kind: str, waiting_for: str) -> list[tuple]:
+        return [self._take(child, kind, waiting_for) for child in self.children]
+
+    def _failure(self, child: _Child, waiting_for: str) -> RolloutProcessError:
+        child.process.join(timeout=5)
+        code = child.process.exitcode
         how = f"exited with code {code}" if code is not None and code >= 0 else f"was killed by signal {-(code or 0)}"
         return RolloutProcessError(
-            f"the rollout process (pid {self.process.pid}) {how} while the trainer waited for {waiting_for} "
+            f"the rollout process (pid {child.process.pid}) {how} while the trainer waited for {waiting_for} "
             "(grpo.placement: separate); the stage stops and its rollouts in flight are lost. Rerunning the "
             "stage resumes from the last checkpoint."
         )
@@ -259,30 +336,33 @@ class RolloutProcess:
         except RolloutProcessError:
             raise
         except Exception as error:
-            if not self.process.is_alive():
-                raise self._failure(what) from error
+            for child in self.children:
+                if not child.process.is_alive():
+                    raise self._failure(child, what) from error
             raise
 
     # ------------------------------------------------------------------ what the trainer asks
     def begin(self, start: int, sampler_state: dict[str, Any]) -> None:
         """Start after step ``start`` with the trainer's weights (version ``start``) and sampler state."""
         self.publish(start)
-        self._send("sampler", sampler_state, start + 1)
+        self._send_all("sampler", sampler_state, start + 1)
         self.next_step = start + 1
 
     def rollouts(self, step: int) -> RolloutResult:
-        """Step ``step``'s graded groups; asks for the following steps up to ``max_staleness`` ahead
-        before returning, so they roll out while this one trains."""
+        """Step ``step``'s graded groups (every engine's, in step order); asks for the following
+        steps up to ``max_staleness`` ahead before returning, so they roll out while this one trains."""
         assert self.next_step is not None, "begin() first"
         while self.next_step <= min(step, self.total_steps):
             self._ask(self.next_step)
         waiting = time.perf_counter()
-        _, answered, groups, timing, sampler_state, version = self._take("rolled", f"step {step}'s rollouts")
+        answers = self._take_all("rolled", f"step {step}'s rollouts")
         # what the trainer lost to the rollout: this wait, and the starts of weight pushes that
-        # waited for the rollout process to end a rollout
+        # waited for the rollout processes to end a rollout
         waited = time.perf_counter() - waiting + self.client.waited_s
         self.client.waited_s = 0.0
-        assert answered == step, f"rollout process answered step {answered}, the trainer waits for {step}"
+        assert all(a[1] == step for a in answers), f"rollout processes answered {[a[1] for a in answers]}, not {step}"
+        version = answers[0][5]
+        assert all(a[5] == version for a in answers), f"the engines held versions {[a[5] for a in answers]}"
         staleness = (step - 1) - version
         if not 0 <= staleness <= self.max_staleness:
             raise RolloutProcessError(
@@ -291,40 +371,49 @@ class RolloutProcess:
             )
         while self.next_step <= min(step + self.max_staleness, self.total_steps):
             self._ask(self.next_step)
-        timing = {**timing, "timing/rollout_wait_s": waited, "rollout/staleness": float(staleness)}
+        groups = sorted((g for a in answers for g in a[2]), key=lambda g: g.key)
+        # the engines' metrics are all-reduced among them; their own times differ: the slowest counts
+        timing = dict(answers[0][3])
+        for key in timing:
+            if key.startswith("timing/"):
+                timing[key] = max(a[3][key] for a in answers)
+        timing |= {"timing/rollout_wait_s": waited, "rollout/staleness": float(staleness)}
+        sampler_state = answers[0][4]
         share_with_peers(self.ctx, (timing, sampler_state, version))
         return RolloutResult(step, groups, timing, sampler_state, version)
 
     def _ask(self, step: int) -> None:
-        self._send("rollout", step)
+        self._send_all("rollout", step)
         self.next_step = step + 1
 
     def publish(self, version: int) -> None:
         """The trainer's weights as version ``version``, through the weight-transfer engine (every
-        rank joins: :meth:`RolloutPeer.publish`). The rollout process loads them when it is
-        between rollouts, so this returns once it has ended the one it was in."""
+        trainer rank joins: :meth:`RolloutPeer.publish`). The rollout processes load them when they
+        are between rollouts, so this returns once they have ended the one they were in."""
         self.client.version = version
         self._guarded(f"the push of policy version {version}", self.sender.send_weights)
 
     def validate(self) -> dict[str, float]:
-        """The validation metrics on the newest published weights (every rank gets them)."""
-        self._send("validate")
-        metrics = self._take("validated", f"the validation of version {self.client.version}")[1]
+        """The validation metrics on the newest published weights (every trainer rank gets them)."""
+        self._send_all("validate")
+        metrics = self._take_all("validated", f"the validation of version {self.client.version}")[0][1]
         share_with_peers(self.ctx, metrics)
         return metrics
 
     def close(self) -> None:
-        """Stop the rollout process (in-flight rollouts are discarded)."""
-        if self.process.is_alive():
-            try:
-                self.connection.send(("stop",))
-            except (BrokenPipeError, ConnectionResetError, OSError):
-                pass
-            self.process.join(timeout=10)
-            if self.process.is_alive():
-                self.process.kill()
-                self.process.join(timeout=5)
-        self.connection.close()
+        """Stop the rollout processes (in-flight rollouts are discarded)."""
+        for child in self.children:
+            if child.process.is_alive():
+                try:
+                    child.connection.send(("stop",))
+                except (BrokenPipeError, ConnectionResetError, OSError):
+                    pass
+        for child in self.children:
+            child.process.join(timeout=10)
+            if child.process.is_alive():
+                child.process.kill()
+                child.process.join(timeout=5)
+            child.connection.close()
 
 
 class RolloutPeer:
@@ -414,17 +503,43 @@ def visible_devices(gpus: list[str] | None):
             os.environ["CUDA_VISIBLE_DEVICES"] = before
 
 
-def serve(connection, cfg: Config, model_dir: str, train: str, eval_sets, threads: int) -> None:
-    """The rollout process: build the engine, loop and reward, then answer the trainer's requests."""
+def serve(
+    connection,
+    cfg: Config,
+    model_dir: str,
+    train: str,
+    eval_sets,
+    threads: int,
+    *,
+    index: int = 0,
+    engines: int = 1,
+    group_port: int = 0,
+) -> None:
+    """Rollout process ``index`` of ``engines``: build the engine, loop and reward, then answer the
+    trainer's requests (with several, in a gloo process group of their own on ``group_port``)."""
     # The cluster's stop signals reach every process of the job: the trainer finishes its step
     # and checkpoints, then closes the pipe, which ends this process. A trainer killed outright
     # closes its end too: the next read or write here fails and the process ends.
     for stop in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
         signal.signal(stop, signal.SIG_IGN)
+    # Not a rank of the trainer's job: torchrun's variables (its agent's store above all, which
+    # init_process_group would join instead of the rollout processes' own) stay with the trainer.
+    for name in [n for n in os.environ if n.startswith(TORCHRUN_ENVIRONMENT)]:
+        del os.environ[name]
     try:
         torch.set_num_threads(threads)
         os.environ["OMP_NUM_THREADS"] = str(threads)
-        _serve(connection, cfg, model_dir, train, eval_sets)
+        if engines > 1:
+            # vLLM's engine core then starts fresh (spawn), outside this process group
+            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+            torch.distributed.init_process_group(
+                "gloo",
+                init_method=f"tcp://127.0.0.1:{group_port}",
+                rank=index,
+                world_size=engines,
+                timeout=datetime.timedelta(minutes=cfg.grpo.collective_timeout_minutes),
+            )
+        _serve(connection, cfg, model_dir, train, eval_sets, index, engines)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the trainer is gone
     except BaseException:
@@ -434,7 +549,7 @@ def serve(connection, cfg: Config, model_dir: str, train: str, eval_sets, thread
             os._exit(1)
 
 
-def _serve(connection, cfg: Config, model_dir: str, train: str, eval_sets) -> None:
+def _serve(connection, cfg: Config, model_dir: str, train: str, eval_sets, index: int, engines: int) -> None:
     from agentrl.grpo.collection import RolloutCollector, rollout_parts
     from agentrl.grpo.prompts import PromptSampler
     from agentrl.grpo.validation import validate
@@ -446,7 +561,8 @@ def _serve(connection, cfg: Config, model_dir: str, train: str, eval_sets) -> No
     from agentrl.training.seeds import derived_seed
 
     device = default_device()
-    single = DistributedContext(rank=0, world_size=1, local_rank=0, device=torch.device(device))
+    # the collectives among rollout processes are gloo's, on host memory, whatever the engines' device
+    ctx = DistributedContext(rank=index, world_size=engines, local_rank=0, device=torch.device("cpu"))
     sampler = PromptSampler(read_gradable_problems(Path(train)), derived_seed(cfg.seed, "grpo-data"))
     with make_sandbox(cfg.sandbox) as sandbox:
         weight_transfer = None
@@ -455,9 +571,9 @@ def _serve(connection, cfg: Config, model_dir: str, train: str, eval_sets) -> No
 
             weight_transfer = backend_for(device)
         # CPU: the vLLM engine's core in this process, where the gloo backend is registered (the
-        # hf engine always is); the seed is colocated rank 0's
+        # hf engine always is); the seed is colocated rank ``index``'s
         rollout_cfg = cfg.rollout
-        if device == "cuda":  # one engine, tensor parallel over the GPUs this process was given
+        if device == "cuda":  # this process's engine, tensor parallel over the GPUs it was given (often one)
             rollout_cfg = dataclasses.replace(
                 rollout_cfg, vllm=dataclasses.replace(rollout_cfg.vllm, tensor_parallel_size=torch.cuda.device_count())
             )
@@ -465,13 +581,13 @@ def _serve(connection, cfg: Config, model_dir: str, train: str, eval_sets) -> No
             rollout_cfg,
             model_dir,
             in_process=device == "cpu",
-            seed=derived_seed(cfg.seed, "grpo-engine", 0),
+            seed=derived_seed(cfg.seed, "grpo-engine", index),
             weight_transfer=weight_transfer,
         )
         weight_sync = engine.weight_sync()
         tokenizer = load_chat_tokenizer(model_dir)
         loop, reward_fn = rollout_parts(cfg, engine, tokenizer, sandbox)
-        collector = RolloutCollector(cfg, single, loop, reward_fn)
+        collector = RolloutCollector(cfg, ctx, loop, reward_fn)
         version = None
         next_step = None
         connection.send(("ready",))
@@ -496,6 +612,6 @@ def _serve(connection, cfg: Config, model_dir: str, train: str, eval_sets) -> No
                 connection.send(("rolled", step, groups, timing, sampler.state_dict(), version))
                 next_step = step + 1
             elif kind == "validate":
-                connection.send(("validated", validate(cfg, loop, reward_fn, eval_sets, single)))
+                connection.send(("validated", validate(cfg, loop, reward_fn, eval_sets, ctx)))
             else:
                 raise ValueError(f"rollout process: unknown request {kind!r}")

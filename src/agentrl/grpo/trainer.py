@@ -80,7 +80,8 @@ NOT_IN_FINGERPRINT = {
         "keep_checkpoints",
         "rollout_queue",  # which rank rolls out a group: the same trajectories on any
         "queue_groups_in_flight",
-        "rollout_share",  # the rollout process's CPU threads
+        "rollout_share",  # the rollout processes' devices
+        "rollout_engines",  # which engine rolls out a group: the same trajectories on any
     ),
     "sandbox": ("workers", "sandbox_fusion_url"),  # parallelism and the service's address
     "rollout.vllm": (

