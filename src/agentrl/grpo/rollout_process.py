@@ -423,13 +423,14 @@ class RolloutPeer:
 
     def __init__(self, cfg: Config, source: TrainerWeights, ctx: DistributedContext, gpus: list[str] | None) -> None:
         self.ctx = ctx
+        layout = engine_layout(cfg, gpus)
         self.sender = trainer_engine(
             cfg.rollout.engine,
             ctx.device.type,
             source,
             None,
             rank=ctx.rank,
-            receivers=max(len(gpus or ()), 1),
+            receivers=len(layout) * (len(layout[0] or ()) or 1),
             timeout_s=cfg.grpo.collective_timeout_minutes * 60,
         )
 

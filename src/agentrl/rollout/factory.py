@@ -57,9 +57,10 @@ def make_engine(
     ``vllm.LLM``; the trainer pushes new weights with ``update_weights``. ``colocated``: the
     engine of one trainer rank (GRPO: vLLM's external launcher on the rank's own device, see
     :mod:`agentrl.rollout.vllm_engine`). ``in_process`` (vLLM; default: ``colocated``): the engine
-    core in this process, which ``update_weights`` needs (it hands tensors over by reference), for a
-    standalone engine that still takes weight pushes (GRPO's rollout process,
-    :mod:`agentrl.grpo.rollout_process`); the hf engine always runs in this process. ``seed`` its
+    core in this process, which ``update_weights`` needs (it hands tensors over by reference), or
+    where a weight-transfer backend registered in this process must reach vLLM's worker (GRPO's
+    rollout process on CPU, :mod:`agentrl.grpo.rollout_process`); the hf engine always runs in this
+    process. ``seed`` its
     default seed (requests carry their own), ``trainer_memory`` what the trainer beside it still
     needs (``rollout.vllm.colocated_memory: measured``; engines that share the trainer's module
     need none). ``weight_transfer`` (vLLM): the backend of vLLM's weight-transfer API it answers
