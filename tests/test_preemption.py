@@ -17,15 +17,16 @@ from helpers.sft_runs import BASE_SFT, sft_env, sft_run_args, sft_run_results, s
 from agentrl.training.preemption import EXIT_CODE, CheckpointClock, StepBoundary, StopRequest, stop_on_signals
 
 
-def test_the_first_signal_requests_a_stop_the_second_takes_the_default_action_and_handlers_come_back():
-    before = signal.getsignal(signal.SIGUSR1)
+@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGTERM])
+def test_the_first_signal_requests_a_stop_the_second_takes_the_default_action_and_handlers_come_back(signum):
+    before = signal.getsignal(signum)
     with stop_on_signals() as stop:
         assert not stop.requested
-        os.kill(os.getpid(), signal.SIGUSR1)
+        os.kill(os.getpid(), signum)
         time.sleep(0.01)  # Python runs handlers between bytecodes of the main thread
-        assert stop.requested and stop.reason == "SIGUSR1"
-        assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
-    assert signal.getsignal(signal.SIGUSR1) is before
+        assert stop.requested and stop.reason == signal.Signals(signum).name
+        assert signal.getsignal(signum) is signal.SIG_DFL
+    assert signal.getsignal(signum) is before
 
 
 def test_the_wall_time_clock_is_due_after_its_minutes_and_resets_on_a_save():
@@ -81,7 +82,8 @@ def grpo_inputs(tmp_path_factory):
 
 @pytest.mark.timeout(1800)  # several training runs: over the global 600 s on a loaded 2-core machine
 @pytest.mark.slow
-@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGTERM])
+# long: SIGTERM repeats the SIGUSR1 run through the same handler (the fast test above sends both)
+@pytest.mark.parametrize("signum", [signal.SIGUSR1, pytest.param(signal.SIGTERM, marks=pytest.mark.long)])
 def test_a_stop_signal_checkpoints_the_running_step_exits_and_the_rerun_resumes(grpo_inputs, tmp_path, signum):
     model, root = grpo_inputs
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

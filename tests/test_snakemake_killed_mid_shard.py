@@ -83,7 +83,12 @@ def _args(workdir: Path, target: str, *more: str) -> tuple[str, ...]:
     return (target, *more, "--configfile", str(workdir / "small.yaml"))  # files after the targets
 
 
-@pytest.mark.parametrize("stage", STAGES)
+@pytest.mark.parametrize(
+    "stage",
+    # long: evaluation's shard jobs stop, keep and resume through the same agentrl.sampling.shards
+    # as scoring's; CI runs the scoring case (and test_shard_orphans.py's scoring jobs)
+    ["scoring", pytest.param("evaluation", marks=pytest.mark.long)],
+)
 def test_snakemake_killed_mid_shard_reruns_only_the_unfinished_problems(stage, inputs, tmp_path):
     target, shard, log, compared = STAGES[stage]
     whole = _workdir(inputs, tmp_path / "whole")
