@@ -125,3 +125,30 @@ def test_a_dry_run_refuses_a_grpo_gpu_count_that_does_not_split_the_batches(tmp_
     assert (done.returncode != 0) == refused, done.stderr[-3000:]
     assert (message in done.stderr) == refused, done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
+
+
+ASYNC = ROOT / "presets" / "paper-async.yaml"
+
+
+@pytest.mark.timeout(600)
+def test_the_one_step_off_overlay_plans_on_8_gpus_and_a_split_its_batches_or_gpus_cannot_take_stops_the_load(
+    tmp_path, monkeypatch
+):
+    """presets/paper-async.yaml on the profile's 8-GPU grpo job: 4 GPUs roll out, 4 train, and the
+    paper's batches split over the 4; a grpo.rollout_share leaving 5 trainer ranks, or one GPU for
+    the trainer and a vLLM engine, is refused while the workflow loads, naming why."""
+    (tmp_path / "config.yaml").write_text((ROOT / "config.yaml").read_text())
+    presets = ("--configfile", str(PAPER), str(ASYNC))
+    monkeypatch.setenv("AGENTRL_GPUS_PER_NODE", "8")
+    planned = run_snakemake(tmp_path, "-n", *presets, timeout=240)
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    assert "grpo" in planned.stdout
+    five = run_snakemake(tmp_path, "-n", *presets, "--config", "grpo={rollout_share: 0.375}", timeout=240)
+    assert five.returncode != 0
+    assert "gpu resource (8, 5 of them training beside the rollout engine" in five.stderr, five.stderr[-3000:]
+    assert "must be multiples of the process count (5)" in five.stderr
+    monkeypatch.setenv("AGENTRL_GPUS_PER_NODE", "1")
+    one = run_snakemake(tmp_path, "-n", *presets, timeout=240)
+    assert one.returncode != 0
+    assert "rollout.engine: vllm needs two GPUs or more" in one.stderr, one.stderr[-3000:]
+    assert "Traceback" not in one.stderr + five.stderr
