@@ -384,54 +384,34 @@ def run_stages(
     if "ZeRO-2, torch.bfloat16" not in (logs / "sft.log").read_text(errors="replace"):
         raise StageFailed(f"the SFT log does not say 'ZeRO-2, torch.bfloat16'; see {logs / 'sft.log'}")
     grpo_cfg = grpo_config(size, grpo_steps, "bfloat16")
-    walls["grpo"] = run_stage(
-        "grpo",
-        [
-            "--model",
-            str(models / "sft"),
-            "--train",
-            str(data / "rl_pool.parquet"),
-            "--out",
-            str(models / "rl"),
-            "--metrics",
-            str(logs / "grpo_metrics.jsonl"),
-            "--checkpoint-dir",
-            str(workdir / "grpo_checkpoints"),
-            "--nproc",
-            "1",
-            "--threads",
-            str(rollout_threads()),
-        ],
-        grpo_cfg,
-        logs / "grpo.log",
-        deadline,
-    )
-    # The same GRPO run one step off (grpo.max_staleness 1: placement separate): the rollout
-    # process's hf engine on the same GPU, each version pushed over the agentrl_gloo backend of
-    # vLLM's weight-transfer protocol (NCCL connects no two processes on one device).
-    async_cfg = {**grpo_cfg, "grpo": {**grpo_cfg["grpo"], "max_staleness": 1}}
-    walls["grpo_one_step_off"] = run_stage(
-        "grpo",
-        [
-            "--model",
-            str(models / "sft"),
-            "--train",
-            str(data / "rl_pool.parquet"),
-            "--out",
-            str(models / "rl_one_step_off"),
-            "--metrics",
-            str(logs / "grpo_one_step_off_metrics.jsonl"),
-            "--checkpoint-dir",
-            str(workdir / "grpo_one_step_off_checkpoints"),
-            "--nproc",
-            "1",
-            "--threads",
-            str(rollout_threads()),
-        ],
-        async_cfg,
-        logs / "grpo_one_step_off.log",
-        deadline,
-    )
+    # The same GRPO run twice: synchronous, then one step off (grpo.max_staleness 1: placement
+    # separate): the rollout process's hf engine on the same GPU, each version pushed over the
+    # agentrl_gloo backend of vLLM's weight-transfer protocol (NCCL connects no two processes on one
+    # device).
+    runs = {"grpo": grpo_cfg, "grpo_one_step_off": {**grpo_cfg, "grpo": {**grpo_cfg["grpo"], "max_staleness": 1}}}
+    for name, config in runs.items():
+        walls[name] = run_stage(
+            "grpo",
+            [
+                "--model",
+                str(models / "sft"),
+                "--train",
+                str(data / "rl_pool.parquet"),
+                "--out",
+                str(models / name.replace("grpo", "rl")),
+                "--metrics",
+                str(logs / f"{name}_metrics.jsonl"),
+                "--checkpoint-dir",
+                str(workdir / f"{name}_checkpoints"),
+                "--nproc",
+                "1",
+                "--threads",
+                str(rollout_threads()),
+            ],
+            config,
+            logs / f"{name}.log",
+            deadline,
+        )
     return {
         "parameters": safetensors_parameter_count(models / "base"),
         "sft_config": sft_cfg,

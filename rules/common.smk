@@ -251,16 +251,12 @@ def _grpo_trainer_ranks(each, grpo, world):
         return world, []
     if nodes > 1:
         return world, ["grpo.placement: separate runs on one node (the rollout engine beside the trainer's ranks)"]
-    if gpus == 1 and checked_engine() == "vllm":
+    if gpus == 1 and config["rollout"]["engine"] == "vllm":
         return world, [
             "grpo.placement: separate with rollout.engine: vllm needs two GPUs or more (vLLM's weight transfer is "
             "NCCL, which connects no two processes on one device)"
         ]
     return trainer_processes(grpo, gpus), []
-
-
-def checked_engine():
-    return config["rollout"]["engine"]
 
 
 def check_process_counts(checked):
