@@ -129,7 +129,7 @@ from agentrl.training import deepspeed_engine as dse
 model_dir, out, shapes, overrides = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
 ctx = dse.init_distributed(2.0)
 samples = uneven_samples(300, shapes[ctx.rank])
-overrides.update({"share_prompts": False, "batch_prompts": 4, "mini_batch_prompts": 4, "deepspeed": {"zero_stage": 2}})
+overrides = {"share_prompts": False, "batch_prompts": 4, "mini_batch_prompts": 4, "deepspeed": {"zero_stage": 2}, **overrides}
 plan, stats, norms, params, cfg, grads = deepspeed_update(model_dir, samples, 64, overrides, pytest.MonkeyPatch())
 with open(f"{out}.{ctx.rank}", "w") as f:
     json.dump({"micro_batches": [len(m.micro_batches) for m in plan],
@@ -214,3 +214,27 @@ def test_the_packed_attention_keeps_the_models_own_attention_for_unpacked_calls(
     assert calls == [False, False], "unpacked calls go to the model's own attention, one per layer"
     torch.testing.assert_close(again, padded, atol=0, rtol=0)
     torch.testing.assert_close(packed, padded, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("packing", [True, False])
+def test_zero3_ranks_with_different_logit_chunk_counts_train_as_zero2(tmp_path, packing):
+    """ZeRO-3 (placement separate, its only layout): every call of the output projection gathers its
+    partitioned weight, a collective. Rank 0's micro-batches hold many chunks of 7 loss tokens,
+    rank 1's one each (and its padding micro-batches one position): in the recomputation pass and
+    in the update both ranks must still issue the same calls, and train as ZeRO-2 does."""
+    from helpers.rollout import random_policy
+
+    model_dir = random_policy()
+    common = {"packing": packing, "balance_ranks": False, "old_logprobs": "recompute", "placement": "separate"}
+    zero2 = _two_ranks(tmp_path, model_dir, "zero2", {**common, "deepspeed": {"zero_stage": 2}})
+    zero3 = _two_ranks(tmp_path, model_dir, "zero3", {**common, "deepspeed": {"zero_stage": 3}})
+    assert zero3[0]["micro_batches"] == zero3[1]["micro_batches"]
+    assert zero3[0]["tokens"] > 4 * zero3[1]["tokens"], "rank 0 should hold many more logit chunks"
+    assert zero3[0]["norms"] == zero3[1]["norms"] == pytest.approx(zero2[0]["norms"], rel=1e-5)
+    for rank in range(2):
+        assert zero3[rank]["pg_loss"] == pytest.approx(zero2[rank]["pg_loss"], abs=1e-6)
+    for name, grad in zero2[0]["grads"].items():
+        torch.testing.assert_close(
+            torch.tensor(zero3[0]["grads"][name]), torch.tensor(grad), atol=1e-7, rtol=1e-4, msg=name
+        )

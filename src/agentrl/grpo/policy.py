@@ -23,6 +23,7 @@ all, or are the engine's sampling log-probs (``grpo.old_logprobs``).
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Literal
 
 import torch
@@ -31,6 +32,7 @@ from torch.utils.checkpoint import checkpoint
 
 from agentrl.grpo.algorithm import blockwise_entropy, entropy_from_logits, sampled_token_logprobs
 from agentrl.grpo.batching import MicroBatch
+from agentrl.training.collectives import max_over_ranks
 from agentrl.training.packing import enable_packed_attention
 
 if TYPE_CHECKING:
@@ -102,7 +104,9 @@ class ResponseLogProbs(nn.Module):
         response frame (tool responses, template tokens and the frame's padding are skipped);
         the other positions of the frame hold 0. A micro-batch without a loss token (a rank's
         padding micro-batch) projects one position, whose zero-weighted loss still gives every
-        parameter its (zero) gradient, as DeepSpeed's reduction expects.
+        parameter its (zero) gradient, as DeepSpeed's reduction expects. Every rank runs the
+        chunk count of the rank with the most (:func:`max_over_ranks`), as SFT's loss does: under
+        ZeRO-3 a rank with fewer chunks would otherwise leave the others waiting in a weight gather.
         """
         selected = batch.loss_mask.bool()  # (B, R)
         if not selected.any():
@@ -113,17 +117,29 @@ class ResponseLogProbs(nn.Module):
             states, labels = states[selected], labels[selected]  # (N, H), (N,)
         else:
             states, labels = self._row_states(batch, selected)
-        logps, entropies = [], []
-        for start in range(0, states.shape[0], self.logit_chunk_tokens):
+        # Under ZeRO-3 each projection call gathers the partitioned weight (a collective): every
+        # rank runs as many chunks as the rank with the most, extra ones on its first position,
+        # weighted 0 (their backward recomputes the projection too, so it must reach the loss).
+        chunks = max_over_ranks(max(1, math.ceil(states.shape[0] / self.logit_chunk_tokens)), states.device)
+        logps, entropies, unused = [], [], states.new_zeros((), dtype=torch.float32)
+        for start in range(0, chunks * self.logit_chunk_tokens, self.logit_chunk_tokens):
             chunk = slice(start, start + self.logit_chunk_tokens)
+            chunk_states, chunk_labels = states[chunk], labels[chunk]
+            padding = chunk_states.shape[0] == 0
+            if padding:
+                chunk_states, chunk_labels = states[:1], labels[:1]
             if torch.is_grad_enabled():
                 logp, entropy = checkpoint(
-                    self._chunk, states[chunk], labels[chunk], with_entropy, entropy_grad, use_reentrant=False
+                    self._chunk, chunk_states, chunk_labels, with_entropy, entropy_grad, use_reentrant=False
                 )
             else:
-                logp, entropy = self._chunk(states[chunk], labels[chunk], with_entropy, entropy_grad)
+                logp, entropy = self._chunk(chunk_states, chunk_labels, with_entropy, entropy_grad)
+            if padding:
+                unused = unused + 0.0 * logp.sum() + (0.0 * entropy.sum() if entropy is not None else 0.0)
+                continue
             logps.append(logp)
             entropies.append(entropy)
+        logps[0] = logps[0] + unused
         logp = _in_frame(torch.cat(logps), selected)
         entropy = _in_frame(torch.cat(entropies), selected) if with_entropy else None
         return logp, entropy
