@@ -25,9 +25,11 @@ that differ and the command that starts over (``CheckpointOfAnotherRun``), as SF
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from agentrl.training import deepspeed_engine as dse
 
@@ -46,13 +48,20 @@ def save_checkpoint(
     trainer_state: Mapping[str, Any],
     fingerprint: Mapping[str, Any],
     metrics: Sequence[Mapping[str, Any]],
-    export_model: Callable[[Path], None],
+    policy: torch.nn.Module,
+    tokenizer,
     ctx: dse.DistributedContext,
     keep: int | None,
 ) -> Path:
-    """Write the checkpoint of ``step`` (every rank calls this); returns its folder."""
+    """Write the checkpoint of ``step`` (every rank calls this), ``policy`` (the Hugging Face model
+    inside ``engine``) exported as the final model is (:func:`~agentrl.training.deepspeed_engine.
+    write_hf_folder`, which gathers ZeRO-3's partitions); returns its folder."""
     state = {**trainer_state, "fingerprint": dict(fingerprint), "metrics": [dict(record) for record in metrics]}
-    return dse.save_checkpoint(engine, Path(root), step, state, ctx, keep, also=export_model)
+
+    def export(folder: Path) -> None:
+        dse.write_hf_folder(engine, policy, tokenizer, folder, ctx)
+
+    return dse.save_checkpoint(engine, Path(root), step, state, ctx, keep, also=export)
 
 
 def resume(

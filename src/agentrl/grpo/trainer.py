@@ -46,7 +46,6 @@ from agentrl.rewards.ground_truth import read_gradable_problems
 from agentrl.rollout.memory_plan import TrainerMemory, trainer_growth_bytes
 from agentrl.training import deepspeed_engine as dse
 from agentrl.training.fingerprint import fingerprint_of, without_keys
-from agentrl.training.hf_export import save_hf_folder
 from agentrl.training.loop import TrainingLoop, training_stage
 from agentrl.training.model import load_causal_lm
 from agentrl.training.seeds import derived_seed, rng_state_kept
@@ -374,7 +373,8 @@ def _run_steps(
             trainer_state={"sampler": sampler.state_dict(), "total_steps": steps, "variant": cfg.grpo.variant},
             fingerprint=fingerprint,
             metrics=records,
-            export_model=lambda folder: save_hf_folder(policy, tokenizer, folder),
+            policy=policy,
+            tokenizer=tokenizer,
             ctx=ctx,
             keep=cfg.grpo.keep_checkpoints,
         )

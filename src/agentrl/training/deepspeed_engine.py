@@ -350,7 +350,8 @@ def save_checkpoint(
     also: Callable[[Path], None] | None = None,
 ) -> Path:
     """Save a resumable checkpoint after optimizer step ``step`` and point ``latest`` at it;
-    ``also(folder)`` writes more files into it on rank 0 (GRPO's Hugging Face export).
+    ``also(folder)`` writes more files into it, called on every rank (GRPO's Hugging Face export,
+    which gathers ZeRO-3's partitions: a collective).
 
     Written to ``step_<n>.partial`` and renamed when every rank is done, with each file's size
     recorded (:mod:`agentrl.training.checkpoint_files`): a half-written step never exists under
@@ -367,9 +368,9 @@ def save_checkpoint(
         with checkpoint_files.naming_a_full_disk(partial):
             partial.mkdir(parents=True, exist_ok=True)
             torch.save(capture_rng_state(), partial / f"rng_rank{ctx.rank}.pt")
+            if also is not None:
+                also(partial)
             if ctx.is_main:
-                if also is not None:
-                    also(partial)
                 (partial / TRAINER_STATE).write_text(json.dumps({**trainer_state, "step": step}, indent=1))
             engine.save_checkpoint(str(checkpoint_dir), tag=partial_tag, save_latest=False)
             torch.distributed.barrier()  # every rank's files are written before the folder is renamed
@@ -502,24 +503,32 @@ def resume_if_same_run(
 
 
 # --------------------------------------------------------------------------- final model
-def save_hf_model(engine, model: torch.nn.Module, tokenizer, out_dir: str | Path, ctx: DistributedContext) -> None:
-    """Write ``model`` (a module inside the engine) and the tokenizer as a Hugging Face folder.
+def write_hf_folder(engine, model: torch.nn.Module, tokenizer, folder: str | Path, ctx: DistributedContext) -> None:
+    """Every rank: ``model`` (a module inside the engine) and the tokenizer as a Hugging Face folder,
+    written by rank 0 one tensor at a time (:func:`agentrl.training.hf_export.save_hf_folder`: no
+    clone of ZeRO-2's flat buffer).
 
-    Under ZeRO-3 the parameters are gathered on every rank first (a collective); rank 0 writes
-    ``<out>.tmp`` one tensor at a time (:func:`agentrl.training.hf_export.save_hf_folder`: no
-    clone of ZeRO-2's flat buffer) and renames it, so a killed job never leaves a folder that
-    looks complete.
+    Under ZeRO-3 each rank holds a partition of every parameter (the module's own tensors are
+    empty), so the parameters are gathered on every rank first, a collective: a checkpoint's folder
+    written from the partitions alone would hold tensors of shape [0].
     """
     import deepspeed
 
-    out_dir = Path(out_dir)
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
     zero3 = engine.zero_optimization_stage() == 3
     params = list(model.parameters()) if zero3 else []
     with deepspeed.zero.GatheredParameters(params, modifier_rank=None, enabled=zero3):
         if ctx.is_main:
-            shutil.rmtree(tmp, ignore_errors=True)
-            save_hf_folder(model, tokenizer, tmp)
+            save_hf_folder(model, tokenizer, folder)
+
+
+def save_hf_model(engine, model: torch.nn.Module, tokenizer, out_dir: str | Path, ctx: DistributedContext) -> None:
+    """Every rank: the final model as a Hugging Face folder (:func:`write_hf_folder`), written to
+    ``<out>.tmp`` and renamed, so a killed job never leaves a folder that looks complete."""
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    if ctx.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+    write_hf_folder(engine, model, tokenizer, tmp, ctx)
     if ctx.is_main:
         shutil.rmtree(out_dir, ignore_errors=True)
         tmp.rename(out_dir)
