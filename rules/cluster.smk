@@ -22,17 +22,36 @@ from agentrl.training.slurm_jobs import (
 # profile gives them several nodes with AGENTRL_NODES=RULE:N.
 MULTI_NODE_RULES = ("sft", "grpo", "ablation_stitched_sft", "ablation_grpo")
 NODES_SETTING = "AGENTRL_NODES"  # read by the workflow profile, workflow/profiles/default
+# What Snakemake's command line asks for instead of running jobs (snakemake.cli.args_to_api's
+# branches before execute_workflow): none of them submits, so none is refused by the checks of
+# a submission (an --unlock after a dead controller must work while its jobs are still queued).
+MAINTENANCE = (
+    "lint", "list_target_rules", "list_rules", "print_compilation", "generate_unit_tests", "containerize", "dag",
+    "rulegraph", "filegraph", "d3dag", "unlock", "cleanup_metadata", "conda_cleanup_envs", "conda_create_envs_only",
+    "list_conda_envs", "cleanup_shadow", "container_cleanup_images", "list_changes", "list_input_changes",
+    "list_params_changes", "list_untracked", "summary", "detailed_summary", "archive", "delete_all_output",
+    "delete_temp_output", "touch",
+)  # fmt: skip
+
+
+def run_mode(args):
+    """``"maintenance"`` (nothing runs: --unlock, --summary, --dag, ...), ``"dry run"`` (-n) or ``"run"``."""
+    if any(getattr(args, name, None) not in (None, False) for name in MAINTENANCE):
+        return "maintenance"
+    if (getattr(args, "report", None) or getattr(args, "reporter", None)) and not getattr(args, "report_after_run", False):
+        return "maintenance"
+    return "dry run" if getattr(args, "dryrun", False) else "run"
 
 
 def site_executor():
-    """The executor plugin this run submits with (``"slurm"``; None: the local one), whether it is a
-    dry run, and the SLURM plugin's partition file, read from the command line and profiles as
-    Snakemake's own parser reads them.
+    """The executor plugin this run submits with (``"slurm"``; None: the local one), what the command
+    does (:func:`run_mode`) and the SLURM plugin's partition file, read from the command line and
+    profiles as Snakemake's own parser reads them.
 
     Snakemake loads the Snakefile before it picks its executor (``workflow.executor_plugin`` is
     still None here, and a dry run swaps in the dry-run executor anyway), so the site profile's
     ``executor:`` is known only from the arguments. Run through Snakemake's Python API instead of
-    its command line, nothing is known: (None, False, None), as for a local run.
+    its command line, nothing is known: (None, "run", None), as for a local run.
     """
     import snakemake.cli
 
@@ -40,12 +59,16 @@ def site_executor():
         with contextlib.redirect_stderr(io.StringIO()):  # it says again which profiles it reads
             _, args = snakemake.cli.parse_args(sys.argv[1:])
     except (SystemExit, Exception):  # not Snakemake's command line
-        return None, False, None
+        return None, "run", None
     partitions = getattr(args, "slurm_partition_config", None)  # the plugin's --slurm-partition-config
-    return getattr(args, "executor", None), bool(getattr(args, "dryrun", False)), partitions
+    return getattr(args, "executor", None), run_mode(args), partitions
 
 
-EXECUTOR, DRY_RUN, PARTITION_FILE = site_executor() if workflow.is_main_process else (None, False, None)
+EXECUTOR, RUN_MODE, PARTITION_FILE = site_executor() if workflow.is_main_process else (None, "run", None)
+DRY_RUN = RUN_MODE == "dry run"
+# The checks below are those of a submission: skipped when nothing is planned to run, and only
+# warnings in a dry run where they are about the cluster's state rather than the plan.
+SUBMITS = workflow.is_main_process and RUN_MODE != "maintenance"
 
 
 def _rule_nodes(each):
@@ -114,11 +137,15 @@ def check_gpu_count():
         return
     given = os.environ.get(GPU_SETTING, "").strip()
     if not given:
-        raise WorkflowError(
+        message = (
             f"{GPU_SETTING} is not set: under the SLURM executor the GPU stages (sft, grpo, scoring, evaluation) would "
             f"ask for no GPU and run on CPU nodes. Set {GPU_SETTING}=8 (the GPUs of one of your nodes), or "
             f"{GPU_SETTING}=0 for a run on CPUs only"
         )
+        if DRY_RUN:  # the plan is shown as it is; the run itself is refused
+            logger.warning(message)
+            return
+        raise WorkflowError(message)
     asking = [each.name for each in workflow.rules if (_rule_resources(each).get("gpu") or 0) > 0]
     if given != "0" and not asking:
         raise WorkflowError(

@@ -1,0 +1,90 @@
+"""The workflow's controller under the SLURM profile, against a SLURM cluster on this machine.
+
+The real ``snakemake --profile profiles/slurm`` with snakemake-executor-plugin-slurm runs here,
+with fake SLURM commands first on PATH (tests/helpers/fake_slurm.py): ``sbatch`` records each
+submission (and starts its job as a real process when the test lets it), ``squeue`` and
+``sacct`` answer from the fake cluster's job files.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from helpers.fake_slurm import add_job, install, sbatch_calls
+from helpers.workflows import ROOT, snakemake_command, snakemake_env, write_config
+
+pytest.importorskip("snakemake_executor_plugin_slurm", reason="pip install -e '.[test]'")
+
+SLURM_PROFILE = str(ROOT / "profiles" / "slurm")
+
+
+class Cluster:
+    """A results folder's workdir, the fake cluster's state and the environment that reaches it."""
+
+    def __init__(self, root: Path) -> None:
+        self.state = root / "slurm"
+        self.workdir = root / "run"
+        self.workdir.mkdir()
+        write_config(self.workdir)
+        env = {**snakemake_env(), **install(root / "bin", self.state)}
+        for key in ("AGENTRL_GPUS_PER_NODE", "AGENTRL_NODES", "AGENTRL_RUNNING_JOBS", "SLURM_JOB_ID"):
+            env.pop(key, None)
+        self.env = env
+
+    def snakemake(self, *args: str, timeout: float = 300, **extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            snakemake_command(self.workdir, "--profile", SLURM_PROFILE, *args),
+            cwd=self.workdir,
+            env={**self.env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def submissions(self) -> list[list[str]]:
+        return sbatch_calls(self.state)
+
+
+@pytest.fixture
+def cluster(tmp_path) -> Cluster:
+    return Cluster(tmp_path)
+
+
+# Each command, and what it ends with once past the workflow's load: exit 0, or Snakemake's own
+# answer (no metadata is kept for a file that no job wrote).
+MAINTENANCE = [
+    (["--unlock"], None),
+    (["--cleanup-metadata", "results/models/base/config.json"], "metadata was not present"),
+    (["--summary"], None),
+    (["--list-params-changes"], None),
+    (["--dag"], None),
+]
+
+
+@pytest.mark.parametrize(("command", "answer"), MAINTENANCE, ids=[command[0] for command, _ in MAINTENANCE])
+def test_commands_that_submit_nothing_are_not_refused_by_the_checks_of_a_submission(cluster, command, answer):
+    """The recovery after a dead controller: its job still queued, no GPU count in this shell."""
+    add_job(cluster.state, state_name="RUNNING", workdir=str(cluster.workdir), comment="rule_grpo")
+    done = cluster.snakemake(*command)
+    out = done.stdout + done.stderr
+    assert "AGENTRL_GPUS_PER_NODE is not set" not in out and "still queued or running" not in out, out[-3000:]
+    assert done.returncode == 0 if answer is None else answer in out, out[-3000:]
+    assert cluster.submissions() == []
+
+
+def test_a_dry_run_warns_of_what_the_run_would_refuse_and_the_run_is_refused_before_any_sbatch(cluster):
+    old = add_job(cluster.state, state_name="PENDING", workdir=str(cluster.workdir), comment="rule_sft")
+    dry = cluster.snakemake("-n")
+    out = dry.stdout + dry.stderr
+    assert dry.returncode == 0, out[-3000:]
+    assert "AGENTRL_GPUS_PER_NODE is not set" in out and f"scancel {old}" in out, out[-3000:]
+    run = cluster.snakemake()
+    out = run.stdout + run.stderr
+    assert run.returncode != 0 and "AGENTRL_GPUS_PER_NODE is not set: under the SLURM executor" in out, out[-3000:]
+    assert cluster.submissions() == []
+    counted = cluster.snakemake(AGENTRL_GPUS_PER_NODE="0")
+    out = counted.stdout + counted.stderr
+    assert counted.returncode != 0 and f"still queued or running: {old} (sft, PENDING)" in out, out[-3000:]
+    assert cluster.submissions() == []
