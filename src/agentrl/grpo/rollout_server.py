@@ -96,7 +96,7 @@ def _serve(connection, cfg: Config, model_dir: str, train: str, eval_sets, index
     with make_sandbox(cfg.sandbox) as sandbox:
         weight_transfer = None
         if cfg.rollout.engine == "vllm":
-            from agentrl.rollout.vllm_weight_transfer import backend_for
+            from agentrl.rollout.weight_transfer import backend_for
 
             weight_transfer = backend_for(device)
         # CPU: the vLLM engine's core in this process, where the gloo backend is registered (the

@@ -166,7 +166,8 @@ class Engine(Protocol):
         ...
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load the trainer's current parameters (Hugging Face names) into the engine, in memory;
+        """Load the trainer's current parameters (Hugging Face names) into the engine, in memory,
+        for a trainer in this process (the colocated route of :mod:`agentrl.rollout.weight_transfer`);
         a sleeping engine wakes up."""
         ...
 

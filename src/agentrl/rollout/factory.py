@@ -64,7 +64,7 @@ def make_engine(
     default seed (requests carry their own), ``trainer_memory`` what the trainer beside it still
     needs (``rollout.vllm.colocated_memory: measured``; engines that share the trainer's module
     need none). ``weight_transfer`` (vLLM): the backend of vLLM's weight-transfer API it answers
-    on (:meth:`~agentrl.rollout.engine.Engine.weight_sync`; :mod:`agentrl.rollout.vllm_weight_transfer`);
+    on (:meth:`~agentrl.rollout.engine.Engine.weight_sync`; :mod:`agentrl.rollout.weight_transfer`);
     the hf engine answers on the gloo backend without it.
     """
     if cfg.engine == "hf":

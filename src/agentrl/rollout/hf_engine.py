@@ -52,7 +52,7 @@ import torch
 from agentrl.model.tokenizer import end_of_sequence_ids
 from agentrl.rollout.engine import GenerationOutput, Request, SamplingParams
 from agentrl.rollout.hf_cache import batch_cache, cached_layers, use_cpu_gqa_attention
-from agentrl.rollout.weight_transfer import GlooWeightReceiver
+from agentrl.rollout.weight_transfer import GlooWeightReceiver, load_into_module
 
 if TYPE_CHECKING:
     from transformers.cache_utils import Cache
@@ -462,25 +462,15 @@ class HFEngine:
         """Nothing on the accelerator to free but the parked sessions (the module is the trainer's own)."""
         self._parked.clear()
 
-    @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy the given tensors into the module; tensors that already are its parameters are skipped.
+        """Copy the given tensors into the module; tensors that already are its parameters are skipped
+        (:func:`~agentrl.rollout.weight_transfer.load_into_module`).
 
         Parked keys and values were computed with the old weights: they are dropped.
         """
         assert not self.has_unfinished_requests(), "update_weights while requests are running"
         self._parked.clear()
-        own = dict(self.model.named_parameters(remove_duplicate=False))
-        own.update(dict(self.model.named_buffers()))
-        for name, tensor in named_tensors:
-            if name not in own:
-                raise KeyError(f"update_weights: {name!r} is not a parameter of the rollout model")
-            target = own[name]
-            assert target.shape == tensor.shape, (
-                f"update_weights: {name} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}"
-            )
-            if target.data_ptr() != tensor.data_ptr():
-                target.copy_(tensor)
+        load_into_module(self.model, named_tensors)
 
     def weight_sync(self) -> GlooWeightReceiver:
         """The ``agentrl_gloo`` backend's inference side: each tensor copied into the module as it

