@@ -1,7 +1,7 @@
 """GRPO's rollout process on the vLLM engine (grpo.placement: separate, rollout.engine: vllm; CPU).
 
-The rollout process builds an in-process vLLM engine with ``weight_transfer_config`` and takes each
-policy version through vLLM's weight-transfer API (``WeightTransferTrainerFactory.trainer_init`` /
+The rollout process builds a vLLM engine, its core in a process of its own as on CUDA, with
+``weight_transfer_config``, and takes each policy version through vLLM's weight-transfer API (``WeightTransferTrainerFactory.trainer_init`` /
 ``send_weights`` on the trainer's side, ``LLM.init_weight_transfer_engine`` / ``start_weight_update``
 / ``update_weights`` / ``finish_weight_update`` on the engine's, paused in keep mode around it) on
 the ``agentrl_gloo`` backend registered into vLLM's factories (agentrl.rollout.weight_transfer).
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 
+import psutil
 import pytest
 import torch
 from helpers.grpo_runs import TINY_RUN, write_arith_inputs
@@ -42,7 +43,7 @@ OTHER_WEIGHTS_GAP = 1.0
 @NEEDS_VLLM
 def test_a_vllm_rollout_process_samples_with_the_version_it_records(tmp_path):
     """max_staleness 1: step 2 rolls out with version 0 while step 1 "trains", step 3 with version
-    1, sent through vLLM's weight-transfer API; every trajectory's sampling log-probs equal its recorded
+    1, sent through vLLM's weight-transfer API to the engine core in its own process (CUDA's layout); every trajectory's sampling log-probs equal its recorded
     version's log-probs and not the other version's."""
     from helpers.rollout import random_policy
     from helpers.rollout_process import check_sampled_by_recorded_version, one_step_off, two_versions
@@ -52,7 +53,10 @@ def test_a_vllm_rollout_process_samples_with_the_version_it_records(tmp_path):
     cfg = load_config(VLLM_ONE_STEP_OFF)
     check_cross_keys(cfg)  # the separate placement takes the vLLM engine
     versions = two_versions(model_dir)
-    with one_step_off(cfg, model_dir, root / "rl_train.parquet", versions) as (_, results):
+    with one_step_off(cfg, model_dir, root / "rl_train.parquet", versions) as (process, results):
+        # the engine core runs in a process of its own, as CUDA's does (a daemonic rollout process could not start it)
+        rollout_pid = process.children[0].process.pid
+        assert [p.name() for p in psutil.Process(rollout_pid).children()], "vLLM's engine core should be a child"
         assert [r.policy_version for r in results] == [0, 0, 1]
         assert [r.timing["rollout/staleness"] for r in results] == [0.0, 1.0, 1.0]
         checked = check_sampled_by_recorded_version(results, versions, atol=SAME_WEIGHTS_ATOL, gap=OTHER_WEIGHTS_GAP)

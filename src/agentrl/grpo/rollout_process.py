@@ -224,35 +224,27 @@ class RolloutProcess:
         group_port = free_port("127.0.0.1") if engines > 1 else 0
         context = mp.get_context("spawn")
         self.children: list[_Child] = []
-        for index, devices in enumerate(layout):
-            connection, child = context.Pipe()
-            process = context.Process(
-                target=serve,
-                args=(child, cfg, str(model_dir), str(train), eval_sets, max(1, threads // engines)),
-                kwargs={"index": index, "engines": engines, "group_port": group_port},
-                name=f"agentrl-rollout-{index}",
-                daemon=True,
+        try:
+            self._start(context, cfg, model_dir, train, eval_sets, threads, layout, group_port)
+            self.next_step: int | None = None
+            self._take_all("ready", "the rollout process to start")
+            workers_per_engine = len(layout[0] or ()) or 1
+            self.client = PipeWeightSync(self, workers_per_engine)
+            self.sender = self._guarded(
+                "the weight-transfer rendezvous",
+                lambda: trainer_engine(
+                    cfg.rollout.engine,
+                    ctx.device.type,
+                    source,
+                    self.client,
+                    rank=0,
+                    receivers=engines * workers_per_engine,
+                    timeout_s=cfg.grpo.collective_timeout_minutes * 60,
+                ),
             )
-            with visible_devices(devices):  # a spawned child reads its environment when it starts
-                process.start()
-            child.close()
-            self.children.append(_Child(index, process, connection, []))
-        self.next_step: int | None = None
-        self._take_all("ready", "the rollout process to start")
-        workers_per_engine = len(layout[0] or ()) or 1
-        self.client = PipeWeightSync(self, workers_per_engine)
-        self.sender = self._guarded(
-            "the weight-transfer rendezvous",
-            lambda: trainer_engine(
-                cfg.rollout.engine,
-                ctx.device.type,
-                source,
-                self.client,
-                rank=0,
-                receivers=engines * workers_per_engine,
-                timeout_s=cfg.grpo.collective_timeout_minutes * 60,
-            ),
-        )
+        except BaseException:
+            self.close()  # not daemonic: a child left running would hold the trainer's exit
+            raise
         log.info(
             "%d rollout process(es) %s started (%s, max_staleness %d)",
             engines,
@@ -260,6 +252,29 @@ class RolloutProcess:
             "GPUs " + " | ".join(",".join(d) for d in layout) if gpus else f"{max(1, threads // engines)} threads each",
             self.max_staleness,
         )
+
+    def _start(self, context, cfg: Config, model_dir, train, eval_sets, threads: int, layout, group_port: int) -> None:
+        """Start one rollout process per engine of ``layout``.
+
+        Not daemonic: on CUDA the process builds vLLM with its engine core in a process of its own
+        (and, tensor parallel, its workers), and Python refuses children to a daemonic process.
+        :meth:`close` stops them however the stage ends (the trainer holds this object in an exit
+        stack), and each ends by itself when the trainer's end of its pipe closes.
+        """
+        engines = len(layout)
+        for index, devices in enumerate(layout):
+            connection, child = context.Pipe()
+            process = context.Process(
+                target=serve,
+                args=(child, cfg, str(model_dir), str(train), eval_sets, max(1, threads // engines)),
+                kwargs={"index": index, "engines": engines, "group_port": group_port},
+                name=f"agentrl-rollout-{index}",
+                daemon=False,
+            )
+            with visible_devices(devices):  # a spawned child reads its environment when it starts
+                process.start()
+            child.close()
+            self.children.append(_Child(index, process, connection, []))
 
     # ------------------------------------------------------------------ pipes
     def _send(self, child: _Child, *message) -> None:

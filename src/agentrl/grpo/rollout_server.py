@@ -99,8 +99,9 @@ def _serve(connection, cfg: Config, model_dir: str, train: str, eval_sets, index
             from agentrl.rollout.weight_transfer import backend_for
 
             weight_transfer = backend_for(device)
-        # CPU: the vLLM engine's core in this process, where the gloo backend is registered (the
-        # hf engine always is); the seed is colocated rank ``index``'s
+        # vLLM's engine core in a process of its own, on every device (the branch CUDA needs for its
+        # workers): the agentrl_gloo backend reaches it as a vLLM plugin (pyproject's entry point).
+        # The seed is colocated rank ``index``'s.
         rollout_cfg = cfg.rollout
         if device == "cuda":  # this process's engine, tensor parallel over the GPUs it was given (often one)
             rollout_cfg = dataclasses.replace(
@@ -109,7 +110,7 @@ def _serve(connection, cfg: Config, model_dir: str, train: str, eval_sets, index
         engine = make_engine(
             rollout_cfg,
             model_dir,
-            in_process=device == "cpu",
+            in_process=False,
             seed=derived_seed(cfg.seed, "grpo-engine", index),
             weight_transfer=weight_transfer,
         )
