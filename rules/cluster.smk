@@ -234,3 +234,52 @@ def check_preemption():
             "for ever (it says 'A Job preemption occured!'). Then: docs/paper-scale.md, 'Preemption, timeouts and "
             "retries'; or use partitions that requeue (PreemptMode=REQUEUE)"
         )
+
+
+def _held_paths():
+    """The lock targets a SLURM job of this run would take: each training rule's checkpoint folder
+    (a constant ``checkpoints`` param, or one an earlier job locked) and each shard file with a lock."""
+    folders = {Path(each.params.checkpoints) for each in workflow.rules if isinstance(each.params.get("checkpoints"), str)}
+    folders |= {lock.parent for lock in Path(RESULTS).glob("**/trainer.lock")}
+    shards = {lock.with_suffix("") for lock in Path(RESULTS).glob("**/*.jsonl.lock")}
+    return sorted(folders), sorted(shards)
+
+
+def check_results_locks():
+    """Refuse to submit when a job's lock in the results folder is held, or cannot be taken so that
+    every node sees it, before any job waits in the queue for it.
+
+    A training job takes its checkpoint folder's lock, a shard job its shard file's
+    (agentrl.training.folder_lock), and refuses at its start when it cannot: held by another
+    process (a trainer started by hand, an orphan that still stops), or a file system whose flock
+    fails or locks on one node only. Under SLURM that refusal came after the job's wait for GPUs,
+    once per retry; here it comes in seconds. The controller takes each lock and lets it go at
+    once, and checks the mount as a job on a compute node would (the node-local case is judged
+    from the mount options this host sees: a client-side setting such as BeeGFS's tuneUseGlobalFileLocks
+    is not among them, docs/operations.md). Locks held by an earlier run's SLURM jobs are
+    check_running_jobs' (it may wait for them); a dry run does not take locks.
+    """
+    from agentrl.training.folder_lock import (
+        LOCK_FILE,
+        CheckpointFolderInUse,
+        LocksUnsupported,
+        ShardFileInUse,
+        _refuse_node_local_locks,
+        hold_checkpoint_folder,
+        hold_shard_file,
+        lock_file,
+    )
+
+    if EXECUTOR != "slurm" or DRY_RUN:
+        return
+    folders, shards = _held_paths()
+    try:
+        for folder in folders:
+            _refuse_node_local_locks(lock_file(folder / LOCK_FILE, os.environ), {"SLURM_JOB_ID": "a job of this run"})
+            with hold_checkpoint_folder(folder, "snakemake (its check before submitting)"):
+                pass
+        for shard in shards:
+            with hold_shard_file(shard, "snakemake (its check before submitting)", wait_s=0.0):
+                pass
+    except (CheckpointFolderInUse, ShardFileInUse, LocksUnsupported) as error:
+        raise WorkflowError(f"{error} (found before anything was submitted, so no job waits in the queue for it)")

@@ -9,6 +9,7 @@ submission (and starts its job as a real process when the test lets it), ``squeu
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,17 @@ class Cluster:
             text=True,
             timeout=timeout,
         )
+
+    def refused(self, *args: str, **extra: str) -> str:
+        """The output of a run that must stop at load, before any sbatch (its jobs would never start)."""
+        try:
+            done = self.snakemake(*args, timeout=120, FAKE_SLURM_RUN="0", **extra)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the run was not refused; it submitted {len(self.submissions())} job(s) and waited for them")
+        out = done.stdout + done.stderr
+        assert done.returncode != 0, out[-3000:]
+        assert self.submissions() == [], "refused after a submission"
+        return out
 
     def submissions(self) -> list[list[str]]:
         return sbatch_calls(self.state)
@@ -80,11 +92,42 @@ def test_a_dry_run_warns_of_what_the_run_would_refuse_and_the_run_is_refused_bef
     out = dry.stdout + dry.stderr
     assert dry.returncode == 0, out[-3000:]
     assert "AGENTRL_GPUS_PER_NODE is not set" in out and f"scancel {old}" in out, out[-3000:]
-    run = cluster.snakemake()
-    out = run.stdout + run.stderr
-    assert run.returncode != 0 and "AGENTRL_GPUS_PER_NODE is not set: under the SLURM executor" in out, out[-3000:]
-    assert cluster.submissions() == []
-    counted = cluster.snakemake(AGENTRL_GPUS_PER_NODE="0")
-    out = counted.stdout + counted.stderr
-    assert counted.returncode != 0 and f"still queued or running: {old} (sft, PENDING)" in out, out[-3000:]
-    assert cluster.submissions() == []
+    out = cluster.refused()
+    assert "AGENTRL_GPUS_PER_NODE is not set: under the SLURM executor" in out, out[-3000:]
+    out = cluster.refused(AGENTRL_GPUS_PER_NODE="0")
+    assert f"still queued or running: {old} (sft, PENDING)" in out, out[-3000:]
+
+
+HOLD = """
+import sys, time
+from agentrl.training.folder_lock import hold_checkpoint_folder
+with hold_checkpoint_folder(sys.argv[1], "sft"):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_held_checkpoint_folder_is_refused_before_any_job_is_submitted(cluster):
+    """A trainer outside SLURM (by hand, or an orphan still stopping) holds the SFT folder: the sft job would
+    refuse at its start after its wait for GPUs, at each retry; the controller refuses at load instead."""
+    folder = cluster.workdir / "results" / "sft" / "checkpoints"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(folder)], env=cluster.env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        out = cluster.refused(AGENTRL_GPUS_PER_NODE="0")
+        assert (
+            f"{folder.relative_to(cluster.workdir)} is in use by another trainer (sft process {holder.pid} on " in out
+        )
+        assert "found before anything was submitted" in out, out[-3000:]
+    finally:
+        holder.kill()
+        holder.wait()
+    done = cluster.snakemake("-n", AGENTRL_GPUS_PER_NODE="0")  # free again: the plan goes on
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+
+
+def test_a_bad_config_is_refused_before_any_job_is_submitted(cluster):
+    out = cluster.refused("--config", "sft={lr: -1}", AGENTRL_GPUS_PER_NODE="0")
+    assert "sft.lr" in out, out[-3000:]

@@ -19,7 +19,8 @@ Knobs, read by ``sbatch`` from its environment (that of snakemake):
   and never run, as on a ``PreemptMode=CANCEL`` partition;
 - ``FAKE_SLURM_LIMIT_S=rule:seconds[,...]``: the time limit of the rule's first submission
   (later ones: their ``-t`` minutes);
-- ``FAKE_SLURM_KILL_WAIT_S``: KillWait, seconds from SIGTERM to SIGKILL (5).
+- ``FAKE_SLURM_KILL_WAIT_S``: KillWait, seconds from SIGTERM to SIGKILL (5);
+- ``FAKE_SLURM_RUN=0``: jobs stay PENDING, nothing runs (a test that expects no submission).
 """
 
 from __future__ import annotations
@@ -152,6 +153,8 @@ def sbatch(argv: list[str]) -> int:
     preempted = _per_rule("FAKE_SLURM_PREEMPT", rule)
     if preempted and earlier < int(preempted):
         job.update(state="PREEMPTED", end_limit=time.time())
+        write_job(job)
+    elif os.environ.get("FAKE_SLURM_RUN") == "0":
         write_job(job)
     else:
         write_job(job)
