@@ -86,9 +86,11 @@ def check_nodes():
     Several nodes are for the training rules under the SLURM executor, with the ``mpi`` resource
     the workflow profile adds for AGENTRL_NODES: only then does the job-step plugin run the command
     in the batch step, from where srun starts a torchrun on each node (a job without it runs inside
-    ``srun -n1``, which holds the job's GPUs: the per-node srun could not start). ``gpu`` counts
-    every node's GPUs, so it must split evenly over them. Checked by the controller only: a job's own
-    snakemake (the job step, which reads this file too) knows no executor here.
+    ``srun -n1``, which holds the job's GPUs: the per-node srun could not start). Their GPUs are
+    asked per node (``gres: gpu:N``, which SLURM reads per node), not by ``gpu``: the plugin submits
+    that as ``--gpus``, a count for the whole job that SLURM may place unevenly (6 + 2 of 8), where
+    each node's step asks for N. Checked by the controller only: a job's own snakemake (the job
+    step, which reads this file too) knows no executor here.
     """
     if not workflow.is_main_process:
         return
@@ -116,11 +118,18 @@ def check_nodes():
                 f"{NODES_SETTING}={each.name}:{nodes} instead (the workflow profile adds mpi, tasks and the GPUs of every "
                 "node; --set-resources on the command line replaces every rule's entry of the workflow profile)"
             )
-        gpus = resources.get("gpu", 0)
-        if isinstance(gpus, int) and gpus % nodes:
+        if resources.get("gpu_model"):
             raise WorkflowError(
-                f"{where}: gpu={gpus} does not split over {nodes} nodes; gpu counts the GPUs of all of them "
-                f"(AGENTRL_GPUS_PER_NODE x nodes, as the workflow profile sets it)"
+                f"{where} with gpu_model={resources['gpu_model']}: the SLURM plugin adds --gpus=<model>:<gpu> beside the "
+                "per-node gres of a job of several nodes. Choose the GPU type by a constraint instead (resources "
+                "constraint, sbatch -C)"
+            )
+        gpus = resources.get("gpu", 0)
+        if gpus:
+            raise WorkflowError(
+                f"{where} with gpu={gpus}: the SLURM plugin submits gpu as --gpus={gpus}, GPUs of the whole job, which "
+                f"SLURM may place unevenly over the nodes, while each node starts the same number of processes. Ask "
+                f"per node: gres: gpu:N and no gpu, as the workflow profile does for {NODES_SETTING}={each.name}:{nodes}"
             )
 
 
@@ -146,7 +155,7 @@ def check_gpu_count():
             logger.warning(message)
             return
         raise WorkflowError(message)
-    asking = [each.name for each in workflow.rules if (_rule_resources(each).get("gpu") or 0) > 0]
+    asking = [each.name for each in workflow.rules if (node_gpus(_rule_resources(each))[0] or 0) > 0]
     if given != "0" and not asking:
         raise WorkflowError(
             f"{GPU_SETTING}={given}, but none of the rules asks for a GPU. --set-resources on the command line replaced the "

@@ -39,6 +39,7 @@ from agentrl.config import load_config, process_count_problems, rollout_placemen
 from agentrl.config_schema import load_schema, rerun_keys  # noqa: E402
 from agentrl.hub import needs_hub  # noqa: E402
 from agentrl.sft.pretrain import PRETRAIN_KEYS  # noqa: E402
+from agentrl.training.slurm_jobs import gres_gpus  # noqa: E402
 
 NEEDS_HUB = needs_hub(load_config(config, origin="workflow config"))
 
@@ -150,11 +151,12 @@ def on_gpus(command):
 def on_training_nodes(command):
     """A training stage's ``command`` on the job's nodes, GPUs and threads, through on_gpus.
 
-    The ``gpu`` resource counts all of a job's GPUs (what the SLURM plugin submits as ``--gpus``),
-    ``nodes`` its nodes (1 unless AGENTRL_NODES asks for more; rules/cluster.smk checks them):
-    each node claims and runs ``params.gpus_per_node`` (:func:`gpus_per_node`) processes, and
-    ``threads`` are a node's. With several nodes the stage starts one torchrun per node with srun
-    (agentrl.training.launch).
+    A one-node job asks for its GPUs by the ``gpu`` resource (what the SLURM plugin submits as
+    ``--gpus``); a job of several nodes (AGENTRL_NODES; rules/cluster.smk checks them) by ``gres:
+    gpu:N``, N per node (``--gres``, which SLURM reads per node: ``--gpus`` would let it place 6 + 2
+    GPUs where the stage starts 4 + 4 processes). Each node claims and runs
+    ``params.gpus_per_node`` (:func:`gpus_per_node`) processes, and ``threads`` are a node's. With
+    several nodes the stage starts one torchrun per node with srun (agentrl.training.launch).
     """
     return (
         "python -m agentrl.devices --gpus {params.gpus_per_node} -- "
@@ -163,9 +165,21 @@ def on_training_nodes(command):
     )
 
 
+def node_gpus(resources):
+    """(GPUs of each node, nodes) of a job's or rule's resources (a mapping): ``gres: gpu:N`` asks
+    for N on each node, else ``gpu`` counts all of the job's. None for a value not known yet."""
+    nodes, gpus = resources.get("nodes") or 1, resources.get("gpu") or 0
+    per_node = gres_gpus(str(resources.get("gres") or ""))
+    if per_node is None:
+        if not (isinstance(gpus, int) and isinstance(nodes, int)):
+            return None, nodes
+        per_node = gpus // max(nodes, 1)
+    return per_node, nodes
+
+
 def gpus_per_node(wildcards, resources):
     """The GPUs of each node of a training job (a param of ``resources``: no rerun when it changes)."""
-    return resources.gpu // max(resources.nodes, 1)
+    return node_gpus(resources)[0]
 
 
 def _constant(resource):
@@ -180,6 +194,10 @@ def _rule_resources(each):
     defaults = workflow.resource_settings._parsed_default_resources
     merged = {name: _constant(value) for name, value in (defaults.items() if defaults is not None else [])}
     merged.update({name: _constant(value) for name, value in each.resources.items()})
+    # A text value is an expression evaluated per job; gres ("gpu:8") evaluates to itself: kept as written
+    gres = each.resources.get("gres") or (defaults.get("gres") if defaults is not None else None)
+    if getattr(gres, "raw", None):
+        merged["gres"] = gres.raw
     return {name: value for name, value in merged.items() if value is not None}
 
 
@@ -193,27 +211,26 @@ def check_gpu_requests():
       would stop when that job is ready, after the jobs before it ran, while a dry run passes.
     - A GPU pool (``--resources gpu=N``, profiles/local) that no rule asks a GPU of. The
       workflow profile was given no GPU count, and the GPU stages would run on CPUs.
-    - GPUs asked by ``gres``: on_gpus reads the job's ``gpu`` resource (the processes and devices
-      it starts), which stays 0 then; the SLURM plugin builds ``--gpus`` from ``gpu`` and
-      ``gpu_model`` just as well.
+    - GPUs asked by ``gres`` for a one-node job, or beside ``gpu``: on_gpus reads the job's ``gpu``
+      resource (the processes and devices it starts), which stays 0 then; the SLURM plugin builds
+      ``--gpus`` from ``gpu`` and ``gpu_model`` just as well. Only a job of several nodes asks
+      per node with ``gres: gpu:N`` (the workflow profile's AGENTRL_NODES; rules/cluster.smk).
     """
     pool = _constant(workflow.global_resources.get("gpu"))
     asking = {}
-    defaults = workflow.resource_settings._parsed_default_resources
     for each in workflow.rules:
         resources = _rule_resources(each)
-        # a gres given as text (profile, command line) is an expression evaluated per job: read as written
-        given = each.resources.get("gres") or (defaults.get("gres") if defaults is not None else None)
-        gres = str(getattr(given, "raw", None) or resources.get("gres", ""))
-        if "gpu" in gres:
+        gres = str(resources.get("gres", ""))
+        several_nodes = not resources.get("gpu") and isinstance(resources.get("nodes"), int) and resources["nodes"] > 1
+        if "gpu" in gres and not (several_nodes and gres_gpus(gres) is not None):
             raise WorkflowError(
                 f"resources gres={gres} in the {each.name} rule: this workflow counts a job's GPUs by its gpu "
                 "resource (it starts that many processes on that many devices), which gres leaves at 0. Ask for "
                 "gpu: N instead, with gpu_model: TYPE for a GPU type (the SLURM plugin then submits --gpus=TYPE:N)."
             )
-        gpus = resources.get("gpu")
-        if isinstance(gpus, int) and gpus > 0:
-            asking[each.name] = gpus
+        per_node, nodes = node_gpus(resources)
+        if isinstance(per_node, int) and per_node > 0:
+            asking[each.name] = per_node * nodes
     if not isinstance(pool, int):
         return
     too_many = {name: gpus for name, gpus in asking.items() if gpus > pool}
@@ -234,19 +251,18 @@ def check_gpu_requests():
 
 def _world_size(each):
     """The ranks of a training rule's job: its GPUs (every node's), or one CPU process per node."""
-    resources = _rule_resources(each)
-    gpus, nodes = resources.get("gpu", 0), resources.get("nodes", 1)
-    if not (isinstance(gpus, int) and isinstance(nodes, int)):
+    per_node, nodes = node_gpus(_rule_resources(each))
+    if not (isinstance(per_node, int) and isinstance(nodes, int)):
         return None  # a callable resource stays unchecked here; the stage checks it
-    return max(gpus // max(nodes, 1), 1) * max(nodes, 1)
+    return max(per_node, 1) * max(nodes, 1)
 
 
 def _grpo_trainer_ranks(each, grpo, world):
     """A GRPO job's trainer ranks and what its placement cannot do: under ``grpo.placement:
     separate`` on GPUs the rollout engine takes ``grpo.rollout_share`` of the node's GPUs
     (agentrl.config.gpu_split) and the trainer the rest, on one node."""
-    resources = _rule_resources(each)
-    gpus, nodes = resources.get("gpu", 0), resources.get("nodes", 1)
+    per_node, nodes = node_gpus(_rule_resources(each))
+    gpus = (per_node or 0) * nodes
     if rollout_placement(grpo) != "separate" or gpus < 1:
         return world, []
     if nodes > 1:
@@ -438,8 +454,8 @@ def cost_resources(w):
     args = []
     for each in workflow.rules:
         if each.name in COST_RULES:
-            gpus = getattr(each.resources.get("gpu"), "value", each.resources.get("gpu"))
+            per_node, nodes = node_gpus(_rule_resources(each))
             threads = getattr(each.resources.get("_cores"), "value", each.resources.get("_cores"))
-            args.append(f"--gpus {each.name}={gpus if isinstance(gpus, int) else 0}")
+            args.append(f"--gpus {each.name}={per_node * nodes if isinstance(per_node, int) else 0}")
             args.append(f"--threads {each.name}={threads if isinstance(threads, int) else 1}")
     return " ".join(args)

@@ -175,8 +175,8 @@ def two_node_submissions() -> dict[str, list[dict]]:
 
 @pytest.mark.parametrize("rule", ["sft", "grpo"])
 def test_a_two_node_training_job_is_one_task_per_node_with_every_node_gpus(two_node_submissions, rule):
-    """AGENTRL_NODES=grpo:2: one sbatch job of 2 nodes, one task each, 16 GPUs (8 on each node of 8), the
-    batch step running the rule's command (the job-step plugin's mpi branch: no srun -n1), and that command
+    """AGENTRL_NODES=grpo:2: one sbatch job of 2 nodes, one task each, 8 GPUs on each node (--gres, per node),
+    the batch step running the rule's command (the job-step plugin's mpi branch: no srun -n1), and that command
     starting one srun task per node with a node's GPUs and CPUs (agentrl.training.launch)."""
     from agentrl.grpo.cli import build_parser as grpo_parser
     from agentrl.sft.cli import build_parser as sft_parser
@@ -184,8 +184,8 @@ def test_a_two_node_training_job_is_one_task_per_node_with_every_node_gpus(two_n
 
     (job,) = two_node_submissions[rule]
     sbatch = _flags(job["sbatch"])
-    assert {"--nodes=2", "--ntasks=2", "--gpus=16", "--cpus-per-gpu=8", "--mem", "-p"} <= set(sbatch), job["sbatch"]
-    assert not any(f.startswith(("--ntasks-per-gpu", "--cpus-per-task", "--gres")) for f in sbatch), job["sbatch"]
+    assert {"--nodes=2", "--ntasks=2", "--gres=gpu:8", "--cpus-per-gpu=8", "--mem", "-p"} <= set(sbatch), job["sbatch"]
+    assert not any(f.startswith(("--ntasks-per-gpu", "--cpus-per-task", "--gpus")) for f in sbatch), job["sbatch"]
     assert job["mpi"] and job["srun"] is None, "the job-step plugin runs the command in the batch step"
     assert job["threads"] == 64, "threads are one node's"
     # the rule's command: the node's 8 GPUs claimed, then the stage with its launch options
@@ -209,6 +209,21 @@ def test_a_two_node_training_job_is_one_task_per_node_with_every_node_gpus(two_n
     torchrun = build_launch_command(module, node, 8, nnodes=2, python="python")
     assert torchrun[:13] == ["python", "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", "1",
                              "--master_addr", "gpu07", "--master_port", str(15000 + 4242), "--nproc_per_node", "8"]  # fmt: skip
+
+
+def test_a_two_node_job_asks_for_the_gpus_of_each_node_not_of_the_job():
+    """4 GPUs per node, two nodes: --gpus=8 would let SLURM place 6 + 2, where each node's step asks for 4."""
+    jobs = _submissions("all", "--profile", "profiles/slurm", "--configfile", PAPER, gpus=4, AGENTRL_NODES="grpo:2")
+    (job,) = jobs["grpo"]
+    sbatch = _flags(job["sbatch"])
+    assert "--nodes=2" in sbatch and "--gres=gpu:4" in sbatch, job["sbatch"]
+    assert not any(f.startswith("--gpus") for f in sbatch), job["sbatch"]
+    assert "-p YOUR_GPU_PARTITION" in job["sbatch"]  # the per-node count fits the partition's max_gpu
+    command = shlex.split(job["command"].split(" 2>&1 |")[0])
+    assert command[:6] == ["python", "-m", "agentrl.devices", "--gpus", "4", "--"], command[:8]
+    assert "--nproc 4 --nodes 2" in job["command"], job["command"]
+    (sft,) = jobs["sft"]  # one node: the job's GPUs, as before
+    assert "--gpus=4" in sft["sbatch"] and "--nodes=1" in sft["sbatch"] and "--gres" not in sft["sbatch"]
 
 
 def test_one_node_jobs_stay_as_they_were_beside_a_two_node_one(two_node_submissions):

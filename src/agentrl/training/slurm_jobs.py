@@ -111,6 +111,16 @@ def refusal(found: list[QueuedJob], results: str, holders: Mapping[str, str]) ->
     )
 
 
+def gres_gpus(gres: str) -> int | None:
+    """The GPUs per node a ``gres`` resource asks for (``gpu:8``, ``gpu:h100:8``, among other gres
+    separated by commas); None when it asks for none. SLURM reads ``--gres`` per node."""
+    for item in gres.split(","):
+        parts = item.strip().split(":")
+        if parts[0] == "gpu" and len(parts) in (2, 3) and parts[-1].isdigit():
+            return int(parts[-1])
+    return None
+
+
 # One line per partition; PreemptMode as `scontrol show partition -o` prints it
 SCONTROL_PARTITIONS = ["scontrol", "show", "partition", "--oneliner"]
 
