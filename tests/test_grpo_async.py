@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.grpo_runs import TINY_RUN, grpo_command, metric_records, write_arith_inputs
+from helpers.grpo_runs import TINY_RUN, grpo_command, metric_records, rollout_process_under, write_arith_inputs
 
 from agentrl.config import check_cross_keys, load_config
 from agentrl.errors import StageInterrupted
@@ -121,20 +121,6 @@ def test_the_gpu_split_gives_the_rollout_engine_its_share_of_the_node():
         engine_layout(two, None)
 
 
-def _separate_run_process(root: Path) -> int | None:
-    """The pid of the rollout process under the GRPO stage started as process group ``root``."""
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-                cmdline = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[2]) == root and b"spawn_main" in cmdline:
-                return int(entry.name)
-    return None
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_separate_placement_trains_as_colocated_and_a_killed_rollout_process_resumes(tmp_path):
@@ -173,7 +159,7 @@ def test_separate_placement_trains_as_colocated_and_a_killed_rollout_process_res
         assert stage.poll() is None, (tmp_path / "separate.log").read_text()[-3000:]
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    victim = _separate_run_process(stage.pid)
+    victim = rollout_process_under(stage.pid)
     assert victim is not None, "no rollout process under the stage"
     os.kill(victim, signal.SIGKILL)
     killed_at = time.monotonic()
@@ -214,3 +200,8 @@ def test_separate_placement_trains_as_colocated_and_a_killed_rollout_process_res
     three = load_file(str(ranks / "rl" / "model.safetensors"))
     for name in one:
         torch.testing.assert_close(three[name], one[name], rtol=1e-4, atol=1e-4, msg=name)
+    # the last checkpoint's model folder is the final model, gathered from both ranks' partitions
+    saved = load_file(str(ranks / "checkpoints" / "step_20" / "model.safetensors"))
+    assert saved.keys() == three.keys()
+    for name, tensor in three.items():
+        torch.testing.assert_close(saved[name], tensor, rtol=0, atol=0, msg=name)

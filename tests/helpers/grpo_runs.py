@@ -117,3 +117,17 @@ def unsaved_grpo_command(model: Path, root: Path, run: Path, **grpo) -> list[str
 def metric_records_so_far(path: Path) -> list[dict]:
     """The records written so far: none before the file exists."""
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def rollout_process_under(root: Path) -> int | None:
+    """The pid of the rollout process under the GRPO stage started as process group ``root``."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[2]) == root and b"spawn_main" in cmdline:
+                return int(entry.name)
+    return None

@@ -7,7 +7,11 @@ A checkpoint of step k is the folder ``<checkpoints>/step_<k>/`` holding
   metric records of steps 0..k and the run fingerprint (what made the run: config, seed,
   process count, input files; built by ``agentrl.grpo.trainer.run_fingerprint``);
 - a Hugging Face model folder (config, safetensors, tokenizer, chat template) beside them, so
-  any checkpoint can be evaluated as it is (``eval.checkpoints`` in the config).
+  any checkpoint can be evaluated as it is (``eval.checkpoints`` in the config);
+- ``rollouts_ahead.pkl`` under ``grpo.max_staleness`` >= 1 with a rollout process: the graded
+  rollouts of the steps after k, made before k was checkpointed (step k + 1's, by version k - 1),
+  which the resumed run trains on as the uninterrupted one did
+  (:meth:`agentrl.grpo.rollout_process.RolloutProcess.rollouts_ahead`).
 
 The Hugging Face files are written first and the ``latest`` pointer moves last (atomically, after
 every rank has written its part), so a job killed while saving resumes from the previous complete
@@ -25,6 +29,7 @@ that differ and the command that starts over (``CheckpointOfAnotherRun``), as SF
 from __future__ import annotations
 
 import logging
+import pickle
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +39,7 @@ import torch
 from agentrl.training import deepspeed_engine as dse
 
 log = logging.getLogger("agentrl.grpo")
+ROLLOUTS_AHEAD = "rollouts_ahead.pkl"
 
 
 def checkpoint_path(root: str | Path, step: int) -> Path:
@@ -52,6 +58,7 @@ def save_checkpoint(
     tokenizer,
     ctx: dse.DistributedContext,
     keep: int | None,
+    rollouts_ahead: Sequence[Any] = (),
 ) -> Path:
     """Write the checkpoint of ``step`` (every rank calls this), ``policy`` (the Hugging Face model
     inside ``engine``) exported as the final model is (:func:`~agentrl.training.deepspeed_engine.
@@ -60,8 +67,20 @@ def save_checkpoint(
 
     def export(folder: Path) -> None:
         dse.write_hf_folder(engine, policy, tokenizer, folder, ctx)
+        if ctx.is_main and rollouts_ahead:
+            with open(folder / ROLLOUTS_AHEAD, "wb") as out:
+                pickle.dump(list(rollouts_ahead), out, protocol=pickle.HIGHEST_PROTOCOL)
 
     return dse.save_checkpoint(engine, Path(root), step, state, ctx, keep, also=export)
+
+
+def rollouts_ahead(root: str | Path, step: int) -> list[Any]:
+    """The rollouts the checkpoint of ``step`` kept for the steps after it (none: roll them out)."""
+    path = checkpoint_path(root, step) / ROLLOUTS_AHEAD
+    if not path.exists():
+        return []
+    with open(path, "rb") as kept:
+        return pickle.load(kept)  # written by this stage into its own checkpoint
 
 
 def resume(

@@ -44,10 +44,11 @@ Faults: a rollout process that dies or raises stops the trainer at its next wait
 second, with its exit code or traceback and the rerun that resumes (``RolloutProcessError``); no
 step is trained on a partial result. The rollout process ignores the stop signals the cluster
 sends the whole job (the trainer finishes its step and checkpoints first) and ends when the
-trainer closes the pipe or exits. Rollouts in flight at a stop or crash are discarded: the
-resumed run rolls out step k + 1 again from the checkpoint of step k, with the checkpoint's
-weights, so under ``max_staleness`` 1 its first step is on-policy where the uninterrupted run's
-was one step off (the trajectories differ; staleness is in the run fingerprint).
+trainer closes the pipe or exits. The checkpoint of step k keeps the rollouts already asked
+beyond it (:meth:`RolloutProcess.rollouts_ahead`: under ``max_staleness`` 1, step k + 1's, complete
+once version k was pushed, made by version k - 1), and the run resumed from it trains on them
+and goes on from there, so a one-step-off run killed anywhere (trainer or rollout process) ends as
+the uninterrupted one. Rollouts in flight past the checkpoint are discarded and made again.
 """
 
 from __future__ import annotations
@@ -343,11 +344,45 @@ class RolloutProcess:
             raise
 
     # ------------------------------------------------------------------ what the trainer asks
-    def begin(self, start: int, sampler_state: dict[str, Any]) -> None:
-        """Start after step ``start`` with the trainer's weights (version ``start``) and sampler state."""
+    def begin(self, start: int, sampler_state: dict[str, Any], ahead: list[list[tuple]] = ()) -> None:
+        """Start after step ``start`` with the trainer's weights (version ``start``) and sampler state.
+
+        ``ahead``: the answers of the steps after ``start`` that the checkpoint of step ``start``
+        kept (:meth:`rollouts_ahead`, each engine's): they are answered as they were, and the rollout
+        processes go on after them, from the sampler state the last one left, so a resumed
+        one-step-off run trains on the rollouts of the uninterrupted one.
+        """
         self.publish(start)
-        self._send_all("sampler", sampler_state, start + 1)
-        self.next_step = start + 1
+        if ahead and len(ahead[0]) != len(self.children):
+            log.warning(
+                "the checkpoint of step %d kept the rollouts of %d engine(s), this run has %d: they roll out again",
+                start,
+                len(ahead[0]),
+                len(self.children),
+            )
+            ahead = ()
+        first = start + 1
+        for answers in ahead:
+            assert all(a[0] == "rolled" and a[1] == first for a in answers), f"kept answers not of step {first}"
+            for child, answer in zip(self.children, answers):
+                child.inbox.append(answer)
+            sampler_state, first = answers[0][4], first + 1
+        self._send_all("sampler", sampler_state, first)
+        self.next_step = first
+
+    def rollouts_ahead(self, step: int) -> list[list[tuple]]:
+        """The answers of the steps asked beyond ``step`` (up to ``grpo.max_staleness``), each
+        engine's, waited for and kept for :meth:`rollouts`: what the checkpoint of step ``step``
+        holds so that the run resumed from it trains on the same rollouts (:meth:`begin`). With
+        ``max_staleness`` 1 step ``step + 1``'s are already here: the push of version ``step``
+        waited for the rollout that made them."""
+        ahead = [
+            [self._take(child, "rolled", f"step {later}'s rollouts") for child in self.children]
+            for later in range(step + 1, self.next_step or step + 1)
+        ]
+        for index, child in enumerate(self.children):
+            child.inbox[:0] = [answers[index] for answers in ahead]
+        return ahead
 
     def rollouts(self, step: int) -> RolloutResult:
         """Step ``step``'s graded groups (every engine's, in step order); asks for the following
@@ -435,8 +470,11 @@ class RolloutPeer:
             timeout_s=cfg.grpo.collective_timeout_minutes * 60,
         )
 
-    def begin(self, start: int, sampler_state: dict[str, Any]) -> None:
+    def begin(self, start: int, sampler_state: dict[str, Any], ahead: list[list[tuple]] = ()) -> None:
         self.publish(start)
+
+    def rollouts_ahead(self, step: int) -> list[list[tuple]]:
+        return []  # rank 0 keeps them
 
     def rollouts(self, step: int) -> RolloutResult:
         timing, sampler_state, version = share_with_peers(self.ctx, None)

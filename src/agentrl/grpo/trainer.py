@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from agentrl.config import Config, rollout_placement
-from agentrl.grpo.checkpoint import resume, save_checkpoint
+from agentrl.grpo.checkpoint import resume, rollouts_ahead, save_checkpoint
 from agentrl.grpo.collection import rollout_parts
 from agentrl.grpo.distributed import barrier
 from agentrl.grpo.metrics import console_line
@@ -75,6 +75,7 @@ NOT_IN_FINGERPRINT = {
     "grpo": (
         "save_freq",
         "save_every_minutes",
+        "save_before_end_minutes",
         "collective_timeout_minutes",
         "keep_checkpoints",
         "rollout_queue",  # which rank rolls out a group: the same trajectories on any
@@ -303,7 +304,9 @@ def _train(cfg: Config, paths: GrpoPaths, stop) -> int:
             process = stack.enter_context(
                 contextlib.closing(start_rollout_process(cfg, paths, parts, eval_sets, steps))
             )
-            process.begin(start, sampler.state_dict())
+            process.begin(
+                start, sampler.state_dict(), rollouts_ahead(paths.checkpoints, start) if start and ctx.is_main else []
+            )
             parts.rollout_process = process
         loop = TrainingLoop(
             "grpo",
@@ -315,6 +318,7 @@ def _train(cfg: Config, paths: GrpoPaths, stop) -> int:
             metrics=paths.metrics,
             checkpoint_dir=paths.checkpoints,
             save_every_minutes=cfg.grpo.save_every_minutes,
+            save_before_end_minutes=cfg.grpo.save_before_end_minutes,
             tracking=cfg.tracking,
             run_config=dataclasses.asdict(cfg),
             echo=lambda r: log.info(console_line(r, steps)),
@@ -375,6 +379,7 @@ def _run_steps(
             metrics=records,
             policy=policy,
             tokenizer=tokenizer,
+            rollouts_ahead=parts.rollout_process.rollouts_ahead(step) if parts.rollout_process is not None else (),
             ctx=ctx,
             keep=cfg.grpo.keep_checkpoints,
         )
