@@ -33,7 +33,7 @@ AS_RELEASED_OPTIONS = [
     ("rollout", "overlong_prompts", "error"),
     ("rollout", "max_model_len", "upstream"),
     ("sft", "loss_mask_alignment", "input"),
-    ("sft", "loss_weighting", "micro_batch_mean"),
+    ("sft", "loss_weighting", "micro_batch_sum"),
     ("grpo", "loss_weighting", "micro_batch_share"),
     ("grpo", "epoch_end", "drop_last"),
 ]

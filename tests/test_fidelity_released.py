@@ -298,7 +298,7 @@ def test_sft_weighs_each_prediction_by_its_input_tokens_mask_as_released(policy)
 
 
 @pytest.mark.parametrize(
-    "targets, step_tokens, micro_batch_mean",
+    "targets, step_tokens, micro_batch_mean, micro_batch_sum",
     [
         # one rank, micro-batches of 1 and 3 trained tokens: (NLL_a + NLL_b) / 4 vs (NLL_a / 1 + NLL_b / 3) / 2
         ([[1, 3]], [[1 / 4, 1 / 4]], [[1 / 2, 1 / 6]]),
@@ -306,10 +306,11 @@ def test_sft_weighs_each_prediction_by_its_input_tokens_mask_as_released(policy)
         ([[1], [3]], [[2 / 4], [2 / 4]], [[2 / 2], [2 / 6]]),
     ],
 )
-def test_sft_micro_batch_weighting_as_released(targets, step_tokens, micro_batch_mean):
+def test_sft_micro_batch_weighting_as_released(targets, step_tokens, micro_batch_mean, micro_batch_sum):
     from agentrl.sft.trainer import micro_batch_loss_scales
 
-    for weighting, expected in (("step_tokens", step_tokens), ("micro_batch_mean", micro_batch_mean)):
+    weightings = {"step_tokens": step_tokens, "micro_batch_mean": micro_batch_mean, "micro_batch_sum": micro_batch_sum}
+    for weighting, expected in weightings.items():
         got = micro_batch_loss_scales(targets, weighting)
         assert [len(rank) for rank in got] == [len(rank) for rank in expected]
         assert sum(got, []) == pytest.approx(sum(expected, [])), weighting

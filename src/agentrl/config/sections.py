@@ -228,7 +228,7 @@ class SftConfig:
     max_length: int
     truncation: Literal["right", "error"]
     loss_mask_alignment: Literal["target", "input"]
-    loss_weighting: Literal["step_tokens", "micro_batch_mean"]
+    loss_weighting: Literal["step_tokens", "micro_batch_mean", "micro_batch_sum"]
     lr: float
     lr_schedule: Literal["cosine", "constant"]
     warmup_ratio: float

@@ -7,8 +7,9 @@ conversations, right truncation at ``max_length``, bf16 on GPU; loss on assistan
 Deliberate departures from upstream (verl's SFT trainer), with reasons:
 - Loss (``sft.loss_weighting: step_tokens``) = summed next-token NLL over the trained tokens of
   the whole optimizer step divided by their count (token mean over the global batch). Upstream
-  (``micro_batch_mean``, :func:`micro_batch_loss_scales`) averages per micro-batch and then over
-  micro-batches and ranks, which weighs a token by the size of the micro-batch it landed in; with
+  (``micro_batch_sum``, :func:`micro_batch_loss_scales`) sums the micro-batches' token means over
+  a rank and averages over ranks, which weighs a token by the size of the micro-batch it landed in
+  and scales the gradient by the micro-batches per rank (which ``grad_clip`` then sees); with
   token-budget micro-batches that weighting would change with packing. With ``step_tokens``
   packing and the number of processes cannot change the gradient (tests/test_sft_distributed.py
   checks 1 vs 2 processes).
@@ -179,15 +180,20 @@ def micro_batch_loss_scales(targets: list[list[int]], weighting: str) -> list[li
     N = sum of all targets. DeepSpeed averages gradients over the ranks, hence the factor W.
 
     - ``step_tokens``: ``W / N``, the step's loss is ``sum_b NLL_b / N`` (one token mean).
-    - ``micro_batch_mean`` (upstream's fsdp_sft_trainer: each micro-batch's token mean, divided by
-      the micro-batches per rank, averaged over ranks): ``W / (M n_b)``, the loss
-      ``(1/M) sum_b NLL_b / n_b`` with n_b micro-batch b's targets (at least 1: upstream adds 1e-8).
+    - ``micro_batch_mean``: ``W / (M n_b)``, the loss ``(1/M) sum_b NLL_b / n_b`` with n_b micro-batch
+      b's targets (at least 1: upstream adds 1e-8).
+    - ``micro_batch_sum`` (upstream's fsdp_sft_trainer: ``backward`` on each micro-batch's token
+      mean; its division by the micro-batch count comes after, for the logged loss only; FSDP
+      averages over ranks): ``1``/n_b, the gradient of ``(1/W) sum_b NLL_b / n_b``, ``M / W``
+      times ``micro_batch_mean``'s (4 for the paper's 4 micro-batches per rank) before clipping.
     """
     world = len(targets)
     if weighting == "step_tokens":
         total = max(sum(sum(rank) for rank in targets), 1)
         return [[world / total for _ in rank] for rank in targets]
-    assert weighting == "micro_batch_mean", f"sft.loss_weighting must be step_tokens or micro_batch_mean: {weighting!r}"
+    if weighting == "micro_batch_sum":
+        return [[1 / max(n, 1) for n in rank] for rank in targets]
+    assert weighting == "micro_batch_mean", f"sft.loss_weighting: unknown weighting {weighting!r}"
     count = sum(len(rank) for rank in targets)
     return [[world / (count * max(n, 1)) for n in rank] for rank in targets]
 
