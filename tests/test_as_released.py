@@ -27,6 +27,8 @@ AS_RELEASED_OPTIONS = [
     ("reward", "code_block", "upstream"),
     ("reward", "functional_tests", "upstream"),
     ("reward", "stdio_tests", "upstream"),
+    ("reward", "code_ground_truth", "literal_eval"),
+    ("reward", "empty_fn_name", "upstream"),
     ("reward", "invalid_ground_truth", "score"),
     ("rollout", "tool_call_parsing", "upstream"),
     ("rollout", "tool_turn_framing", "upstream"),

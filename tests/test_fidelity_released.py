@@ -5,6 +5,7 @@ project's value for the same case. ``presets/paper-as-released.yaml`` sets every
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -36,7 +37,9 @@ def sandbox(released):
 
 
 def _score(cfg, sandbox, truth, answer: str, source: str = "train-code-taco-easy") -> float:
-    problem = Problem("c1", source, [], "code", truth)
+    # a code row's ground truth as the RL file stores it, JSON text (reward.code_ground_truth reads it)
+    stored = json.dumps(truth) if isinstance(truth, dict) and "code" in source else truth
+    problem = Problem("c1", source, [], "code", stored)
     return RewardFunction(cfg.reward, sandbox).score(problem, answer, response_length=100, num_tool_calls=1).score
 
 
@@ -69,7 +72,8 @@ FUNCTIONAL_CASES = [
     (["1\n2\n"], ["3"], "def solve(a, b):\n    return a + b", 1.0, 0.0),
     # upstream prints the result (json.dumps for list/bool) and compares with str(expected)
     (["[1, 2]"], [[3]], "def solve(xs):\n    return sum(xs)", 1.0, 0.0),  # "3" != str([3]) = "[3]"
-    (["1\n2"], [True], "def solve(a, b):\n    return a < b", 1.0, 0.0),  # "true" != str(True) = "True"
+    # JSON's true is no Python literal: check_correctness's ast.literal_eval raises, -1 shaped to -1.1
+    (["1\n2"], [True], "def solve(a, b):\n    return a < b", 1.0, -1.1),
     (["1\n2"], ["true"], "def solve(a, b):\n    return a < b", 1.0, 1.0),
     (["[1, 2]"], [[1, 2]], "def solve(xs):\n    return xs", 1.0, 1.0),  # json.dumps([1, 2]) = str([1, 2])
     (['["a"]'], [["a"]], "def solve(xs):\n    return xs", 1.0, 0.0),  # '["a"]' != "['a']"
@@ -300,10 +304,14 @@ def test_sft_weighs_each_prediction_by_its_input_tokens_mask_as_released(policy)
 @pytest.mark.parametrize(
     "targets, step_tokens, micro_batch_mean, micro_batch_sum",
     [
-        # one rank, micro-batches of 1 and 3 trained tokens: (NLL_a + NLL_b) / 4 vs (NLL_a / 1 + NLL_b / 3) / 2
-        ([[1, 3]], [[1 / 4, 1 / 4]], [[1 / 2, 1 / 6]]),
-        # two ranks, one micro-batch each: upstream's rank losses NLL / n, averaged by the all-reduce (x W here)
-        ([[1], [3]], [[2 / 4], [2 / 4]], [[2 / 2], [2 / 6]]),
+        # one rank, micro-batches of 1 and 3 trained tokens: (NLL_a + NLL_b) / 4 vs (NLL_a / 1 + NLL_b / 3) / 2;
+        # upstream's backward on each token mean: NLL_a / 1 + NLL_b / 3 (its "/ n_micro_batches" is after it)
+        ([[1, 3]], [[1 / 4, 1 / 4]], [[1 / 2, 1 / 6]], [[1, 1 / 3]]),
+        # two ranks, one micro-batch each: upstream's rank losses NLL / n, averaged by the all-reduce (x W here,
+        # DeepSpeed averages too)
+        ([[1], [3]], [[2 / 4], [2 / 4]], [[2 / 2], [2 / 6]], [[1], [1 / 3]]),
+        # two ranks of two micro-batches: the sum is 2x the mean (the paper's 4 micro-batches per rank: 4x)
+        ([[2, 2], [4, 4]], [[2 / 12] * 2, [2 / 12] * 2], [[2 / 8] * 2, [2 / 16] * 2], [[1 / 2] * 2, [1 / 4] * 2]),
     ],
 )
 def test_sft_micro_batch_weighting_as_released(targets, step_tokens, micro_batch_mean, micro_batch_sum):

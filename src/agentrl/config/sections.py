@@ -171,6 +171,8 @@ class RewardConfig:
     code_block: Literal["project", "upstream"]
     functional_tests: Literal["project", "upstream"]
     stdio_tests: Literal["project", "upstream"]
+    code_ground_truth: Literal["json", "literal_eval"]
+    empty_fn_name: Literal["stdio", "upstream"]
     invalid_ground_truth: Literal["error", "score"]
     overlong: OverlongConfig
     tool_call_shaping: ToolCallShapingConfig

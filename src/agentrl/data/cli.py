@@ -8,11 +8,11 @@ from pathlib import Path
 
 from agentrl.config import Config, RewardConfig, add_config_arguments, config_from_args
 from agentrl.data import prompt_fit, upstream
-from agentrl.data.records import check_problems, write_records
+from agentrl.data.records import write_records
 from agentrl.hub import check_sources
 from agentrl.model.folder import check_model_folder
 from agentrl.paths import check_writable
-from agentrl.rewards.ground_truth import check_ground_truths
+from agentrl.rewards.ground_truth import checked_problems
 from agentrl.stage_cli import setup_logging, stage_parser
 
 log = logging.getLogger("agentrl.prepare_data")
@@ -66,28 +66,45 @@ def prepare(cfg: Config, sft_out: Path, rl_out: Path, eval_dir: Path) -> dict[st
         dataset = _embedded(cfg)
         sft, rl_pool, eval_sets = dataset.sft, dataset.rl_pool, dataset.eval_sets
     else:
-        up = cfg.data.upstream
-        sft_rows = upstream.read_rows(up.sft, up.max_sft_rows, "data.upstream.sft")
-        sft = upstream.normalize_sft(sft_rows, upstream.source_name(up.sft), up.sft_tool_arguments)
-        rl_rows = upstream.read_rows(up.rl, up.max_rl_rows, "data.upstream.rl")
-        rl_pool = upstream.normalize_rl(rl_rows, upstream.source_name(up.rl), up.rl_prompt_wrapping)
-        eval_sets = {
-            name: upstream.normalize_eval(
-                name, upstream.read_rows(source, key=f"data.upstream.eval.{name}"), upstream.source_name(source)
-            )
-            for name, source in up.eval.items()
-        }
+        sft, rl_pool, eval_sets = _upstream(cfg)
     problem_sets = {"rl_pool": rl_pool, **{f"eval/{k}": v for k, v in eval_sets.items()}}
-    for name, problems in problem_sets.items():
-        check_problems(problems, name)
-        check_ground_truths(problems, name)  # what each row's verifier needs more
+    kept = {}
+    for name, problems in problem_sets.items():  # the shared checks, each row's verifier's and its tests'
+        problem_sets[name], kept[name] = checked_problems(problems, name, cfg.reward)
     routes = route_sources(problem_sets, cfg.reward)
     log.info("reward routing (data_source -> verifier family, rows): %s", json.dumps(routes, sort_keys=True))
+    for name, kinds in kept.items():
+        if kinds:
+            log.warning(
+                "%s: kept %d row(s) the project's checks refuse, graded as upstream grades them "
+                "(reward.invalid_ground_truth: score; each marked in extra.kept_as_released), by kind: %s",
+                name,
+                sum(kinds.values()),
+                json.dumps(kinds, ensure_ascii=False),
+            )
     write_records(sft, sft_out)
-    write_records(rl_pool, rl_out)
-    for name, problems in eval_sets.items():
-        write_records(problems, eval_dir / f"{name}.parquet")
-    return {"sft": len(sft), "rl_pool": len(rl_pool), **{f"eval/{k}": len(v) for k, v in eval_sets.items()}}
+    write_records(problem_sets["rl_pool"], rl_out)
+    for name in eval_sets:
+        write_records(problem_sets[f"eval/{name}"], eval_dir / f"{name}.parquet")
+    counts = {"sft": len(sft), **{name: len(problems) for name, problems in problem_sets.items()}}
+    return counts | {f"kept_as_released/{name}": sum(kinds.values()) for name, kinds in kept.items() if kinds}
+
+
+def _upstream(cfg: Config):
+    """The released SFT, RL and eval files, normalized (:mod:`agentrl.data.upstream`)."""
+    up, reward = cfg.data.upstream, cfg.reward
+    keep, raw_code = reward.invalid_ground_truth == "score", reward.code_ground_truth == "literal_eval"
+    sft_rows = upstream.read_rows(up.sft, up.max_sft_rows, "data.upstream.sft")
+    sft = upstream.normalize_sft(sft_rows, upstream.source_name(up.sft), up.sft_tool_arguments)
+    rl_rows = upstream.read_rows(up.rl, up.max_rl_rows, "data.upstream.rl")
+    rl_pool = upstream.normalize_rl(rl_rows, upstream.source_name(up.rl), up.rl_prompt_wrapping, raw_code, keep)
+    eval_sets = {
+        name: upstream.normalize_eval(
+            name, upstream.read_rows(source, key=f"data.upstream.eval.{name}"), upstream.source_name(source), keep
+        )
+        for name, source in up.eval.items()
+    }
+    return sft, rl_pool, eval_sets
 
 
 def main(argv: list[str]) -> int:

@@ -23,6 +23,10 @@ from agentrl.errors import DataFormatError
 
 Message = dict[str, Any]
 PROBLEM_COLUMNS = ("id", "data_source", "prompt", "ability", "ground_truth", "extra")
+# The ``extra`` key of a row whose ground truth these checks refuse but which prepare-data kept,
+# because the config grades such rows as upstream does (reward.invalid_ground_truth: score); its
+# value says what the check found. The stages that read the file take it as it is.
+KEPT_AS_RELEASED = "kept_as_released"
 SFT_COLUMNS = ("id", "messages", "tools")
 
 
@@ -212,10 +216,13 @@ def problem_fault(problem: Problem) -> tuple[str, str] | None:
     without a non-empty user turn, an empty ground truth, code tests whose inputs and outputs
     differ in number. Checked when the data is prepared and again whenever a file is read; what a
     particular verifier needs more (a multiple-choice letter among the prompt's options) is
-    :mod:`agentrl.rewards.ground_truth`'s, checked by the stages that grade."""
+    :mod:`agentrl.rewards.ground_truth`'s, checked by the stages that grade. The ground truth of a
+    row marked :data:`KEPT_AS_RELEASED` is not checked."""
     users = [m.get("content") for m in problem.prompt if m.get("role") == "user"]
     if not any(isinstance(content, str) and content.strip() for content in users):
         return "prompt", "no user message with text (an empty prompt)"
+    if problem.extra.get(KEPT_AS_RELEASED):
+        return None
     truth = problem.ground_truth
     if isinstance(truth, str) and not truth.strip():
         return "ground_truth", "empty (nothing to grade against)"

@@ -8,7 +8,11 @@ Sources are a Hugging Face hub dataset id plus a file inside it and a revision
 Normalization applies the recipe's prompt templates (section 2): AIME and GPQA wrappings,
 LiveCodeBench's stdin/stdout instructions, and the per-data-source wrapping of RL rows. Every
 problem raises :class:`DataFormatError` naming the file, the row and the column, so a broken
-row is found without guessing; nothing is dropped silently.
+row is found without guessing; nothing is dropped silently. Two reward keys reach back here:
+``reward.code_ground_truth: literal_eval`` keeps a code ground truth as the file stores it (upstream's
+code_math grades ``str()`` of it), and ``reward.invalid_ground_truth: score`` keeps a code or GPQA
+answer the project refuses as upstream reads it; prepare-data then marks and counts such rows
+(:func:`agentrl.rewards.ground_truth.checked_problems`).
 
 SFT tool calls whose ``arguments`` the file stores as a JSON string are decoded
 (``data.upstream.sft_tool_arguments: parsed``, a deliberate departure), so the chat template
@@ -198,13 +202,26 @@ def normalize_sft(rows: list[dict[str, Any]], origin: str, tool_arguments: str =
 
 
 # --------------------------------------------------------------------------- RL pool
-def _ground_truth(row: _Row, data_source: str, value: Any) -> str | dict[str, Any]:
+def _ground_truth(row: _Row, data_source: str, value: Any, raw_code: bool, keep: bool) -> str | dict[str, Any]:
+    """A row's ground truth; a code one decoded from JSON unless ``raw_code`` (upstream's code_math
+    grades ``str()`` of what the file stores), or kept as stored when ``keep`` and it is no JSON
+    object of tests (the grader scores it as upstream does)."""
     if "code" in data_source.lower():
-        truth = row.json("reward_model", value)
+        stored = value if isinstance(value, str | dict) else str(value)
+        if raw_code:
+            return stored
+        try:
+            truth = row.json("reward_model", value)
+        except DataFormatError:
+            if keep:
+                return stored
+            raise
+        has_io = isinstance(truth, dict) and "inputs" in truth and "outputs" in truth
+        has_check = isinstance(truth, dict) and "test_code" in truth and "entry_point" in truth
+        if keep and not (has_io or has_check):
+            return stored
         if not isinstance(truth, dict):
             raise row.error("reward_model", "code ground_truth must be a JSON object")
-        has_io = "inputs" in truth and "outputs" in truth
-        has_check = "test_code" in truth and "entry_point" in truth
         if not (has_io or has_check):
             raise row.error("reward_model", "code ground_truth needs inputs/outputs or entry_point/test_code")
         return truth
@@ -229,8 +246,11 @@ def _rl_wrapper(rows: list[dict[str, Any]], origin: str, wrapping: str):
     return prompts.rl_file_wrapper(first)
 
 
-def normalize_rl(rows: list[dict[str, Any]], origin: str, wrapping: str = "per_row") -> list[Problem]:
-    """RL-pool rows -> problems; ``wrapping`` is ``data.upstream.rl_prompt_wrapping``."""
+def normalize_rl(
+    rows: list[dict[str, Any]], origin: str, wrapping: str = "per_row", raw_code: bool = False, keep: bool = False
+) -> list[Problem]:
+    """RL-pool rows -> problems; ``wrapping`` is ``data.upstream.rl_prompt_wrapping``, ``raw_code``
+    ``reward.code_ground_truth: literal_eval`` and ``keep`` ``reward.invalid_ground_truth: score``."""
     wrap = _rl_wrapper(rows, origin, wrapping)
     problems = []
     for row in _iter_rows(rows, origin):
@@ -254,7 +274,7 @@ def normalize_rl(rows: list[dict[str, Any]], origin: str, wrapping: str = "per_r
                 data_source=data_source,
                 prompt=[{"role": "user", "content": wrap(content, data_source)}],
                 ability=str(row.row.get("ability") or ""),
-                ground_truth=_ground_truth(row, data_source, reward_model["ground_truth"]),
+                ground_truth=_ground_truth(row, data_source, reward_model["ground_truth"], raw_code, keep),
                 extra=extra if isinstance(extra, dict) else {"extra_info": extra},
             )
         )
@@ -280,33 +300,35 @@ def _aime(row: _Row, problem_col: str, answer_col: str) -> tuple[str, Any, str]:
     return prompts.aime_prompt(_question(row, problem_col)), str(row.get(answer_col, (str, int))), "math"
 
 
-def _aime2024(row: _Row):
+def _aime2024(row: _Row, keep: bool):
     return _aime(row, "Problem", "Answer")
 
 
-def _aime2025(row: _Row):
+def _aime2025(row: _Row, keep: bool):
     return _aime(row, "problem", "answer")
 
 
-def _gpqa(row: _Row):
-    letter = row.get("solution", str).strip()
-    if letter not in ("A", "B", "C", "D"):
+def _gpqa(row: _Row, keep: bool):
+    """``keep``: the answer as upstream's ``str(answer)``, whatever it is (the grading stages mark it)."""
+    letter = str(row.get("solution")) if keep else row.get("solution", str).strip()
+    if letter not in ("A", "B", "C", "D") and not keep:
         raise row.error("solution", f"expected one letter A-D, got {letter!r}")
     return prompts.gpqa_prompt(_question(row, "problem"), row.get("domain", str)), letter, "science"
 
 
-def _livecodebench(row: _Row):
+def _livecodebench(row: _Row, keep: bool):
     reward_model = row.json("reward_model")
     truth = reward_model.get("ground_truth") if isinstance(reward_model, dict) else None
     truth = row.json("reward_model", truth) if isinstance(truth, str) else truth
-    if not isinstance(truth, dict) or not truth.get("inputs") or "outputs" not in truth:
+    # upstream's map_lcb indexes both lists for the prompt; an empty one is graded (-1) when kept
+    if not isinstance(truth, dict) or not (keep or truth.get("inputs")) or not {"inputs", "outputs"} <= truth.keys():
         raise row.error("reward_model", "expected ground_truth.inputs / ground_truth.outputs")
     # Upstream's map_lcb writes str() of the whole ground_truth.inputs / .outputs lists.
     content = prompts.lcb_prompt(_question(row, "problem"), truth["inputs"], truth["outputs"])
     return content, truth, "code"
 
 
-EVAL_LOADERS: dict[str, tuple[str, Callable[[_Row], tuple[str, Any, str]]]] = {
+EVAL_LOADERS: dict[str, tuple[str, Callable[[_Row, bool], tuple[str, Any, str]]]] = {
     "aime2024": ("AIME2024", _aime2024),
     "aime2025": ("AIME2025", _aime2025),
     "gpqa_diamond": ("gpqa_diamond", _gpqa),
@@ -314,13 +336,15 @@ EVAL_LOADERS: dict[str, tuple[str, Callable[[_Row], tuple[str, Any, str]]]] = {
 }
 
 
-def normalize_eval(benchmark: str, rows: list[dict[str, Any]], origin: str) -> list[Problem]:
+def normalize_eval(benchmark: str, rows: list[dict[str, Any]], origin: str, keep: bool = False) -> list[Problem]:
+    """Eval rows -> problems; ``keep`` (``reward.invalid_ground_truth: score``) keeps an answer
+    the project refuses as upstream reads it."""
     if benchmark not in EVAL_LOADERS:
         raise DataFormatError(f"{origin}: no loader for benchmark {benchmark!r}; known: {sorted(EVAL_LOADERS)}")
     default_source, loader = EVAL_LOADERS[benchmark]
     problems = []
     for row in _iter_rows(rows, origin):
-        content, truth, ability = loader(row)
+        content, truth, ability = loader(row, keep)
         data_source = row.row.get("data_source") or default_source
         # Keep the file's own metadata (LiveCodeBench's question_id, dates): the official
         # evaluator matches submissions by it.

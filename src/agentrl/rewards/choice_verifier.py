@@ -1,9 +1,11 @@
 """Multiple choice (GPQA-Diamond, the embedded ``choice`` task): the boxed option letter.
 
 ``reward.choice_mode: exact`` is upstream: GPQA is graded with the same strict box check as
-math, the last ``\\boxed{...}`` in the last 100 characters must equal the letter exactly, so
-``\\boxed{(B)}`` or ``\\boxed{b}`` score -1 (the paper presets). ``choice_mode: letter`` (the
-embedded default) is a deliberate departure: the box's content is reduced to a letter first, tolerating
+math, the last ``\\boxed{...}`` in the last 100 characters must equal the ground truth's text
+exactly, so ``\\boxed{(B)}`` or ``\\boxed{b}`` score -1 (the paper presets); a ground truth that
+is no letter among the options (kept by the as-released overlay) is compared the same way.
+``choice_mode: letter`` (the embedded default) is a deliberate departure: the box's content is
+reduced to a letter first, tolerating
 ``\\boxed{B}``, ``\\boxed{(B)}``, ``\\boxed{\\text{B}}``, ``\\boxed{\\textbf{B}}``,
 ``\\boxed{B.}``, ``\\boxed{[B]}`` and lower case, because the prompt asks for "the final
 uppercase letter option" and a wrapper around the right letter is not a wrong answer. Anything
@@ -19,6 +21,7 @@ from typing import Any
 from agentrl.config import RewardConfig
 from agentrl.rewards.base import InvalidGroundTruthError, PendingVerdict, Verdict
 from agentrl.rewards.boxed import last_boxed_content, strict_tail
+from agentrl.rewards.math_verifier import answer_string
 
 _WRAPPER = re.compile(r"^\\(?:text|textbf|mathrm|mathbf|mathit|textrm)\s*\{(.*)\}$", re.DOTALL)
 _BRACKETS = (("(", ")"), ("[", "]"), ("{", "}"))
@@ -86,7 +89,11 @@ class ChoiceVerifier:
         self.mode = cfg.choice_mode
 
     def prepare(self, response: str, ground_truth: Any) -> PendingVerdict:
-        expected = ground_truth_letter(ground_truth)
+        # exact is math_dapo's strict box: the box must equal the ground truth's text, whatever it
+        # holds (a letter without an option, an empty answer: rows the as-released overlay keeps)
+        expected = (
+            answer_string(ground_truth, self.family) if self.mode == "exact" else ground_truth_letter(ground_truth)
+        )
         boxed = last_boxed_content(strict_tail(response, self.tail_chars))
         if self.mode == "exact":
             letter = boxed if boxed is not None and boxed == expected else None

@@ -4,9 +4,12 @@ Recipe (docs/recipe.md section 4): the last fenced python block of the response 
 it is graded against the row's tests in the sandbox, one sandbox run per case with a per-case
 timeout (``reward.code_case_timeout_s``; upstream: 30 s). Score = fraction of cases passed,
 ``acc`` = all passed, -1 when there is no code block, the code does not parse or a functional
-answer lacks its entry point. Three kinds of tests (the ground truth is a dict, or its JSON
-string; ``inputs`` / ``outputs`` are lists, or their Python spelling as a string, read with
-``ast.literal_eval`` as SandboxFusion's ``check_correctness`` reads it):
+answer lacks its entry point; with ``reward.invalid_ground_truth: score`` the answer is read
+before the tests, as code_math reads it, so those -1 come first whatever the ground truth holds.
+Three kinds of tests (the ground truth is a dict, or its JSON string, or under
+``reward.code_ground_truth: literal_eval`` the text upstream reads with ``ast.literal_eval``:
+:mod:`agentrl.rewards.code_truth`; ``inputs`` / ``outputs`` are lists, or their Python spelling
+as a string, read with ``ast.literal_eval`` as SandboxFusion's ``check_correctness`` reads it):
 
 - stdin/stdout ``{"inputs": [...], "outputs": [...]}``: the program reads the case's input on
   stdin; it passes when it exits cleanly and ``stdout.rstrip("\\n")`` equals the expected
@@ -30,7 +33,9 @@ string; ``inputs`` / ``outputs`` are lists, or their Python spelling as a string
   The return value travels back as JSON (tuples become lists) and is compared on the host:
   equal to the expected value, or to the single element of a one-element expected list (the
   APPS/TACO convention of wrapping outputs). ``reward.functional_tests: upstream`` grades as
-  SandboxFusion's ``fn_name`` wrapper instead (:class:`UpstreamFunctionalTests`).
+  SandboxFusion's ``fn_name`` wrapper instead (:class:`UpstreamFunctionalTests`). A ``fn_name``
+  that is null or empty gives stdin/stdout tests; ``reward.empty_fn_name: upstream`` runs them
+  only for an answer holding ``class Solution`` (-1 otherwise: code_math's rewrite finds no function).
 - LeetCode ``{"entry_point", "import_prefix", "test_code"}``: credit per assert, as upstream:
   ``test_code`` is split into its non-empty lines; the first (``def check(candidate):``) joined
   with each later line is one case (``check`` with one assert, called on ``entry_point``), and
@@ -65,6 +70,14 @@ from typing import TYPE_CHECKING, Any
 from agentrl.config import RewardConfig
 from agentrl.rewards import leetcode_harness
 from agentrl.rewards.base import InvalidGroundTruthError, Job, PendingVerdict, Verdict
+from agentrl.rewards.code_truth import (
+    as_sent,
+    boxed_text_verdict,
+    case_list,
+    ground_truth_text,
+    is_boxed_route,
+    read_code_truth,
+)
 from agentrl.rewards.leetcode_harness import PASSED as LEETCODE_PASSED
 
 if TYPE_CHECKING:
@@ -162,13 +175,22 @@ def extract_code(response: str, code_block: str = "project") -> str | None:
 
 
 # --------------------------------------------------------------------------- test kinds
+def _class_solution_guard(reason: str | None, code: str) -> str | None:
+    """``reason`` when the tests run only an answer holding ``class Solution`` and ``code`` does not."""
+    return reason if reason and "class Solution" not in code else None
+
+
 @dataclass(frozen=True)
 class StdioTests:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
+    class_solution_only: str | None = None  # see CodeTruth.class_solution_only and reward.empty_fn_name
 
     def __len__(self) -> int:
         return len(self.inputs)
+
+    def unrunnable(self, code: str, tree: ast.Module) -> str | None:
+        return _class_solution_guard(self.class_solution_only, code)
 
     def jobs(self, code: str) -> list[Job]:
         return [(code, stdin) for stdin in self.inputs]
@@ -184,6 +206,7 @@ class FunctionalTests:
     fn_name: str
     args: tuple[list[Any], ...]
     outputs: tuple[Any, ...]
+    class_solution_only: str | None = None
 
     def __len__(self) -> int:
         return len(self.args)
@@ -205,6 +228,8 @@ class FunctionalTests:
 
     def unrunnable(self, code: str, tree: ast.Module) -> str | None:
         """Why upstream would score ``code`` -1 before running it, or None (its rewrite's test)."""
+        if reason := _class_solution_guard(self.class_solution_only, code):
+            return reason
         if "class Solution" in code:
             return None
         if any(isinstance(node, ast.FunctionDef) and node.name == self.fn_name for node in tree.body):
@@ -243,7 +268,7 @@ class UpstreamFunctionalTests(FunctionalTests):
         harness = _UPSTREAM_FUNCTIONAL_HARNESS.format(
             prelude=FUNCTIONAL_PRELUDE, source=code, fn_name=self.fn_name, marker=RESULT_MARKER
         )
-        return [(harness, None if value is None else str(value)) for value in self.args]
+        return [(harness, None if value is None else as_sent(str(value))) for value in self.args]
 
     def outcome(self, index: int, result: ExecutionResult) -> str:
         if result.status != "ok":
@@ -288,12 +313,16 @@ class UpstreamStdioTests:
 
     inputs: tuple[Any, ...]
     outputs: tuple[Any, ...]
+    class_solution_only: str | None = None
 
     def __len__(self) -> int:
         return len(self.inputs)
 
+    def unrunnable(self, code: str, tree: ast.Module) -> str | None:
+        return _class_solution_guard(self.class_solution_only, code)
+
     def jobs(self, code: str) -> list[Job]:
-        return [(code, None if value is None else str(value)) for value in self.inputs]
+        return [(code, None if value is None else as_sent(str(value))) for value in self.inputs]
 
     def outcome(self, index: int, result: ExecutionResult) -> str:
         if result.status != "ok":
@@ -315,6 +344,9 @@ class CheckHarness:
 
     def __len__(self) -> int:
         return len(self.assert_lines)
+
+    def unrunnable(self, code: str, tree: ast.Module) -> str | None:
+        return None
 
     def jobs(self, code: str) -> list[Job]:
         return [(f"{_leetcode_harness_source()}\nrun()\n", self.case(code, line)) for line in self.assert_lines]
@@ -397,57 +429,57 @@ def _check_harness(ground_truth: dict[str, Any]) -> CheckHarness:
     )
 
 
-def _case_list(value: Any, key: str) -> Any:
-    """A list of cases, or its string spelling (``check_correctness`` reads it with ``ast.literal_eval``)."""
-    if not isinstance(value, str):
-        return value
-    try:
-        return ast.literal_eval(value)
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
-        raise InvalidGroundTruthError(f"code ground truth {key!r} is a string but not a Python literal") from None
-
-
-def parse_code_tests(ground_truth: Any, functional_tests: str = "project", stdio_tests: str = "project") -> CodeTests:
-    """The tests a code ground truth (dict or JSON string) describes; see the module docstring."""
-    if isinstance(ground_truth, str):
-        try:
-            ground_truth = json.loads(ground_truth)
-        except json.JSONDecodeError as exc:
-            raise InvalidGroundTruthError(f"code ground truth is a string but not JSON: {exc}") from None
-    if not isinstance(ground_truth, dict):
-        raise InvalidGroundTruthError(f"code ground truth must be a dict, got {type(ground_truth).__name__}")
-    if {"entry_point", "test_code"} <= ground_truth.keys():
-        return _check_harness(ground_truth)
-    if not {"inputs", "outputs"} <= ground_truth.keys():
+def parse_code_tests(
+    ground_truth: Any,
+    functional_tests: str = "project",
+    stdio_tests: str = "project",
+    reading: str = "json",
+    empty_fn_name: str = "stdio",
+) -> CodeTests:
+    """The tests a code ground truth describes, read as ``reward.code_ground_truth`` says
+    (:func:`agentrl.rewards.code_truth.read_code_truth`); see the module docstring."""
+    truth = read_code_truth(ground_truth, reading)
+    tests, guard = truth.tests, truth.class_solution_only
+    if {"entry_point", "test_code"} <= tests.keys():
+        return _check_harness(tests)
+    if not {"inputs", "outputs"} <= tests.keys():
         raise InvalidGroundTruthError(
             "code ground truth must have keys {inputs, outputs[, fn_name]} or {entry_point, import_prefix, "
-            f"test_code}}; got keys {sorted(ground_truth)}"
+            f"test_code}}; got keys {sorted(tests)}"
         )
-    inputs, outputs = _case_list(ground_truth["inputs"], "inputs"), _case_list(ground_truth["outputs"], "outputs")
-    if not isinstance(inputs, list) or not isinstance(outputs, list) or len(inputs) != len(outputs) or not inputs:
-        # check_correctness fails every case of a count mismatch (0.0) and raises on no case (-1)
-        mismatch = isinstance(inputs, list) and isinstance(outputs, list) and len(inputs) != len(outputs) and inputs
+    inputs, outputs = case_list(tests["inputs"], "inputs"), case_list(tests["outputs"], "outputs")
+    if not isinstance(inputs, list) or not isinstance(outputs, list) or not inputs:
+        # check_correctness raises on inputs without a length; no case: code_math divides by zero (-1)
         raise InvalidGroundTruthError(
-            "code ground truth 'inputs' and 'outputs' must be non-empty lists of the same length, got "
-            f"inputs={str(inputs)[:60]!r}, outputs={str(outputs)[:60]!r}",
-            upstream_score=0.0 if mismatch else -1.0,
+            f"code ground truth 'inputs' must be a non-empty list and 'outputs' a list, got inputs="
+            f"{str(inputs)[:60]!r}, outputs={str(outputs)[:60]!r}"
         )
-    fn_name = ground_truth.get("fn_name")
+    if len(inputs) != len(outputs):  # check_correctness fails every case without raising: 0.0
+        raise InvalidGroundTruthError(
+            f"code ground truth 'inputs' and 'outputs' must be lists of the same length, got {len(inputs)} inputs "
+            f"and {len(outputs)} outputs",
+            upstream_score=0.0,
+        )
+    fn_name = tests.get("fn_name")
     if fn_name:
         if not str(fn_name).isidentifier():
             raise InvalidGroundTruthError(f"code ground truth fn_name {fn_name!r} is not a Python identifier")
         if functional_tests == "upstream":
-            return UpstreamFunctionalTests(fn_name=str(fn_name), args=tuple(inputs), outputs=tuple(outputs))
+            return UpstreamFunctionalTests(str(fn_name), tuple(inputs), tuple(outputs), guard)
         return FunctionalTests(
             fn_name=str(fn_name),
             args=tuple(_call_args(value, f"inputs[{i}]") for i, value in enumerate(inputs)),
             outputs=tuple(_expected_value(value, f"outputs[{i}]") for i, value in enumerate(outputs)),
+            class_solution_only=guard,
         )
+    if "fn_name" in tests and empty_fn_name == "upstream":  # code_math's rewrite finds no def of that name
+        guard = guard or f"no_entry_point: fn_name is {fn_name!r}, so code_math's rewrite into class Solution fails"
     if stdio_tests == "upstream":
-        return UpstreamStdioTests(inputs=tuple(inputs), outputs=tuple(outputs))
+        return UpstreamStdioTests(inputs=tuple(inputs), outputs=tuple(outputs), class_solution_only=guard)
     return StdioTests(
         inputs=tuple(_text(value, f"inputs[{i}]") for i, value in enumerate(inputs)),
         outputs=tuple(_text(value, f"outputs[{i}]") for i, value in enumerate(outputs)),
+        class_solution_only=guard,
     )
 
 
@@ -464,25 +496,34 @@ class CodeVerifier:
         self.code_block = cfg.code_block
         self.functional_tests = cfg.functional_tests
         self.stdio_tests = cfg.stdio_tests
+        self.reading = cfg.code_ground_truth
+        self.empty_fn_name = cfg.empty_fn_name
+        # reward.invalid_ground_truth: score grades as code_math: the answer's code before the tests
+        self.answer_first = cfg.invalid_ground_truth == "score"
 
     def prepare(self, response: str, ground_truth: Any) -> PendingVerdict:
+        if self.answer_first and self.reading == "literal_eval" and is_boxed_route(ground_truth):
+            return PendingVerdict.ready(boxed_text_verdict(response, ground_truth_text(ground_truth)))
         code = extract_code(response, self.code_block)
-        try:
-            tests = parse_code_tests(ground_truth, self.functional_tests, self.stdio_tests)
-        except InvalidGroundTruthError as exc:
-            if code is None:  # code_math returns -1 for an answer without code before it reads the tests
-                raise InvalidGroundTruthError(str(exc)) from None
-            raise
-        total = len(tests)
-        if code is None:
-            return PendingVerdict.ready(_unrunnable(None, "no_code", total))
-        try:
-            tree = ast.parse(code)
-        except (SyntaxError, ValueError) as exc:  # ValueError: NUL bytes in the source
-            return PendingVerdict.ready(_unrunnable(code, f"syntax_error: {exc}", total))
-        if isinstance(tests, FunctionalTests) and (reason := tests.unrunnable(code, tree)):
-            return PendingVerdict.ready(_unrunnable(code, reason, total))
+        fault, tree = _read_answer(code)
+        if fault and self.answer_first:
+            return PendingVerdict.ready(_unrunnable(code, fault, 0))
+        tests = parse_code_tests(
+            ground_truth, self.functional_tests, self.stdio_tests, self.reading, self.empty_fn_name
+        )
+        if fault or (fault := tests.unrunnable(code, tree)):
+            return PendingVerdict.ready(_unrunnable(code, fault, len(tests)))
         return PendingVerdict(jobs=tests.jobs(code), finish=lambda results: _graded(code, tests, results))
+
+
+def _read_answer(code: str | None) -> tuple[str | None, ast.Module | None]:
+    """(why the answer cannot be graded, its syntax tree): no code block, or code that does not parse."""
+    if code is None:
+        return "no_code", None
+    try:
+        return None, ast.parse(code)
+    except (SyntaxError, ValueError) as exc:  # ValueError: NUL bytes in the source
+        return f"syntax_error: {exc}", None
 
 
 def _unrunnable(code: str | None, error: str, total: int) -> Verdict:
