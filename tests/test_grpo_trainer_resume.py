@@ -88,7 +88,7 @@ def _overlay(section: str, **values) -> dict:
 
 def test_the_run_fingerprint_changes_with_what_shapes_training_and_not_with_where_it_runs(inputs, tmp_path):
     from agentrl.grpo.trainer import run_fingerprint
-    from agentrl.training.deepspeed_engine import fingerprint_differences
+    from agentrl.training.fingerprint import fingerprint_differences
 
     model, root = inputs
     model = Path(shutil.copytree(model, tmp_path / "model"))  # its mtimes change below
@@ -122,7 +122,7 @@ def test_the_run_fingerprint_changes_with_what_shapes_training_and_not_with_wher
 
 
 def test_fingerprint_differences_name_the_keys_that_differ():
-    from agentrl.training.deepspeed_engine import fingerprint_differences
+    from agentrl.training.fingerprint import fingerprint_differences
 
     saved = {"grpo": {"lr": 1e-3, "n": 2, "betas": [0.9, 0.99]}, "seed": 1, "model_files": {"a": [1, 2]}}
     assert fingerprint_differences(saved, saved) == []
@@ -136,13 +136,10 @@ def test_fingerprint_differences_name_the_keys_that_differ():
 
 
 @pytest.mark.timeout(1800)  # several training runs: over the global 600 s on a loaded 2-core machine
-def test_a_checkpoint_of_the_same_setup_is_resumed_and_one_of_another_setup_is_kept_and_refused(
-    inputs, tmp_path, caplog
-):
-    """The rerun that Snakemake starts after ``grpo.lr`` changed refuses the old run's checkpoint and
-    keeps it; after the command the refusal names, it trains from step 0."""
+def test_a_checkpoint_of_the_same_setup_is_resumed_and_one_of_another_setup_is_set_aside(inputs, tmp_path, caplog):
+    """The rerun that Snakemake starts after ``grpo.lr`` changed does not resume the old run's
+    checkpoint: it sets it aside, whole, beside the folder, says so, and trains from step 0."""
     from agentrl.grpo.trainer import train
-    from agentrl.training.deepspeed_engine import CheckpointOfAnotherRun
 
     model, root = inputs
     run = {"max_steps": 2, "test_freq": 0, "val_before_train": False}
@@ -157,20 +154,17 @@ def test_a_checkpoint_of_the_same_setup_is_resumed_and_one_of_another_setup_is_k
     assert "resumed from" in caplog.text
     assert metric_records(paths.metrics) == first_records
 
-    kept = sorted(p.relative_to(paths.checkpoints) for p in paths.checkpoints.rglob("*") if p.is_file())
-    with pytest.raises(CheckpointOfAnotherRun) as refused:
-        train(second, paths)
-    message = str(refused.value)
-    assert "step 2" in message and "grpo.lr" in message and "kept and not resumed" in message
-    aside = paths.checkpoints.with_name(f"{paths.checkpoints.name}.step_2")
-    assert f"mv {paths.checkpoints} {aside}" in message and f"rm -r {paths.checkpoints}" in message
-    assert sorted(p.relative_to(paths.checkpoints) for p in paths.checkpoints.rglob("*") if p.is_file()) == kept
-    assert metric_records(paths.metrics) == first_records
-
-    paths.checkpoints.rename(aside)  # the command the message names
+    kept = sorted(
+        p.relative_to(paths.checkpoints)
+        for p in paths.checkpoints.rglob("*")
+        if p.is_file() and p.name != "trainer.lock"
+    )
     caplog.clear()
     assert train(second, paths) == 2, "another lr trains every step again"
-    assert "resumed from" not in caplog.text
+    aside = paths.checkpoints.with_name(f"{paths.checkpoints.name}.step_2")
+    assert "held the checkpoint of another run setup (step 2: its run setup differs in grpo.lr)" in caplog.text
+    assert f"it is kept in {aside}" in caplog.text and "resumed from" not in caplog.text
+    assert sorted(p.relative_to(aside) for p in aside.rglob("*") if p.is_file()) == kept
     records = metric_records(paths.metrics)
     assert [r["step"] for r in records] == [1, 2], "the old run's metric lines are gone"
     assert [r["actor/lr"] for r in records] == pytest.approx([2e-3, 2e-3])
@@ -181,6 +175,11 @@ def test_a_checkpoint_of_the_same_setup_is_resumed_and_one_of_another_setup_is_k
     state = json.loads((paths.checkpoints / "step_2" / "trainer_state.json").read_text())
     assert state["fingerprint"]["grpo"]["lr"] == 2e-3
     assert json.loads((aside / "step_2" / "trainer_state.json").read_text())["fingerprint"]["grpo"]["lr"] == 1e-3
+
+    # back to the first lr: its run is now the one aside, and the second is set aside in turn
+    caplog.clear()
+    assert train(first, paths) == 2
+    assert paths.checkpoints.with_name(f"{paths.checkpoints.name}.step_2.2").is_dir()
 
 
 def _latest_step(checkpoints: Path) -> int:

@@ -29,7 +29,6 @@ from helpers.workflows import (
     models_of,
     planned,
     rules_of,
-    run_snakemake,
     snakemake,
     start_snakemake,
     wait_for,
@@ -239,21 +238,25 @@ def test_a_rerun_reason_names_the_changed_keys(completed, tmp_path):
 
 @pytest.mark.slow
 def test_a_changed_grpo_parameter_trains_grpo_again(completed, tmp_path):
+    """The documented command, run once: GRPO trains again at the new rate (the old run's
+    checkpoint set aside beside its folder, not resumed), and the report is built from it."""
     workdir = tmp_path / "run"
     shutil.copytree(completed, workdir, symlinks=True)  # the shared finished run stays as it is
     override = tmp_path / "override.yaml"
     override.write_text(yaml.safe_dump({"grpo": {"lr": 5.0e-5}}))
-    args = ("--configfile", str(workdir / "config.yaml"), str(override), "--until", "grpo")
-    # the old run's checkpoint is refused and kept, with the command that starts over
-    refused = run_snakemake(workdir, *args)
-    log = (workdir / "results" / "logs" / "grpo.log").read_text()
-    assert refused.returncode != 0 and "kept and not resumed" in log and "grpo.lr" in log, log[-2000:]
     checkpoints = workdir / "results" / "rl" / "checkpoints"
-    assert (checkpoints / "latest").exists()
-    checkpoints.rename(checkpoints.with_name("checkpoints.old"))
-    snakemake(workdir, *args)
+    old_step = (checkpoints / "latest").read_text().strip()
+    snakemake(workdir, "--configfile", str(workdir / "config.yaml"), str(override))
     log = (workdir / "results" / "logs" / "grpo.log").read_text()
     assert "resumed from" not in log, "the new configuration resumed the old run's final checkpoint"
+    aside = checkpoints.with_name(f"checkpoints.{old_step}")
+    assert f"it is kept in {aside}" in log and "differs in grpo.lr" in log, log[-2000:]
+    assert (aside / old_step / "trainer_state.json").exists()
+    records = [json.loads(line) for line in (workdir / "results" / "rl" / "metrics.jsonl").read_text().splitlines()]
+    rates = [r["actor/lr"] for r in records if "actor/lr" in r]
+    assert rates and max(rates) == pytest.approx(5e-5, rel=1e-6), rates  # the new rate (after any warmup)
+    summary = workdir / "results" / "report" / "summary.md"
+    assert summary.stat().st_mtime > (workdir / "results" / "rl" / "metrics.jsonl").stat().st_mtime
 
 
 @pytest.mark.slow
@@ -268,8 +271,7 @@ def test_a_model_retrained_by_a_partial_run_is_evaluated_again(completed, tmp_pa
     override = tmp_path / "override.yaml"
     override.write_text(yaml.safe_dump({"sft": {"lr": 1.0e-3}}))
     configfiles = ("--configfile", str(workdir / "config.yaml"), str(override))
-    # another sft.lr refuses the old run's checkpoint (kept): start over as its message says
-    shutil.rmtree(workdir / "results" / "sft" / "checkpoints")
+    # another sft.lr sets the old run's checkpoint aside and trains from step 0
     snakemake(workdir, *configfiles, "--until", "sft")
     jobs = planned(workdir, *configfiles)
     assert models_of(jobs, "evaluate") == {"sft", "rl"}

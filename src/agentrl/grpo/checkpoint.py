@@ -22,8 +22,10 @@ that Snakemake removed with a failed job's outputs comes back.
 Only a checkpoint whose fingerprint equals this run's is resumed. The checkpoint folder is not a
 Snakemake output, so it survives the re-run that a changed ``grpo.lr`` or a retrained SFT model
 triggers; resuming the old run's final checkpoint there would train nothing and export the old
-policy. A checkpoint of another run setup is refused and kept: the stage stops naming the keys
-that differ and the command that starts over (``CheckpointOfAnotherRun``), as SFT does.
+policy. A checkpoint of another run setup is never resumed and never deleted: after a deliberate
+change it is set aside beside the folder and the run starts over, after a retry with another
+process count the stage stops naming the command that starts over (``CheckpointOfAnotherRun``),
+as SFT does (:func:`agentrl.training.deepspeed_engine.resume_if_same_run`).
 """
 
 from __future__ import annotations

@@ -284,6 +284,7 @@ def _train(cfg: Config, paths: GrpoPaths, stop) -> int:
 
     check_config(cfg)
     ctx = dse.init_distributed(cfg.grpo.collective_timeout_minutes)
+    dse.discard_incomplete_model(paths.out, ctx, log)
     if not ctx.is_main:
         log.setLevel(logging.WARNING)
     log.info(

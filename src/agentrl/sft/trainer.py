@@ -271,6 +271,7 @@ def _train_sft(
     # DeepSpeed's ZeRO calls a torch collective that torch has deprecated; nothing for us to act on
     warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*", category=FutureWarning)
     ctx = dse.init_distributed(cfg.collective_timeout_minutes)
+    dse.discard_incomplete_model(paths.out_dir, ctx, log)
     if not ctx.is_main:
         log.setLevel(logging.WARNING)
     deepspeed.utils.logger.setLevel(logging.WARNING)

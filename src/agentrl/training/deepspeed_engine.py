@@ -45,6 +45,11 @@ import torch
 from agentrl.config import ConfigError
 from agentrl.training import checkpoint_files
 from agentrl.training.checkpoint_files import LATEST, PARTIAL_SUFFIX, TRAINER_STATE
+from agentrl.training.fingerprint import (
+    ACCIDENTAL_DIFFERENCES,
+    describe_differences,
+    differences_from,
+)
 from agentrl.training.hf_export import save_hf_folder
 
 log = logging.getLogger("agentrl.training")
@@ -417,45 +422,52 @@ class CheckpointOfAnotherRun(ConfigError):
     """
 
 
-MAX_NAMED_DIFFERENCES = 8
-
-
-def fingerprint_differences(saved: Any, current: Any, prefix: str = "") -> list[str]:
-    """The dotted keys at which two run fingerprints differ (``[]``: the same run setup).
-
-    Nested mappings are compared key by key, so a changed ``grpo.lr`` reads as ``grpo.lr`` rather
-    than ``grpo``; any other value is compared whole.
-    """
-    if isinstance(saved, Mapping) and isinstance(current, Mapping):
-        differences: list[str] = []
-        for key in sorted(set(saved) | set(current), key=str):
-            name = f"{prefix}.{key}" if prefix else str(key)
-            if key not in saved or key not in current:
-                differences.append(name)
-            else:
-                differences += fingerprint_differences(saved[key], current[key], name)
-        return differences
-    return [] if saved == current else [prefix or "(fingerprint)"]
-
-
-def _discard_reason(state: Mapping[str, Any], fingerprint: Mapping[str, Any]) -> str | None:
-    """Why the checkpoint with trainer state ``state`` cannot be resumed by this run; None if it can."""
-    saved = state.get("fingerprint")
-    if saved is None:
-        return "it has no run fingerprint (written before checkpoints stored one)"
-    differences = fingerprint_differences(saved, fingerprint)
-    if not differences:
-        return None
-    named = ", ".join(differences[:MAX_NAMED_DIFFERENCES])
-    more = len(differences) - MAX_NAMED_DIFFERENCES
-    return f"its run setup differs in {named}" + (f" and {more} more" if more > 0 else "")
-
-
 def _start_over_hint(checkpoint_dir: Path, step: Any) -> str:
     aside = checkpoint_dir.with_name(f"{checkpoint_dir.name}.step_{step}")
     return (
         f"To train this setup from step 0, move the folder aside (mv {checkpoint_dir} {aside}) or remove it "
         f"(rm -r {checkpoint_dir}), then run again; to continue the old run, restore the settings it was written with"
+    )
+
+
+def set_aside(checkpoint_dir: Path, step: Any) -> Path:
+    """Move the checkpoints of an earlier run setup from ``checkpoint_dir`` into the new sibling
+    ``<checkpoint_dir>.step_<step>`` (``.2``, ``.3``, ... if taken); the trainer's lock file stays,
+    as its holder keeps it open."""
+    from agentrl.training.folder_lock import LOCK_FILE
+
+    aside = checkpoint_dir.with_name(f"{checkpoint_dir.name}.step_{step}")
+    copy_number = 2
+    while aside.exists():
+        aside = checkpoint_dir.with_name(f"{checkpoint_dir.name}.step_{step}.{copy_number}")
+        copy_number += 1
+    aside.mkdir()
+    for entry in sorted(checkpoint_dir.iterdir()):
+        if entry.name != LOCK_FILE:
+            entry.rename(aside / entry.name)
+    return aside
+
+
+def _decide(checkpoint_dir: Path, fingerprint: Mapping[str, Any], logger: logging.Logger) -> tuple:
+    """Rank 0: ``("resume", tag, state)``, ``("refuse", reason, None)`` or ``("fresh", note, None)``."""
+    # a damaged newer checkpoint is named in a warning and moved aside; the newest intact one is chosen
+    chosen = checkpoint_files.choose_checkpoint(checkpoint_dir, logger)
+    if chosen is None:
+        return ("fresh", "", None)
+    tag, state = chosen
+    differences = differences_from(state, fingerprint)
+    if not differences:
+        return ("resume", tag, state)
+    reason = f"step {state['step']}: {describe_differences(differences)}"
+    if set(differences) <= ACCIDENTAL_DIFFERENCES:
+        return ("refuse", reason, None)
+    aside = set_aside(checkpoint_dir, state["step"])
+    return (
+        "fresh",
+        f"{checkpoint_dir} held the checkpoint of another run setup ({reason}): it is kept in {aside}, and "
+        f"this run trains from step 0 (to continue the old run instead, restore its settings, then "
+        f"rm -r {checkpoint_dir} && mv {aside} {checkpoint_dir})",
+        None,
     )
 
 
@@ -467,42 +479,51 @@ def resume_if_same_run(
     logger: logging.Logger = log,
 ) -> dict[str, Any] | None:
     """Restore the newest checkpoint into ``engine`` (and this rank's RNG) when its trainer state
-    carries ``fingerprint``; its trainer state, or None when the folder holds no checkpoint.
+    carries ``fingerprint``; its trainer state, or None when this run starts at step 0.
 
     The checkpoint folder is not a Snakemake output, so it survives the re-run that a changed
     config or input triggers: resuming the old run's checkpoint there would continue (or finish)
-    the wrong run. A checkpoint of another run setup raises :class:`CheckpointOfAnotherRun`
-    naming the keys that differ and the command that starts over; nothing in the folder is
-    touched. It is never deleted here: a retry submitted with another GPU count (the world size
-    is in the fingerprint) would otherwise throw away days of GRPO. Rank 0 decides and tells the
-    others, so the ranks cannot disagree (a model folder copied to each node has other mtimes there).
+    the wrong run. A checkpoint of another run setup is therefore never resumed and never
+    deleted. After a deliberate change (a config key, an input) it is set aside, whole, into
+    ``<folder>.step_<n>`` (:func:`set_aside`) and the run trains from step 0, saying so: the one
+    command the docs give reruns a changed key. A retry that differs only in where it runs (the
+    process count, :data:`ACCIDENTAL_DIFFERENCES`) must not restart silently: it raises
+    :class:`CheckpointOfAnotherRun` naming the keys and the command that starts over, and nothing
+    in the folder is touched. Rank 0 decides and tells the others, so the ranks cannot disagree
+    (a model folder copied to each node has other mtimes there).
     """
-    decision: list[tuple[str, str, dict[str, Any] | None]] = [("fresh", "", None)]
-    if ctx.is_main:
-        # a damaged newer checkpoint is named in a warning and moved aside; the newest intact one is chosen
-        chosen = checkpoint_files.choose_checkpoint(checkpoint_dir, logger)
-        if chosen is not None:
-            tag, state = chosen
-            reason = _discard_reason(state, fingerprint)
-            decision = [
-                ("resume", tag, state) if reason is None else ("refuse", f"step {state['step']}: {reason}", None)
-            ]
+    checkpoint_dir = Path(checkpoint_dir)
+    decision = [_decide(checkpoint_dir, fingerprint, logger) if ctx.is_main else None]
     torch.distributed.broadcast_object_list(decision, src=0)
-    action, reason, state = decision[0]
+    action, detail, state = decision[0]
     if action == "resume":
-        load_checkpoint(engine, checkpoint_dir, ctx, tag=reason)
+        load_checkpoint(engine, checkpoint_dir, ctx, tag=detail)
         return state
     if action == "refuse":
-        checkpoint_dir = Path(checkpoint_dir)
-        step = reason.split(":", 1)[0].removeprefix("step ")
+        step = detail.split(":", 1)[0].removeprefix("step ")
         raise CheckpointOfAnotherRun(
             f"{checkpoint_dir} holds the checkpoint of another run setup, which is kept and not resumed "
-            f"({reason}). {_start_over_hint(checkpoint_dir, step)}"
+            f"({detail}). {_start_over_hint(checkpoint_dir, step)}"
         )
+    if detail:
+        logger.warning("%s", detail)
     return None
 
 
 # --------------------------------------------------------------------------- final model
+def discard_incomplete_model(out_dir: str | Path, ctx: DistributedContext, logger: logging.Logger = log) -> None:
+    """Rank 0, at a training stage's start: remove ``out_dir`` when it holds no ``config.json``.
+
+    Snakemake removes the outputs a job makes before it runs, and the workflow tracks a model by
+    its ``config.json``; the rest of the previous model stays until the stage writes the new one at
+    its end (:func:`save_hf_model`). A job that then fails would leave weights without a config.
+    """
+    out_dir = Path(out_dir)
+    if ctx.is_main and out_dir.is_dir() and not (out_dir / "config.json").exists():
+        logger.info("removing %s: a model folder without config.json (the previous model's remains)", out_dir)
+        shutil.rmtree(out_dir)
+
+
 def write_hf_folder(engine, model: torch.nn.Module, tokenizer, folder: str | Path, ctx: DistributedContext) -> None:
     """Every rank: ``model`` (a module inside the engine) and the tokenizer as a Hugging Face folder,
     written by rank 0 one tensor at a time (:func:`agentrl.training.hf_export.save_hf_folder`: no

@@ -1,7 +1,7 @@
 """Run fingerprints: what a checkpoint must share with a run to be resumed by it (SFT and GRPO).
 
 A fingerprint is a JSON object compared by ``==`` (differences named by
-:func:`agentrl.training.deepspeed_engine.fingerprint_differences`): the config sections that
+:func:`fingerprint_differences`): the config sections that
 shape training, less the keys that only change where or how fast it runs; the seed; the process
 count; the input files by content (streamed SHA-256); the initial model's files by size and
 mtime (hashing a 4B model's weights on every start costs more than it protects; a retrained
@@ -68,3 +68,41 @@ def fingerprint_of(
         **digests,
     }
     return json.loads(json.dumps(fingerprint))  # tuples as lists: equal to what a checkpoint reads back
+
+
+MAX_NAMED_DIFFERENCES = 8
+# Fingerprint keys in which a retry differs by accident (another GPU count for the same job): such
+# a checkpoint is refused and kept, never set aside for a silent restart.
+ACCIDENTAL_DIFFERENCES = frozenset({"world_size"})
+
+
+def fingerprint_differences(saved: Any, current: Any, prefix: str = "") -> list[str]:
+    """The dotted keys at which two run fingerprints differ (``[]``: the same run setup).
+
+    Nested mappings are compared key by key, so a changed ``grpo.lr`` reads as ``grpo.lr`` rather
+    than ``grpo``; any other value is compared whole.
+    """
+    if isinstance(saved, Mapping) and isinstance(current, Mapping):
+        differences: list[str] = []
+        for key in sorted(set(saved) | set(current), key=str):
+            name = f"{prefix}.{key}" if prefix else str(key)
+            if key not in saved or key not in current:
+                differences.append(name)
+            else:
+                differences += fingerprint_differences(saved[key], current[key], name)
+        return differences
+    return [] if saved == current else [prefix or "(fingerprint)"]
+
+
+def differences_from(state: Mapping[str, Any], fingerprint: Mapping[str, Any]) -> list[str]:
+    """The keys in which the checkpoint with trainer state ``state`` differs from ``fingerprint``."""
+    saved = state.get("fingerprint")
+    if saved is None:
+        return ["(no run fingerprint: written before checkpoints stored one)"]
+    return fingerprint_differences(saved, fingerprint)
+
+
+def describe_differences(differences: list[str]) -> str:
+    named = ", ".join(differences[:MAX_NAMED_DIFFERENCES])
+    more = len(differences) - MAX_NAMED_DIFFERENCES
+    return f"its run setup differs in {named}" + (f" and {more} more" if more > 0 else "")
