@@ -137,6 +137,7 @@ rule report:
             f"--model-config {shlex.quote(f'{model}={path}')}" for model, path in REPORT_MODEL_CONFIGS.items()
         ),
         timings=result("timings"),
+        note=f"--note {shlex.quote(config['report']['note'])}" if config["report"]["note"] else "",
         cost=COST_ARGS,
         resources=cost_resources,
     threads: 1
@@ -145,7 +146,7 @@ rule report:
         "( python -m agentrl report cost --timings {params.timings} {params.cost} {params.resources} "
         "--eval-samples {input.eval_samples} --md {output.cost_md} --csv {output.cost_csv} && "
         "python -m agentrl report --metrics {input.metrics} {params.optional} "
-        "--published {input.published} {params.published} {params.model_configs} "
+        "--published {input.published} {params.published} {params.model_configs} {params.note} "
         "--table-md {output.table_md} --table-csv {output.table_csv} "
         "--accuracy-plot {output.accuracy} --modes-plot {output.modes} "
         "--health-md {output.health_md} --health-csv {output.health_csv} --cost-md {output.cost_md} ) 2>&1 | keep_log {log}"

@@ -52,6 +52,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from agentrl.config import AblationsConfig, ConfigError  # noqa: E402
 from agentrl.errors import read_json_file  # noqa: E402
+from agentrl.report.plots import readable_y  # noqa: E402
 from agentrl.sampling.metrics import SampleRecord, tool_use_stats  # noqa: E402
 from agentrl.sampling.samples import read_jsonl  # noqa: E402
 from agentrl.training.metrics import read_metrics  # noqa: E402
@@ -415,8 +416,10 @@ def _curves(
     title: str,
     scale: float = 1.0,
 ) -> None:
+    bands: list[float] = []
     for arm in arms:
         steps, mean, low, high = seed_band(runs_by_arm[arm], key, window)
+        bands += [*(scale * low), *(scale * high)]
         ax.plot(
             steps,
             scale * mean,
@@ -425,6 +428,7 @@ def _curves(
             label=f"{arm} (mean of {len(runs_by_arm[arm])} seeds)",
         )
         ax.fill_between(steps, scale * low, scale * high, color=colors[arm], alpha=0.2, linewidth=0)
+    readable_y(ax, bands)
     ax.set_xlabel("GRPO step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel(ylabel)

@@ -7,7 +7,9 @@ the workflow's config runs those stages, the SFT and RL training logs and the fi
 must exist and parse. The pass-rate histogram is the filter stage's own output and enters
 ``snakemake --report`` from there. ``--published-model MODEL=NAME`` puts the published figures
 of ``NAME`` (an entry of ``--published``, by default ``resources/published.yaml``) beside the
-measured ones of ``MODEL`` (config ``eval.published``).
+measured ones of ``MODEL`` (config ``eval.published``). ``--note`` (config ``report.note``) opens
+summary.md with what a reader must know before the numbers: the smoke preset's says they mean
+nothing, so that its report is never quoted as a result.
 
 ``python -m agentrl report ablations ...`` writes the ablation tables and plots instead
 (:mod:`agentrl.report.ablations`), ``python -m agentrl report cost ...`` the cost table of every
@@ -131,7 +133,7 @@ def build_report(args: argparse.Namespace) -> None:
     if args.cost_md is not None:
         tables.append(("cost: time, tokens and MFU of every stage", _relative(args.cost_md, out_dir)))
     args.table_md.parent.mkdir(parents=True, exist_ok=True)
-    summary = summary_markdown(frame, filter_stats, plots, published, sources, tables)
+    summary = summary_markdown(frame, filter_stats, plots, published, sources, tables, args.note)
     args.table_md.write_text(summary, encoding="utf-8")
     args.table_csv.parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(args.table_csv, index=False)
@@ -233,6 +235,10 @@ def main(argv: list[str]) -> int:
         default=[],
         metavar="MODEL=NAME",
         help="compare evaluated MODEL with the published entry NAME (repeatable; config eval.published)",
+    )
+    parser.add_argument(
+        "--note",
+        help="a line put at the top of summary.md (config report.note: the smoke preset's says its numbers mean nothing)",
     )
     parser.add_argument("--table-md", type=Path, required=True, help="output: summary.md")
     parser.add_argument("--table-csv", type=Path, required=True, help="output: summary.csv")

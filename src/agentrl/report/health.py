@@ -145,7 +145,7 @@ def health_markdown(frame: pd.DataFrame, plot: str | None) -> str:
 
 def plot_grpo_health(rows: Sequence[Mapping[str, float]], out: Path) -> None:
     """GRPO's outcome shares (stacked) and latencies over the steps."""
-    from agentrl.report.plots import _grid, _save  # matplotlib only where a plot is drawn
+    from agentrl.report.plots import _grid, _save, readable_y  # matplotlib only where a plot is drawn
 
     steps = [r for r in rows if f"{PREFIX}calls" in r]
     if not steps:
@@ -158,8 +158,11 @@ def plot_grpo_health(rows: Sequence[Mapping[str, float]], out: Path) -> None:
     shares.set_ylabel("share of the step's calls (%)")
     shares.set_ylim(0, 100)
     shares.legend(fontsize=7, loc="lower left")
+    seconds: list[float] = []
     for key, label in (("run_s_p50", "run p50"), ("run_s_p95", "run p95"), ("queue_s_p95", "queue wait p95")):
-        latency.plot(xs, [r[f"{PREFIX}{key}"] for r in steps], marker="." if len(xs) < 50 else None, label=label)
+        seconds += [r[f"{PREFIX}{key}"] for r in steps]
+        latency.plot(xs, seconds[-len(steps) :], marker="." if len(xs) < 50 else None, label=label)
+    readable_y(latency, seconds)
     latency.set_title("GRPO tool-call latency")
     latency.set_xlabel("training step")
     latency.set_ylabel("seconds")

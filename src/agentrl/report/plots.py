@@ -50,6 +50,34 @@ def _save(fig, out: Path) -> None:
     plt.close(fig)
 
 
+# A series whose spread is below this share of its size is drawn as flat: matplotlib would
+# stretch float noise (or nothing: a constant learning rate) over the whole axis.
+FLAT_SPREAD = 1e-6
+
+
+def readable_y(ax, values: Sequence[float]) -> None:
+    """Tick labels as the values are, and a flat series in a range that shows it flat.
+
+    matplotlib labels values that differ only in late digits by an offset (ticks ``0.0002`` under
+    ``+6.459``: the reader has to add them up), and autoscales a constant to +-5 % of itself,
+    which reads as movement; a flat series is drawn at mid-height of [0, 2 x value] instead.
+    """
+    ax.ticklabel_format(axis="y", useOffset=False)
+    finite = [float(v) for v in values if math.isfinite(v)]
+    if not finite:
+        return
+    low, high = min(finite), max(finite)
+    size = max(abs(low), abs(high))
+    if high - low > FLAT_SPREAD * size:
+        return
+    if size == 0:
+        ax.set_ylim(-1.0, 1.0)
+    elif low > 0:
+        ax.set_ylim(0.0, 2.0 * high)
+    else:
+        ax.set_ylim(2.0 * low, 0.0)
+
+
 def _grid(count: int, width: float = 4.6, height: float = 4.0, columns: int = 3):
     columns = min(columns, count)
     rows = math.ceil(count / columns)
@@ -178,6 +206,13 @@ def training_panels(keys: Sequence[str], step_key: str) -> dict[str, list[str]]:
 
 def plot_training_curves(path: str | Path, out: Path, stage: str) -> list[str]:
     """One panel per metric group of a training log; returns the keys drawn."""
+    fig, drawn = training_figure(path, stage)
+    _save(fig, out)
+    return drawn
+
+
+def training_figure(path: str | Path, stage: str):
+    """The figure of :func:`plot_training_curves` and the keys drawn in it."""
     step_key, rows = read_training_log(path)
     keys = list(dict.fromkeys(k for row in rows for k in row))
     panels = training_panels(keys, step_key)
@@ -189,10 +224,13 @@ def plot_training_curves(path: str | Path, out: Path, stage: str) -> list[str]:
     fig, axes = _grid(len(panels))
     labels = {title: ylabel for title, ylabel, _ in TRAINING_PANELS}
     for ax, (title, members) in zip(axes, panels.items()):
+        drawn_values: list[float] = []
         for key in members:
             points = [(row[step_key], row[key]) for row in rows if key in row]
             xs, ys = zip(*points)
             ax.plot(xs, ys, marker="." if len(points) < 50 else None, linewidth=1.2, label=key)
+            drawn_values += ys
+        readable_y(ax, drawn_values)
         ax.set_title(f"{stage}: {title.lower()}")
         ax.set_xlabel("training step" if step_key != "row" else "logged row")  # GRPO: a rollout batch, not one update
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -200,5 +238,4 @@ def plot_training_curves(path: str | Path, out: Path, stage: str) -> list[str]:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(f"{stage} training curves ({Path(path).name})", fontsize=11)
-    _save(fig, out)
-    return [k for members in panels.values() for k in members]
+    return fig, [k for members in panels.values() for k in members]

@@ -21,6 +21,7 @@ import pandas as pd
 import yaml
 
 from agentrl.errors import DataFormatError, read_json_file
+from agentrl.sampling.metrics import DELIBERATIVE_MAX_CALLS, DELIBERATIVE_MIN_TOKENS_PER_CALL
 
 PUBLISHED_PATH = Path(__file__).resolve().parents[1] / "resources" / "published.yaml"
 # The halves of the model card's table, in its order, and their titles there.
@@ -294,6 +295,49 @@ def detail_markdown(frame: pd.DataFrame) -> str:
     return "\n\n".join(parts)
 
 
+def legend_markdown(n_values: Sequence[int]) -> str:
+    """What each column of the tables means, and what a ``-`` there says (metrics.json's keys:
+    :func:`agentrl.sampling.metrics.summarize_benchmark`)."""
+    n = ", ".join(map(str, n_values))
+    calls, tokens = DELIBERATIVE_MAX_CALLS, DELIBERATIVE_MIN_TOKENS_PER_CALL
+    rows = [
+        ("n", f"samples per problem (eval.n; here {n})"),
+        (
+            "avg@n",
+            "share of the n samples that are correct, averaged over problems; [low, high] is the 95 % "
+            "percentile-bootstrap interval of that mean over problems (which problems the benchmark holds, "
+            "not the sampling noise)",
+        ),
+        ("pass@n (unbiased)", "share of problems with at least one correct sample among the n"),
+        (
+            "pass@n (verl bootstrap)",
+            "pass@n as upstream (verl's best@n) computes it, the paper's pass@32: the best of n samples drawn "
+            "with replacement from the problem's n, averaged over draws; below the unbiased value (a problem "
+            "with 1 correct sample of 32 counts 0.64, not 1)",
+        ),
+        (
+            "maj@n",
+            "share of problems whose most frequent extracted answer among the n samples is correct (a sample "
+            "with no answer does not vote); `-` when no sample of the benchmark had an answer the verifier "
+            "could extract (e.g. no `\\boxed{}`)",
+        ),
+        ("tool calls / response", "mean tool calls per response"),
+        ("tool success %", "share of the tool calls whose program ran and exited 0; `-` when no call was made"),
+        (
+            "deliberative %",
+            f"share of responses with 1 to {calls} tool calls and at least {tokens} tokens of the model's own "
+            "text before each call on average: few, planned calls (the paper's deliberative mode)",
+        ),
+        (
+            "reactive %",
+            f"share of responses with tool calls that are not deliberative: more than {calls} calls, or under "
+            f"{tokens} tokens before a call on average. The rest, 100 - deliberative - reactive, called no tool",
+        ),
+        ("response tokens", "mean tokens the model generated per response (tool responses not counted)"),
+    ]
+    return markdown_table(["column", "meaning"], rows) + "\n\nA `-` elsewhere: no value (none was measured)."
+
+
 def _compared_row(r: Mapping[str, Any]) -> list[Any]:
     figure = None if pd.isna(r["published"]) else r["published"]
     return [
@@ -383,14 +427,17 @@ def summary_markdown(
     published: Mapping[str, PublishedModel] | None = None,
     sources: Mapping[str, Mapping[str, Any]] | None = None,
     tables: Sequence[tuple[str, str]] = (),
+    note: str | None = None,
 ) -> str:
-    """The whole summary.md: headline table, the published comparison, the sources of models not
-    trained here, details, filtering counts, links to the other tables (``tables``: title, relative
-    path of a markdown file such as health.md and cost.md) and the plots by relative path. A table
-    is a link, never an image: ``![..](health.md)`` renders as a broken picture."""
+    """The whole summary.md: the run's note (config ``report.note``) first, headline table, the
+    published comparison, the sources of models not trained here, details and the legend of their
+    columns, filtering counts, links to the other tables (``tables``: title, relative path of a
+    markdown file such as health.md and cost.md) and the plots by relative path. A table is a
+    link, never an image: ``![..](health.md)`` renders as a broken picture."""
     n_values = sorted({int(v) for v in frame.loc[frame["source"] == "ours", "n"]})
     parts = [
         "# agentrl run summary",
+        *([f"> **Note:** {' '.join(note.split())}"] if note and note.strip() else []),
         f"## Accuracy (avg@n in %, n = {', '.join(map(str, n_values))}; [95 % bootstrap interval over problems])",
         headline_markdown(frame),
     ]
@@ -406,6 +453,8 @@ def summary_markdown(
     parts += [
         "## Metrics per benchmark",
         detail_markdown(frame),
+        "## What the columns mean",
+        legend_markdown(n_values),
     ]
     if filter_stats is not None:
         parts += ["## Model-aware RL data", filter_markdown(filter_stats)]
