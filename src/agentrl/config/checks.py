@@ -11,7 +11,7 @@ this layer imports nothing from ``agentrl.grpo``.
 
 from __future__ import annotations
 
-from agentrl.config.sections import Config, ConfigError, FilterConfig, GrpoConfig, RolloutConfig
+from agentrl.config.sections import Config, ConfigError, FilterConfig, GrpoConfig, RolloutConfig, SftConfig
 
 
 def cross_key_problems(cfg: Config) -> list[str]:
@@ -54,6 +54,36 @@ def cross_key_problems(cfg: Config) -> list[str]:
             "local sandbox forks its children under sandbox.memory_mb and a run can only lower it"
         )
     problems += _filter_problems(cfg.filter)
+    problems += lora_problems(cfg)
+    return problems
+
+
+def lora_problems(cfg: Config) -> list[str]:
+    """What ``sft.lora`` and ``grpo.lora`` (agentrl.training.lora) do not support. Whether the target
+    modules exist is checked against the model folder when the stage reads it."""
+    return lora_section_problems("sft", cfg.sft) + lora_section_problems("grpo", cfg.grpo)
+
+
+def lora_section_problems(section: str, stage: SftConfig | GrpoConfig) -> list[str]:
+    """:func:`lora_problems` of one training section (``sft`` or ``grpo``), which its stage checks again."""
+    lora, problems = stage.lora, []
+    if "all-linear" in lora.target_modules and len(lora.target_modules) > 1:
+        problems.append(
+            f"{section}.lora.target_modules = {list(lora.target_modules)}: all-linear already names every "
+            "linear layer; give all-linear alone or module names only"
+        )
+    if lora.enabled and stage.deepspeed.zero_stage == 3:
+        problems.append(
+            f"{section}.lora.enabled with {section}.deepspeed.zero_stage = 3: the merged export and weight "
+            "pushes fold each adapter into its base weight, which ZeRO-3 holds partitioned (not supported); "
+            "the frozen base weights have no optimizer state to shard, so use zero_stage 2 (or 0)"
+        )
+    if section == "grpo" and lora.enabled and lora.dropout > 0:
+        problems.append(
+            f"grpo.lora.dropout = {lora.dropout} with grpo.lora.enabled: the update's ratio compares its forward "
+            "with the old log-probs of the same weights, and dropout makes them differ (not 1 at the first "
+            "mini-batch); set grpo.lora.dropout: 0"
+        )
     return problems
 
 

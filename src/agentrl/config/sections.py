@@ -220,6 +220,17 @@ class DeepSpeedConfig:
 
 
 @dataclass(frozen=True)
+class LoraConfig:
+    """``sft.lora`` and ``grpo.lora``: LoRA adapters in place of full fine-tuning (agentrl.training.lora)."""
+
+    enabled: bool
+    rank: int
+    alpha: float
+    dropout: float
+    target_modules: tuple[str, ...]  # module names, or ("all-linear",): every linear layer but the output head
+
+
+@dataclass(frozen=True)
 class SftConfig:
     epochs: int
     global_batch_size: int
@@ -242,6 +253,7 @@ class SftConfig:
     collective_timeout_minutes: float
     keep_checkpoints: int | None
     deepspeed: DeepSpeedConfig
+    lora: LoraConfig
     # the config key is ``sft.from`` (a Python keyword): see _config_key
     from_: ModelSourceConfig | None = dataclasses.field(metadata={"config_key": "from"})
 
@@ -348,6 +360,7 @@ class GrpoConfig:
     collective_timeout_minutes: float
     keep_checkpoints: int | None
     deepspeed: DeepSpeedConfig
+    lora: LoraConfig
 
 
 @dataclass(frozen=True)
