@@ -24,6 +24,7 @@ all, or are the engine's sampling log-probs (``grpo.old_logprobs``).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Literal
 
 import torch
@@ -33,6 +34,7 @@ from torch.utils.checkpoint import checkpoint
 from agentrl.grpo.algorithm import blockwise_entropy, entropy_from_logits, sampled_token_logprobs
 from agentrl.grpo.batching import MicroBatch
 from agentrl.training.collectives import max_over_ranks
+from agentrl.training.lora import hf_weights
 from agentrl.training.packing import enable_packed_attention
 
 if TYPE_CHECKING:
@@ -86,7 +88,11 @@ def old_logprobs_source(
 
 
 class ResponseLogProbs(nn.Module):
-    """``forward(batch) -> (logp (B, R), entropy (B, R) or None)`` for a :class:`MicroBatch`."""
+    """``forward(batch) -> (logp (B, R), entropy (B, R) or None)`` for a :class:`MicroBatch`.
+
+    ``model`` is a Hugging Face causal LM or PEFT's LoRA wrapper of one (``grpo.lora``): the
+    forward reaches the transformer through ``get_decoder()``, which PEFT forwards to the model
+    inside (its ``base_model`` is PEFT's own tuner, not the transformer)."""
 
     def __init__(self, model: nn.Module, *, logit_chunk_tokens: int, temperature: float) -> None:
         super().__init__()
@@ -153,10 +159,10 @@ class ResponseLogProbs(nn.Module):
         """
         if batch.packed is not None:
             enable_packed_attention(self.model)  # once: unpacked calls (the hf engine's) still run SDPA
-            hidden = self.model.base_model(**batch.packed.model_inputs()).last_hidden_state[0]  # (T, H)
+            hidden = self.model.get_decoder()(**batch.packed.model_inputs()).last_hidden_state[0]  # (T, H)
             offsets = batch.packed.starts  # (B,)
         else:
-            hidden = self.model.base_model(
+            hidden = self.model.get_decoder()(
                 input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
             ).last_hidden_state  # (B, L, H)
             offsets = torch.arange(hidden.shape[0], device=hidden.device) * hidden.shape[1]
@@ -175,7 +181,7 @@ class ResponseLogProbs(nn.Module):
 
         shared = batch.shared
         cache = DynamicCache(config=self.model.config)
-        prompt_hidden = self.model.base_model(
+        prompt_hidden = self.model.get_decoder()(
             input_ids=shared.prompt_ids, attention_mask=shared.prompt_mask, past_key_values=cache, use_cache=True
         ).last_hidden_state  # (G, P, H)
         rows = shared.row_prompt
@@ -184,7 +190,7 @@ class ResponseLogProbs(nn.Module):
         prompt_length = shared.prompt_mask.sum(1)  # (G,)
         response_width = shared.response_ids.shape[1]
         positions = prompt_length[rows][:, None] + torch.arange(response_width, device=rows.device)[None, :]
-        response_hidden = self.model.base_model(
+        response_hidden = self.model.get_decoder()(
             input_ids=shared.response_ids,
             attention_mask=torch.cat([shared.prompt_mask.index_select(0, rows), shared.response_mask], dim=1),
             position_ids=positions,
@@ -208,6 +214,32 @@ class ResponseLogProbs(nn.Module):
             tempered = logits if self.temperature == 1.0 else logits.float() / self.temperature
             return logp, entropy_from_logits(tempered[None])[0]
         return logp, blockwise_entropy(logits.detach(), self.temperature)  # (N,) a statistic only
+
+
+class AdapterDisabled:
+    """The reference policy of a LoRA actor (``grpo.lora`` with a KL variant): the actor's own
+    forward with its adapter off (PEFT's ``disable_adapter``), which is the initial policy (the
+    adapter starts at zero) - no second copy of the model. Called as the frozen reference is,
+    under ``torch.no_grad`` with the actor in eval mode (:meth:`agentrl.grpo.step.GrpoStep.recompute_logprobs`)."""
+
+    def __init__(self, actor: ResponseLogProbs) -> None:
+        self.actor = actor
+
+    def __call__(self, batch: MicroBatch, **kwargs):
+        with self.actor.model.disable_adapter():
+            return self.actor(batch, **kwargs)
+
+
+def engine_weights(policy: nn.Module, rollout: RolloutConfig) -> Iterable[tuple[str, torch.Tensor]]:
+    """What a colocated rollout engine's ``update_weights`` gets after an update.
+
+    The ``hf`` engine shares the actor's module (the one engine that does, as
+    :func:`old_logprobs_source` says): its own parameters, so nothing is copied and only its
+    parked caches are dropped, a LoRA module's adapters included. vLLM loads Hugging Face-named
+    weights: the parameters, or a LoRA actor's merged weights one at a time
+    (:func:`agentrl.training.lora.hf_weights`; docs/design.md says why merged weights, not vLLM's
+    LoRA)."""
+    return policy.named_parameters() if rollout.engine == "hf" else hf_weights(policy)
 
 
 def _in_frame(values: torch.Tensor, selected: torch.Tensor) -> torch.Tensor:

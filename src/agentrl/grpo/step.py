@@ -72,6 +72,7 @@ from agentrl.grpo.batching import (
 from agentrl.grpo.collection import Group, RolloutCollector
 from agentrl.grpo.distributed import all_gather, all_reduce, step_with_grad_norm
 from agentrl.grpo.metrics import TokenWeightedStats, TrajectorySummary, rollout_metrics
+from agentrl.grpo.policy import engine_weights
 from agentrl.grpo.variants import AlgorithmSettings
 from agentrl.grpo.work_sharing import (
     GroupKey,
@@ -438,7 +439,8 @@ class GrpoStep:
         if self.parts.rollout_process is not None:
             self.parts.rollout_process.publish(step)
         else:
-            self.parts.rollout_engine.update_weights(self.parts.engine.module.model.named_parameters())
+            policy = self.parts.engine.module.model
+            self.parts.rollout_engine.update_weights(engine_weights(policy, self.cfg.rollout))
 
     def run(self, step: int, sampler) -> dict[str, Any]:
         started = time.perf_counter()

@@ -35,7 +35,7 @@ from agentrl.grpo.checkpoint import resume, rollouts_ahead, save_checkpoint
 from agentrl.grpo.collection import rollout_parts
 from agentrl.grpo.distributed import barrier
 from agentrl.grpo.metrics import console_line
-from agentrl.grpo.policy import ResponseLogProbs, old_logprobs_source
+from agentrl.grpo.policy import AdapterDisabled, ResponseLogProbs, engine_weights, old_logprobs_source
 from agentrl.grpo.prompts import PromptSampler
 from agentrl.grpo.step import Components, GrpoStep
 from agentrl.grpo.validation import EvalSet, fit_eval_sets, limit_problems, validate
@@ -47,6 +47,7 @@ from agentrl.rollout.memory_plan import TrainerMemory, trainer_growth_bytes
 from agentrl.training import deepspeed_engine as dse
 from agentrl.training.fingerprint import fingerprint_of, without_keys
 from agentrl.training.loop import TrainingLoop, training_stage
+from agentrl.training.lora import MergedWeightSource
 from agentrl.training.model import load_causal_lm
 from agentrl.training.seeds import derived_seed, rng_state_kept
 
@@ -175,12 +176,20 @@ def build_components(cfg: Config, paths: GrpoPaths, ctx: dse.DistributedContext,
     # In the training dtype: DeepSpeed casts the module to it and builds its fp32 master weights
     # from the cast copy, so a float32 load would only cost a transient 16 GB per 4B rank.
     model = load_causal_lm(
-        paths.model, dtype=dtype, device=ctx.device, gradient_checkpointing=cfg.grpo.deepspeed.gradient_checkpointing
+        paths.model,
+        dtype=dtype,
+        device=ctx.device,
+        gradient_checkpointing=cfg.grpo.deepspeed.gradient_checkpointing,
+        lora=cfg.grpo.lora,
+        lora_key="grpo.lora",
+        seed=derived_seed(cfg.seed, "grpo-lora"),
     )
     actor = ResponseLogProbs(model, logit_chunk_tokens=cfg.grpo.logit_chunk_tokens, temperature=cfg.rollout.temperature)
     engine = build_engine(actor, cfg, paths, ctx, dtype, steps)
     reference = None
-    if settings.uses_reference:
+    if settings.uses_reference and cfg.grpo.lora.enabled:  # the actor with its adapter off: no second model
+        reference = AdapterDisabled(engine.module)
+    elif settings.uses_reference:
         ref_model = load_causal_lm(paths.model, dtype=dtype, device=ctx.device).eval().requires_grad_(False)
         reference = ResponseLogProbs(
             ref_model, logit_chunk_tokens=cfg.grpo.logit_chunk_tokens, temperature=cfg.rollout.temperature
@@ -225,7 +234,8 @@ def start_rollout_process(cfg: Config, paths: GrpoPaths, parts: Components, eval
     from agentrl.grpo.rollout_process import RolloutPeer, RolloutProcess, TrainerWeights, rollout_gpus
 
     ctx = parts.ctx
-    source = TrainerWeights(parts.engine.module.model)
+    policy = parts.engine.module.model
+    source = MergedWeightSource(policy) if cfg.grpo.lora.enabled else TrainerWeights(policy)
     gpus = rollout_gpus(cfg, ctx, os.environ) if ctx.device.type == "cuda" else None
     if not ctx.is_main:
         return RolloutPeer(cfg, source, ctx, gpus)
@@ -258,10 +268,11 @@ def trainer_memory(cfg: Config, policy: torch.nn.Module, world_size: int) -> Tra
     """What this rank's trainer adds at its first step, and the rank's trajectories per rollout
     (for ``rollout.vllm.colocated_memory: measured``)."""
     parameters = sum(p.numel() for p in policy.parameters())
+    trainable = sum(p.numel() for p in policy.parameters() if p.requires_grad)  # a LoRA policy's: its adapters
     param_bytes = next(policy.parameters()).element_size()
     return TrainerMemory(
         parameters=parameters,
-        growth_bytes=trainer_growth_bytes(parameters, world_size, cfg.grpo.deepspeed.zero_stage, param_bytes),
+        growth_bytes=trainer_growth_bytes(trainable, world_size, cfg.grpo.deepspeed.zero_stage, param_bytes),
         trajectories_per_rank=cfg.grpo.batch_prompts * cfg.grpo.n // world_size,
     )
 
@@ -412,6 +423,6 @@ def resume_run(
     # The rollout engine loaded the initial model: the resumed policy must reach it before the
     # first rollout, not only after the next update (a rollout process gets it when it starts).
     if parts.rollout_engine is not None:
-        parts.rollout_engine.update_weights(parts.engine.module.model.named_parameters())
+        parts.rollout_engine.update_weights(engine_weights(parts.engine.module.model, parts.cfg.rollout))
     log.info("resumed from %s: step %d of %d done", paths.checkpoints, int(state["step"]), steps)
     return int(state["step"]), list(state["metrics"])

@@ -24,5 +24,7 @@ PRETRAIN_KEYS = ("epochs", "global_batch_size", "lr", "lr_schedule", "warmup_rat
 
 
 def pretrain_sft_config(pretrain: PretrainConfig, sft: SftConfig) -> SftConfig:
-    """``sft`` with the pretraining recipe in place of SFT's (:data:`PRETRAIN_KEYS`) and no ``sft.from``."""
-    return dataclasses.replace(sft, **{key: getattr(pretrain, key) for key in PRETRAIN_KEYS}, from_=None)
+    """``sft`` with the pretraining recipe in place of SFT's (:data:`PRETRAIN_KEYS`), no ``sft.from``
+    and no ``sft.lora``: pretraining starts from random weights, which a low-rank update cannot train."""
+    lora = dataclasses.replace(sft.lora, enabled=False)
+    return dataclasses.replace(sft, **{key: getattr(pretrain, key) for key in PRETRAIN_KEYS}, from_=None, lora=lora)

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from agentrl.config import ConfigError, SftConfig, TrackingConfig
+from agentrl.config import ConfigError, SftConfig, TrackingConfig, lora_section_problems
 from agentrl.data.records import read_sft_examples
 from agentrl.precision import resolve_dtype
 from agentrl.sft.batching import (
@@ -60,8 +60,10 @@ from agentrl.training import deepspeed_engine as dse
 from agentrl.training.collectives import max_over_ranks
 from agentrl.training.fingerprint import fingerprint_of, without_keys
 from agentrl.training.loop import TrainingLoop, training_stage
+from agentrl.training.lora import check_target_modules
 from agentrl.training.model import load_causal_lm
 from agentrl.training.packing import PackedRow, enable_packed_attention
+from agentrl.training.seeds import derived_seed
 
 log = logging.getLogger("agentrl.sft")
 
@@ -276,7 +278,7 @@ def _train_sft(
         log.setLevel(logging.WARNING)
     deepspeed.utils.logger.setLevel(logging.WARNING)
     torch.manual_seed(seed)
-    tokenizer, examples, plan, engine = _build(cfg, paths, ctx)
+    tokenizer, examples, plan, engine = _build(cfg, paths, ctx, seed)
     run = run_fingerprint(cfg, seed, ctx.world_size, paths)
     start, records = _resume_or_reset(engine, paths.checkpoint_dir, run, ctx)
     loop = TrainingLoop(
@@ -345,11 +347,16 @@ def step_record(
 
 
 def _build(
-    cfg: SftConfig, paths: SftPaths, ctx: dse.DistributedContext
+    cfg: SftConfig, paths: SftPaths, ctx: dse.DistributedContext, seed: int
 ) -> tuple[Any, list[TokenizedExample], StepPlan, Any]:
-    """The tokenizer, the tokenized conversations, the step plan and the DeepSpeed engine."""
+    """The tokenizer, the tokenized conversations, the step plan and the DeepSpeed engine (around
+    the model, or its LoRA adapters with ``sft.lora``: checked before the tokenization)."""
     from transformers import AutoTokenizer
 
+    problems = lora_section_problems("sft", cfg)
+    if problems:
+        raise ConfigError("; ".join(problems))
+    check_target_modules(paths.model_dir, cfg.lora, "sft.lora")
     tokenizer = AutoTokenizer.from_pretrained(paths.model_dir)
     examples = tokenize_examples(
         read_sft_examples(paths.data),
@@ -362,7 +369,14 @@ def _build(
     check_trained_tokens(examples, str(paths.data))
     plan = plan_steps(cfg, len(examples), ctx.world_size)
     dtype = resolve_dtype(cfg.deepspeed.dtype, ctx.device)
-    lm = load_causal_lm(paths.model_dir, dtype=dtype, gradient_checkpointing=cfg.deepspeed.gradient_checkpointing)
+    lm = load_causal_lm(
+        paths.model_dir,
+        dtype=dtype,
+        gradient_checkpointing=cfg.deepspeed.gradient_checkpointing,
+        lora=cfg.lora,
+        lora_key="sft.lora",
+        seed=derived_seed(seed, "sft-lora"),
+    )
     engine = dse.build_stage_engine(
         AssistantTokenNll(lm),
         cfg,

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from agentrl.config import ConfigError
-from agentrl.training import checkpoint_files
+from agentrl.training import checkpoint_files, lora
 from agentrl.training.checkpoint_files import LATEST, PARTIAL_SUFFIX, TRAINER_STATE
 from agentrl.training.fingerprint import (
     ACCIDENTAL_DIFFERENCES,
@@ -266,8 +266,10 @@ def build_engine(model: torch.nn.Module, ds_config: dict[str, Any], optim: Optim
     import deepspeed
     from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
+    # The trainable parameters only: a LoRA model's frozen base weights get no moments.
+    trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay
+        trainable, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay
     )
     if optim.schedule == "cosine":
         scheduler = get_cosine_schedule_with_warmup(optimizer, optim.warmup_steps, optim.total_steps)
@@ -377,7 +379,10 @@ def save_checkpoint(
                 also(partial)
             if ctx.is_main:
                 (partial / TRAINER_STATE).write_text(json.dumps({**trainer_state, "step": step}, indent=1))
-            engine.save_checkpoint(str(checkpoint_dir), tag=partial_tag, save_latest=False)
+            # frozen weights (a LoRA model's base) are the model folder's, in the run fingerprint
+            engine.save_checkpoint(
+                str(checkpoint_dir), tag=partial_tag, save_latest=False, exclude_frozen_parameters=True
+            )
             torch.distributed.barrier()  # every rank's files are written before the folder is renamed
             if ctx.is_main:
                 checkpoint_files.write_manifest(partial)
@@ -406,8 +411,12 @@ def _prune(checkpoint_dir: Path, keep: int | None) -> None:
 
 
 def load_checkpoint(engine, checkpoint_dir: str | Path, ctx: DistributedContext, tag: str) -> None:
-    """Restore model, optimizer, scheduler and this rank's RNG from the checkpoint ``tag``."""
-    load_path, _ = engine.load_checkpoint(str(checkpoint_dir), tag=tag)
+    """Restore model, optimizer, scheduler and this rank's RNG from the checkpoint ``tag``.
+
+    A module with frozen parameters (a LoRA model's base weights) was saved without them
+    (:func:`save_checkpoint`): they stay as loaded from the model folder, the rest is restored."""
+    frozen = any(not p.requires_grad for p in engine.module.parameters())
+    load_path, _ = engine.load_checkpoint(str(checkpoint_dir), tag=tag, load_module_strict=not frozen)
     if load_path is None:
         raise RuntimeError(f"DeepSpeed could not load checkpoint {Path(checkpoint_dir) / tag}")
     rng_file = Path(checkpoint_dir) / tag / f"rng_rank{ctx.rank}.pt"
@@ -538,7 +547,9 @@ def write_hf_folder(engine, model: torch.nn.Module, tokenizer, folder: str | Pat
     zero3 = engine.zero_optimization_stage() == 3
     params = list(model.parameters()) if zero3 else []
     with deepspeed.zero.GatheredParameters(params, modifier_rank=None, enabled=zero3):
-        if ctx.is_main:
+        if ctx.is_main and lora.is_lora(model):  # merged weights, the adapter beside them (not under ZeRO-3)
+            lora.save_merged_folder(model, tokenizer, folder)
+        elif ctx.is_main:
             save_hf_folder(model, tokenizer, folder)
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -58,7 +59,7 @@ def distinct_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def write_safetensors(
-    tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None
+    tensors: Mapping[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None
 ) -> None:
     """Write ``tensors`` as one safetensors file, one tensor in host memory at a time.
 
@@ -88,8 +89,12 @@ def write_safetensors(
             out.write(host.reshape(-1).view(torch.uint8).numpy().data)
 
 
-def save_hf_folder(model: torch.nn.Module, tokenizer, folder: str | Path) -> None:
-    """``model`` (a transformers ``PreTrainedModel``) and ``tokenizer`` as a Hugging Face folder."""
+def save_hf_folder(
+    model: torch.nn.Module, tokenizer, folder: str | Path, tensors: Mapping[str, torch.Tensor] | None = None
+) -> None:
+    """``model`` (a transformers ``PreTrainedModel``) and ``tokenizer`` as a Hugging Face folder;
+    ``tensors`` in place of the model's own (a LoRA model's merged weights,
+    :class:`agentrl.training.lora.MergedWeights`: read twice, for the header and for the bytes)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     model.config.dtype = str(model.dtype).split(".")[1]
@@ -97,6 +102,6 @@ def save_hf_folder(model: torch.nn.Module, tokenizer, folder: str | Path) -> Non
     model.config.save_pretrained(folder)
     if model.can_generate():
         model.generation_config.save_pretrained(folder)
-    write_safetensors(distinct_tensors(model), folder / WEIGHTS_NAME)
+    write_safetensors(distinct_tensors(model) if tensors is None else tensors, folder / WEIGHTS_NAME)
     tokenizer.save_pretrained(folder)
     stamp_model_digest(folder)
