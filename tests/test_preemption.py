@@ -14,7 +14,50 @@ import pytest
 from helpers.grpo_runs import GRPO_STEPS, TINY_RUN, arith_split, grpo_paths, metric_records_so_far, unsaved_grpo_command
 from helpers.sft_runs import BASE_SFT, sft_env, sft_run_args, sft_run_results, sft_workspace, train_sft_run
 
-from agentrl.training.preemption import EXIT_CODE, CheckpointClock, StepBoundary, StopRequest, stop_on_signals
+from agentrl.training.preemption import (
+    EXIT_CODE,
+    CheckpointClock,
+    StepBoundary,
+    StopRequest,
+    TimeLimitClock,
+    job_end_time,
+    stop_on_signals,
+)
+
+
+def test_the_time_limit_is_near_when_one_more_step_of_the_longest_length_would_end_within_the_margin():
+    import torch
+
+    now = [0.0]
+    clock = TimeLimitClock(1000.0, 5.0, now=lambda: now[0])
+    assert not clock.due()
+    now[0] = 650.0
+    clock.step_took(40.0)
+    assert not clock.due()  # 650 + 40 + 300 < 1000
+    clock.step_took(10.0)  # the longest step counts, not the last
+    now[0] = 661.0
+    assert clock.due() and "min left" in clock.reason()
+    assert not TimeLimitClock(None, 5.0, now=lambda: 1e12).due()  # no time limit
+    assert not TimeLimitClock(1000.0, None, now=lambda: 1e12).due()  # turned off
+    boundary = StepBoundary(StopRequest(), CheckpointClock(None), torch.device("cpu"), clock)
+    decision = boundary.decide(step_interval_due=False, last_step=False, step_seconds=1.0)
+    assert decision.save and decision.stop and decision.reason.startswith("the SLURM job's time limit ("), decision
+    assert not boundary.decide(step_interval_due=False, last_step=True).save  # the final model follows
+
+
+def test_the_job_end_time_is_read_from_the_environment_else_from_squeue(tmp_path, monkeypatch):
+    from helpers.fake_slurm import add_job, install, read_job, write_job
+
+    for key, value in install(tmp_path / "bin", tmp_path / "slurm").items():
+        monkeypatch.setenv(key, value)
+    job = add_job(tmp_path / "slurm", state_name="RUNNING", workdir=str(tmp_path), comment="rule_sft")
+    end = read_job(job, tmp_path / "slurm")["end_limit"]
+    assert job_end_time({"SLURM_JOB_END_TIME": "1700000000", "SLURM_JOB_ID": job}) == 1700000000.0
+    assert job_end_time({"SLURM_JOB_ID": job}) == float(int(end))  # squeue prints whole seconds, local time
+    assert job_end_time({"SLURM_JOB_ID": job}, ask_squeue=False) is None
+    assert job_end_time({}) is None
+    write_job({**read_job(job, tmp_path / "slurm"), "end_limit": None}, tmp_path / "slurm")
+    assert job_end_time({"SLURM_JOB_ID": job}) is None  # N/A: no limit
 
 
 @pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGTERM])

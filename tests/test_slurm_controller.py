@@ -3,18 +3,21 @@
 The real ``snakemake --profile profiles/slurm`` with snakemake-executor-plugin-slurm runs here,
 with fake SLURM commands first on PATH (tests/helpers/fake_slurm.py): ``sbatch`` records each
 submission (and starts its job as a real process when the test lets it), ``squeue`` and
-``sacct`` answer from the fake cluster's job files.
+``sacct`` answer from the fake cluster's job files. A job that runs goes through the real chain of
+a SLURM job: the batch script sbatch was given (the job step's ``snakemake --executor
+slurm-jobstep``), the job-step plugin's ``srun -n1`` and the rule's command in it.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from helpers.fake_slurm import add_job, install, sbatch_calls
-from helpers.workflows import ROOT, snakemake_command, snakemake_env, write_config
+from helpers.fake_slurm import add_job, install, jobs, sbatch_calls
+from helpers.workflows import ROOT, TINY, snakemake, snakemake_command, snakemake_env, write_config
 
 pytest.importorskip("snakemake_executor_plugin_slurm", reason="pip install -e '.[test]'")
 
@@ -24,11 +27,11 @@ SLURM_PROFILE = str(ROOT / "profiles" / "slurm")
 class Cluster:
     """A results folder's workdir, the fake cluster's state and the environment that reaches it."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *overlays: dict) -> None:
         self.state = root / "slurm"
         self.workdir = root / "run"
         self.workdir.mkdir()
-        write_config(self.workdir)
+        write_config(self.workdir, *overlays)
         env = {**snakemake_env(), **install(root / "bin", self.state)}
         for key in ("AGENTRL_GPUS_PER_NODE", "AGENTRL_NODES", "AGENTRL_RUNNING_JOBS", "SLURM_JOB_ID"):
             env.pop(key, None)
@@ -57,6 +60,9 @@ class Cluster:
 
     def submissions(self) -> list[list[str]]:
         return sbatch_calls(self.state)
+
+    def jobs_of(self, rule: str) -> list[dict]:
+        return [job for job in jobs(self.state) if job["comment"] == f"rule_{rule}"]
 
 
 @pytest.fixture
@@ -131,3 +137,43 @@ def test_a_held_checkpoint_folder_is_refused_before_any_job_is_submitted(cluster
 def test_a_bad_config_is_refused_before_any_job_is_submitted(cluster):
     out = cluster.refused("--config", "sft={lr: -1}", AGENTRL_GPUS_PER_NODE="0")
     assert "sft.lr" in out, out[-3000:]
+
+
+# The tiny workflow's SFT from the random base model, 8 steps of 2 conversations. The time limit's margin is
+# all of the fake limit but 3 s, so the first step boundary is already within it however fast this machine
+# is (two snakemake loads and the stage's start come before), and the job still has minutes to checkpoint.
+FAKE_LIMIT_S = 300  # the first sft job's limit
+SHORT_SFT = {
+    "model": {"embedded": {"pretrain": {"enable": False}}},
+    "sft": {
+        "epochs": 2,
+        "global_batch_size": 2,
+        "micro_batch_size": 2,
+        "save_every_steps": 0,
+        "save_before_end_minutes": (FAKE_LIMIT_S - 3) / 60,
+    },
+}
+
+
+@pytest.mark.slow
+def test_a_training_job_near_its_time_limit_checkpoints_and_the_next_attempt_resumes(tmp_path):
+    """No --signal, no signal at all: the trainer reads its job's end time (squeue, as the job-step plugin
+    strips SLURM_JOB_END_TIME) and stops with a checkpoint before the limit; the job fails, Snakemake's retry
+    submits it again and the new job resumes, every step trained once."""
+    cluster = Cluster(tmp_path, TINY, SHORT_SFT)
+    snakemake(cluster.workdir, "results/data/sft.parquet", "results/models/base/config.json", timeout=600)
+    done = cluster.snakemake(
+        "results/models/sft/config.json", "--retries", "1", "--slurm-init-seconds-before-status-checks", "5",
+        timeout=900, AGENTRL_GPUS_PER_NODE="0", FAKE_SLURM_LIMIT_S=f"sft:{FAKE_LIMIT_S}", FAKE_SLURM_KILL_WAIT_S="2",
+    )  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    first, second = cluster.jobs_of("sft")
+    assert (first["state"], second["state"]) == ("FAILED", "COMPLETED"), (first, second)
+    attempts = (cluster.workdir / "results" / "logs" / "sft.attempts.log").read_text()
+    assert "sft: stopped on the SLURM job's time limit (" in attempts and "(exit code 75)" in attempts, attempts[-3000:]
+    stopped = int(attempts.split("after step ")[1].split(";")[0])
+    assert 1 <= stopped < 8, attempts[-3000:]
+    assert f"SFT done: 8 steps ({8 - stopped} this run)" in attempts.split("=== attempt started")[-1], attempts[-3000:]
+    steps = [json.loads(line)["step"] for line in (cluster.workdir / "results" / "sft" / "metrics.jsonl").open()]
+    assert steps == list(range(1, 9)), steps

@@ -250,6 +250,7 @@ class SftConfig:
     grad_clip: float
     save_every_steps: int
     save_every_minutes: float | None
+    save_before_end_minutes: float | None
     collective_timeout_minutes: float
     keep_checkpoints: int | None
     deepspeed: DeepSpeedConfig
@@ -357,6 +358,7 @@ class GrpoConfig:
     validation: GrpoValidationConfig
     save_freq: int
     save_every_minutes: float | None
+    save_before_end_minutes: float | None
     collective_timeout_minutes: float
     keep_checkpoints: int | None
     deepspeed: DeepSpeedConfig

@@ -158,7 +158,13 @@ def plan_steps(cfg: SftConfig, num_examples: int, world_size: int) -> StepPlan:
 
 # sft keys that change how checkpoints are kept or how long collectives wait, not what a step computes.
 NOT_IN_FINGERPRINT = {
-    "sft": ("save_every_steps", "save_every_minutes", "collective_timeout_minutes", "keep_checkpoints")
+    "sft": (
+        "save_every_steps",
+        "save_every_minutes",
+        "save_before_end_minutes",
+        "collective_timeout_minutes",
+        "keep_checkpoints",
+    )
 }
 
 
@@ -291,6 +297,7 @@ def _train_sft(
         metrics=paths.metrics,
         checkpoint_dir=paths.checkpoint_dir,
         save_every_minutes=cfg.save_every_minutes,
+        save_before_end_minutes=cfg.save_before_end_minutes,
         tracking=tracking,
         tracking_folder=paths.checkpoint_dir.parent,
         run_config=dataclasses.asdict(cfg),

@@ -10,7 +10,8 @@ the rest, so the two stages cannot drift apart on it:
 - after each step, the step boundary (:class:`~agentrl.training.preemption.StepBoundary`), the
   same on every rank: checkpoint when the stage's step interval, the wall-time interval or a
   stop request says so, then stop with :class:`~agentrl.training.preemption.StoppedForRetry`
-  on a stop request (a signal, or the parent's exit: :mod:`agentrl.training.parent_watch`);
+  on a stop request (a signal, or the parent's exit: :mod:`agentrl.training.parent_watch`) or
+  when the SLURM job's time limit is near (``save_before_end_minutes``);
 - the progress bar, and the writer's close however the loop ends.
 
 :func:`training_stage` holds what a stage holds for its whole run: the checkpoint folder's lock,
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,8 @@ from agentrl.training.preemption import (
     StepBoundary,
     StoppedForRetry,
     StopRequest,
+    TimeLimitClock,
+    job_end_time,
     stop_on_signals,
 )
 
@@ -65,6 +69,8 @@ class TrainingLoop:
     the metrics file is rewritten with them first (:meth:`MetricsWriter.reset`), so lines of
     steps that run again disappear. ``tracking`` (None: no curves) and ``run_config`` go to the
     :class:`~agentrl.tracking.Tracker` in ``tracking_folder``; ``echo`` sees each record written.
+    ``save_before_end_minutes`` (None: never): the margin before the SLURM job's time limit
+    (:class:`~agentrl.training.preemption.TimeLimitClock`).
     """
 
     def __init__(
@@ -79,6 +85,7 @@ class TrainingLoop:
         metrics: Path,
         checkpoint_dir: Path,
         save_every_minutes: float | None,
+        save_before_end_minutes: float | None = None,
         tracking: TrackingConfig | None = None,
         tracking_folder: Path | None = None,
         run_config: Mapping[str, Any] | None = None,
@@ -88,6 +95,7 @@ class TrainingLoop:
         self.stage, self.start, self.total_steps = stage, start, total_steps
         self.records, self.checkpoint_dir = records, checkpoint_dir
         self.stop, self.save_every_minutes, self.device = stop, save_every_minutes, ctx.device
+        self.save_before_end_minutes = save_before_end_minutes
         self.writer = None
         if ctx.is_main:
             folder = tracking_folder if tracking_folder is not None else metrics.parent
@@ -120,19 +128,21 @@ class TrainingLoop:
         record: Record = {}
         # Made when the steps start: the wall-time interval and the bar's rate count steps, not
         # what a stage does before them (GRPO's validation before training).
-        boundary = StepBoundary(self.stop, CheckpointClock(self.save_every_minutes), self.device)
+        boundary = StepBoundary(self.stop, CheckpointClock(self.save_every_minutes), self.device, self._time_limit())
         self.progress = make_progress(
             self.total_steps, self.stage, unit="steps", initial=self.start, disable=not self.is_main, logger=self.log
         )
         try:
             for step in range(self.start + 1, self.total_steps + 1):
+                began = time.monotonic()
                 record = run_step(step)
+                took = time.monotonic() - began
                 self.emit(record)
                 if postfix is not None:
                     self.progress.set_postfix(**postfix(record))
                 self.progress.update(1)
                 last = step == self.total_steps
-                decision = boundary.decide(step_interval_due=interval_due(step), last_step=last)
+                decision = boundary.decide(step_interval_due=interval_due(step), last_step=last, step_seconds=took)
                 if decision.save:
                     save(step, self.records)
                     boundary.saved()
@@ -141,6 +151,18 @@ class TrainingLoop:
         finally:
             self.close()
         return record
+
+    def _time_limit(self) -> TimeLimitClock:
+        """The clock of the SLURM job's time limit (rank 0 asks squeue; the ranks agree at each boundary)."""
+        end = job_end_time(ask_squeue=self.is_main) if self.save_before_end_minutes is not None else None
+        if end is not None and self.is_main:
+            self.log.info(
+                "the SLURM job ends at %s: a checkpoint is written and the stage stops (exit 75, resumed by the "
+                "next attempt) once a step would end within %g minutes of it",
+                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(end)),
+                self.save_before_end_minutes,
+            )
+        return TimeLimitClock(end, self.save_before_end_minutes)
 
     def close(self) -> None:
         if self.progress is not None:
