@@ -77,7 +77,6 @@ NOT_IN_FINGERPRINT = {
         "save_freq",
         "save_every_minutes",
         "save_before_end_minutes",
-        "save_before_end_minutes",
         "collective_timeout_minutes",
         "keep_checkpoints",
         "rollout_queue",  # which rank rolls out a group: the same trajectories on any
@@ -331,7 +330,6 @@ def _train(cfg: Config, paths: GrpoPaths, stop) -> int:
             metrics=paths.metrics,
             checkpoint_dir=paths.checkpoints,
             save_every_minutes=cfg.grpo.save_every_minutes,
-            save_before_end_minutes=cfg.grpo.save_before_end_minutes,
             save_before_end_minutes=cfg.grpo.save_before_end_minutes,
             tracking=cfg.tracking,
             run_config=dataclasses.asdict(cfg),
