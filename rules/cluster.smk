@@ -9,9 +9,7 @@ import time
 from agentrl.training.folder_lock import LOCK_DIR_SETTING
 from agentrl.training.slurm_jobs import (
     RUNNING_JOBS_SETTING,
-    SCONTROL_PARTITIONS,
     SQUEUE,
-    cancelling_partitions,
     jobs_of_this_run,
     lock_holders,
     parse_squeue,
@@ -216,33 +214,48 @@ def check_running_jobs():
         time.sleep(RUNNING_JOBS_POLL_S)
 
 
-def check_preemption():
-    """Warn about partitions that preempt by cancelling: a job preempted there never ends for the
-    SLURM plugin 2.8 (it takes PREEMPTED for running), so snakemake would wait for it for ever.
+def _command_line():
+    """The command that continues this run: its settings from the environment, then snakemake's arguments."""
+    import shlex
 
-    The partitions are those of the plugin's partition file (all when there is none), their
-    PreemptMode from scontrol. A warning, not a refusal: preemption may never happen, and the
-    recovery is documented (docs/paper-scale.md, "Preemption, timeouts and retries").
+    settings = [f"{key}={shlex.quote(os.environ[key])}" for key in (GPU_SETTING, NODES_SETTING) if key in os.environ]
+    return " ".join([*settings, "snakemake", shlex.join(sys.argv[1:])])
+
+
+def watch_preemptions():
+    """Fail, within two status checks, a submitted job that was preempted for good, so that the
+    run's retries submit it again (a training job resumes from its checkpoint, a shard job from
+    its finished problems) instead of the run waiting for it for ever.
+
+    snakemake-executor-plugin-slurm 2.8 takes PREEMPTED for still running: after one warning
+    ("A Job preemption occured!") its Executor.check_active_jobs keeps such a job active. Where
+    SLURM requeues preempted jobs (PreemptMode=REQUEUE) that is right; where it cancels them
+    (PreemptMode=CANCEL, of a partition or of a QOS) the job never comes back. So the plugin's check
+    is wrapped: agentrl.training.slurm_jobs.PreemptionWatch asks squeue (and sacct for jobs squeue
+    no longer lists) first, and a job preempted for good on two checks in a row is reported failed
+    with one line naming it, its state and the command that continues the run. Only in the
+    controller of a run: nothing is polled in a dry run or a job step.
     """
-    import shutil
-    import subprocess
-
-    import yaml
-
-    if EXECUTOR != "slurm" or shutil.which(SCONTROL_PARTITIONS[0]) is None:
+    if EXECUTOR != "slurm" or RUN_MODE != "run":
         return
-    names = None
-    if PARTITION_FILE and Path(PARTITION_FILE).is_file():
-        names = list((yaml.safe_load(Path(PARTITION_FILE).read_text()) or {}).get("partitions", {}))
-    done = subprocess.run(SCONTROL_PARTITIONS, capture_output=True, text=True, timeout=60)
-    cancelling = cancelling_partitions(done.stdout, names) if done.returncode == 0 else []
-    if cancelling:
-        logger.warning(
-            f"partition(s) {', '.join(cancelling)} preempt by cancelling (PreemptMode=CANCEL): a job preempted there "
-            "ends PREEMPTED, which the SLURM executor plugin takes for still running, and snakemake would wait for it "
-            "for ever (it says 'A Job preemption occured!'). Then: docs/paper-scale.md, 'Preemption, timeouts and "
-            "retries'; or use partitions that requeue (PreemptMode=REQUEUE)"
-        )
+    import snakemake_executor_plugin_slurm as plugin
+    from agentrl.training.slurm_jobs import PreemptionWatch, preemption_message
+
+    plugin_check = plugin.Executor.check_active_jobs
+    if getattr(plugin_check, "watches_preemption", False):
+        return
+    watch, command = PreemptionWatch(), _command_line()
+
+    async def check_active_jobs(self, active_jobs):
+        gone = watch.gone(job.external_jobid for job in active_jobs)
+        for job in active_jobs:
+            if job.external_jobid in gone:
+                self.report_job_error(job, msg=preemption_message(job.external_jobid, job.job.name, command))
+        async for job in plugin_check(self, [job for job in active_jobs if job.external_jobid not in gone]):
+            yield job
+
+    check_active_jobs.watches_preemption = True
+    plugin.Executor.check_active_jobs = check_active_jobs
 
 
 def _held_paths():

@@ -14,10 +14,12 @@ from pathlib import Path
 
 from agentrl.training.slurm_jobs import (
     SQUEUE,
-    cancelling_partitions,
+    PreemptionWatch,
     jobs_of_this_run,
     lock_holders,
     parse_squeue,
+    parse_states,
+    preemption_message,
     refusal,
 )
 
@@ -76,14 +78,33 @@ def test_holders_in_the_lock_directory_count_for_the_folder_they_lock(tmp_path):
     assert list(lock_holders(results)) == [] and list(lock_holders(results, str(locks))) == ["77"]
 
 
-def test_partitions_that_preempt_by_cancelling_are_found_in_scontrol_text():
-    text = "\n".join(
-        [
-            "PartitionName=gpu AllowGroups=ALL Default=NO MaxTime=1-00:00:00 PreemptMode=CANCEL State=UP",
-            "PartitionName=gpu-long MaxTime=3-00:00:00 PreemptMode=REQUEUE State=UP",
-            "PartitionName=scavenger MaxTime=1-00:00:00 PreemptMode=GANG,CANCEL State=UP",
-            "PartitionName=cpu MaxTime=1-00:00:00 PreemptMode=OFF State=UP",
-        ]
+def test_sacct_and_squeue_states_are_read_by_job():
+    assert parse_states("11|RUNNING\n12|CANCELLED by 1001\n\n13|PREEMPTED\n") == {
+        "11": "RUNNING",
+        "12": "CANCELLED",
+        "13": "PREEMPTED",
+    }
+
+
+def test_a_job_preempted_for_good_is_found_on_the_second_check_and_a_requeued_one_never(tmp_path, monkeypatch):
+    """Real squeue and sacct calls, to the fake cluster's commands: a job preempted on a CANCEL partition
+    stays PREEMPTED (and squeue forgets it after MinJobAge), a requeued one is PENDING again."""
+    from helpers.fake_slurm import add_job, install, read_job, write_job
+
+    state = tmp_path / "slurm"
+    for key, value in install(tmp_path / "bin", state).items():
+        monkeypatch.setenv(key, value)
+    cancelled, forgotten, requeued, running = (
+        add_job(state, state_name=name, workdir=WORKDIR, comment="rule_grpo")
+        for name in ("PREEMPTED", "PREEMPTED", "PENDING", "RUNNING")
     )
-    assert cancelling_partitions(text) == ["gpu", "scavenger"]
-    assert cancelling_partitions(text, ["gpu-long", "cpu", "scavenger"]) == ["scavenger"]
+    write_job({**read_job(forgotten, state), "purged": True}, state)
+    watch = PreemptionWatch()
+    submitted = [cancelled, forgotten, requeued, running]
+    assert watch.gone(submitted) == set(), "not on the first check: SLURM may be about to requeue it"
+    assert watch.gone(submitted) == {cancelled, forgotten}
+    write_job({**read_job(running, state), "state": "PREEMPTED"}, state)
+    assert watch.gone([running]) == set() and watch.gone([running]) == {running}
+    message = preemption_message(cancelled, "grpo", "AGENTRL_GPUS_PER_NODE=8 snakemake --profile profiles/slurm")
+    assert "\n" not in message.rstrip("\n") and f"SLURM job {cancelled} (grpo) was PREEMPTED" in message
+    assert message.endswith("continue it with: AGENTRL_GPUS_PER_NODE=8 snakemake --profile profiles/slurm\n")

@@ -255,8 +255,8 @@ def squeue(argv: list[str]) -> int:
     ids = set(wanted.split(",")) if wanted else None
     everything = (options.get("--states") or options.get("-t", "")).lower() == "all" or ids is not None
     for job in jobs():
-        if ids is not None and job["id"] not in ids:
-            continue
+        if job.get("purged") or (ids is not None and job["id"] not in ids):
+            continue  # purged: past MinJobAge, squeue forgot it (sacct has it)
         if "--name" in options and job.get("name") != options["--name"]:
             continue
         if not everything and job["state"] not in ACTIVE:

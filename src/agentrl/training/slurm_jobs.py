@@ -17,12 +17,18 @@ Two ways a job is this results folder's:
   of this workflow: also jobs still pending. Another results folder's run from the same directory
   looks the same; the message says so and how to go on (``AGENTRL_RUNNING_JOBS=ignore``).
 
-Pure functions of the text ``squeue`` prints and of the lock files, tested without a cluster.
+During a run, the controller also watches its jobs for preemption that does not come back
+(:class:`PreemptionWatch`, used by ``watch_preemptions`` in rules/cluster.smk): the SLURM executor
+plugin would wait for such a job for ever.
+
+Pure functions of the text ``squeue`` and ``sacct`` print and of the lock files; the watch runs
+the two commands.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,23 +127,76 @@ def gres_gpus(gres: str) -> int | None:
     return None
 
 
-# One line per partition; PreemptMode as `scontrol show partition -o` prints it
-SCONTROL_PARTITIONS = ["scontrol", "show", "partition", "--oneliner"]
+# Every job of the user that squeue still knows, finished ones included (MinJobAge), and its state
+SQUEUE_STATES = ["squeue", "--me", "--states=all", "--noheader", "--format=%i|%T"]
+SACCT_STATES = ["sacct", "-X", "--parsable2", "--noheader", "--format=JobIDRaw,State"]  # then -j <ids>
 
 
-def cancelling_partitions(scontrol: str, names: Iterable[str] | None = None) -> list[str]:
-    """The partitions (of ``names``, or all) whose ``PreemptMode`` is CANCEL, from the text of
-    ``scontrol show partition --oneliner``.
+def parse_states(text: str) -> dict[str, str]:
+    """Job id -> state, from ``<id>|<state>`` lines (:data:`SQUEUE_STATES`, :data:`SACCT_STATES`)."""
+    states = {}
+    for line in text.splitlines():
+        job, _, state = line.strip().partition("|")
+        if job and state:
+            states[job] = state.split()[0]  # sacct writes "CANCELLED by <uid>"
+    return states
 
-    A job preempted there ends PREEMPTED and does not come back; the SLURM executor plugin 2.8
-    takes PREEMPTED for still running (``Executor.check_active_jobs`` warns "A Job preemption
-    occured!" once and keeps the job active), so snakemake waits for it for ever.
+
+def preempted_for_good(job_ids: Iterable[str], queued: Mapping[str, str], accounted: Mapping[str, str]) -> set[str]:
+    """The jobs that were preempted and that SLURM will not run again.
+
+    ``queued`` is squeue's state of each job it lists, ``accounted`` sacct's. A job preempted on a
+    ``PreemptMode=CANCEL`` partition or QOS ends PREEMPTED: squeue lists it so until MinJobAge, then
+    not at all, while sacct keeps saying PREEMPTED. A job SLURM requeues (``PreemptMode=REQUEUE``)
+    is listed COMPLETING while its processes end, then PENDING, and runs again under its id.
     """
-    wanted = None if names is None else set(names)
-    found = []
-    for line in scontrol.splitlines():
-        fields = dict(item.split("=", 1) for item in line.split() if "=" in item)
-        name, mode = fields.get("PartitionName"), fields.get("PreemptMode", "")
-        if name and (wanted is None or name in wanted) and "CANCEL" in mode.upper().split(","):
-            found.append(name)
-    return found
+    gone = set()
+    for job in job_ids:
+        state = queued.get(job)
+        if state == "PREEMPTED" or (state is None and accounted.get(job) == "PREEMPTED"):
+            gone.add(job)
+    return gone
+
+
+class PreemptionWatch:
+    """Finds the submitted jobs preempted for good, for the controller to fail them (a retry then
+    submits them again) instead of waiting: snakemake-executor-plugin-slurm 2.8 takes PREEMPTED for
+    still running (``Executor.check_active_jobs``), so the run would wait for such a job for ever.
+
+    A job counts once :func:`preempted_for_good` says so on two checks in a row, so that a job SLURM
+    is about to requeue is not failed in the moment between its preemption and its requeue.
+    ``run`` runs a command (subprocess.run's signature); squeue or sacct failing finds nothing.
+    """
+
+    def __init__(self, run=subprocess.run) -> None:
+        self._run = run
+        self._suspects: set[str] = set()
+
+    def _states(self, command: list[str]) -> dict[str, str] | None:
+        try:
+            done = self._run(command, capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return parse_states(done.stdout) if done.returncode == 0 else None
+
+    def gone(self, job_ids: Iterable[str]) -> set[str]:
+        """Those of ``job_ids`` preempted for good on this check and the one before."""
+        job_ids = set(job_ids)
+        queued = self._states(SQUEUE_STATES)
+        if queued is None:
+            return set()
+        unlisted = sorted(job for job in job_ids if job not in queued)
+        accounted = (self._states([*SACCT_STATES, "-j", ",".join(unlisted)]) or {}) if unlisted else {}
+        found = preempted_for_good(job_ids, queued, accounted)
+        gone, self._suspects = found & self._suspects, found
+        return gone
+
+
+def preemption_message(job_id: str, rule: str, command: str) -> str:
+    """One line: the job, its state, what snakemake does now and the command that continues the run."""
+    return (
+        f"SLURM job {job_id} ({rule}) was PREEMPTED and SLURM will not run it again (its partition or QOS "
+        "preempts with PreemptMode=CANCEL): snakemake submits it anew while its retries last, and a training or "
+        "shard job resumes from its checkpoint or finished problems. If the run stops here, continue it with: "
+        f"{command}\n"  # Snakemake appends its own sentence to a job's error message
+    )
