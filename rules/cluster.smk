@@ -214,6 +214,28 @@ def check_running_jobs():
         time.sleep(RUNNING_JOBS_POLL_S)
 
 
+def check_plugins():
+    """Refuse a SLURM run whose installed SLURM plugins are not those the workflow is written
+    against (agentrl.training.slurm_jobs.PLUGINS, the pins of pyproject.toml's slurm extra): the
+    several-node launch relies on the job-step plugin's run_job, which runs every job of the run on
+    the compute nodes from this same environment. A dry run only warns."""
+    from importlib.metadata import version
+
+    from agentrl.training.slurm_jobs import PLUGINS, plugin_problems
+
+    if EXECUTOR != "slurm":
+        return
+    problems = plugin_problems(version)
+    if not problems:
+        return
+    pins = " ".join(f"'{name}{kind}{wanted}'" for name, (kind, wanted) in PLUGINS.items())
+    message = f"{'; '.join(problems)}: pip install {pins} (pip install -e '.[slurm]' installs them)"
+    if DRY_RUN:
+        logger.warning(message)
+        return
+    raise WorkflowError(message)
+
+
 def _command_line():
     """The command that continues this run: its settings from the environment, then snakemake's arguments."""
     import shlex

@@ -144,7 +144,7 @@ def test_slurm_two_nodes_inside_the_per_node_step_runs_static_torchrun(node_id):
         "--master_addr",
         "gpu01",
         "--master_port",
-        str(15000 + 123456 % 20000),
+        str(10000 + 123456 % 20000),
         "--nproc_per_node",
         "8",
         "-m",
@@ -207,6 +207,14 @@ def test_sandbox_workers_null_follow_the_job_cpus(monkeypatch):
 def test_master_port_prefers_the_environment():
     assert master_port({"MASTER_PORT": "4242", "SLURM_JOB_ID": "7"}) == 4242
     assert master_port({}) == 29500
+
+
+def test_a_port_from_the_job_id_is_never_in_linux_s_ephemeral_range():
+    """32768-60999 (net.ipv4.ip_local_port_range's default): the kernel may have given it to any outgoing
+    connection on the node, and the rendezvous could not bind it."""
+    ports = {master_port({"SLURM_JOB_ID": str(job)}) for job in range(0, 200000, 7)}
+    assert min(ports) >= 1024 and max(ports) < 32768, (min(ports), max(ports))
+    assert len(ports) > 19000, "jobs sharing a node still get ports of their own"
 
 
 @pytest.mark.parametrize(

@@ -208,7 +208,7 @@ def test_a_two_node_training_job_is_one_task_per_node_with_every_node_gpus(two_n
             "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_JOB_NUM_NODES": "2"}  # fmt: skip
     torchrun = build_launch_command(module, node, 8, nnodes=2, python="python")
     assert torchrun[:13] == ["python", "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", "1",
-                             "--master_addr", "gpu07", "--master_port", str(15000 + 4242), "--nproc_per_node", "8"]  # fmt: skip
+                             "--master_addr", "gpu07", "--master_port", str(10000 + 4242), "--nproc_per_node", "8"]  # fmt: skip
 
 
 def test_a_two_node_job_asks_for_the_gpus_of_each_node_not_of_the_job():
@@ -260,6 +260,17 @@ def test_two_nodes_that_do_not_split_the_batches_are_refused():
     done = _dry_run("--profile", "profiles/slurm", "--configfile", PAPER, AGENTRL_NODES="grpo:4")
     out = done.stdout + done.stderr
     assert done.returncode != 0 and "the grpo rule's gpu resource (32 on 4 nodes)" in out, out[-2000:]
+
+
+def test_a_slurm_dry_run_prints_the_threads_each_job_gets():
+    """Snakemake gives a dry run --cores 1, which caps every job's threads; the profile's cores lifts the cap."""
+    done = _dry_run("--profile", "profiles/slurm", "--configfile", PAPER, "--printshellcmds")
+    assert done.returncode == 0, done.stderr[-2000:]
+    commands = [line for line in done.stdout.splitlines() if line.startswith("Shell command:")]
+    training = [c for c in commands if re.search(r"python -m agentrl (sft|grpo) ", c)]
+    rollouts = [c for c in commands if re.search(r"python -m agentrl (evaluate (run|shard)|filter score)", c)]
+    assert len(training) == 2 and all("--threads 64" in c for c in training), [c[-200:] for c in training]
+    assert rollouts and all("--threads 16" in c for c in rollouts), rollouts[0][-200:]
 
 
 def test_a_slurm_dry_run_without_a_gpu_count_warns():

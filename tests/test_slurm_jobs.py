@@ -13,12 +13,14 @@ import textwrap
 from pathlib import Path
 
 from agentrl.training.slurm_jobs import (
+    PLUGINS,
     SQUEUE,
     PreemptionWatch,
     jobs_of_this_run,
     lock_holders,
     parse_squeue,
     parse_states,
+    plugin_problems,
     preemption_message,
     refusal,
 )
@@ -108,3 +110,27 @@ def test_a_job_preempted_for_good_is_found_on_the_second_check_and_a_requeued_on
     message = preemption_message(cancelled, "grpo", "AGENTRL_GPUS_PER_NODE=8 snakemake --profile profiles/slurm")
     assert "\n" not in message.rstrip("\n") and f"SLURM job {cancelled} (grpo) was PREEMPTED" in message
     assert message.endswith("continue it with: AGENTRL_GPUS_PER_NODE=8 snakemake --profile profiles/slurm\n")
+
+
+def test_the_installed_slurm_plugins_are_checked_against_the_pins_of_the_slurm_extra():
+    import tomllib
+    from importlib.metadata import PackageNotFoundError, version
+
+    extra = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    pins = extra["optional-dependencies"]["slurm"]
+    for name, (kind, wanted) in PLUGINS.items():
+        assert any(pin.replace(" ", "").startswith(f"{name}{kind}{wanted}") for pin in pins), (name, pins)
+    assert plugin_problems(version) == []  # this environment's: pip install -e '.[test]'
+
+    def other(name: str) -> str:
+        if name.endswith("jobstep"):
+            raise PackageNotFoundError(name)
+        return "3.0.1"
+
+    assert plugin_problems(other) == [
+        "snakemake-executor-plugin-slurm-jobstep is not installed",
+        "snakemake-executor-plugin-slurm 3.0.1 is installed, the workflow is written against >=2.8",
+    ]
+    assert plugin_problems(lambda name: "0.6.2" if name.endswith("jobstep") else "2.9.0") == [
+        "snakemake-executor-plugin-slurm-jobstep 0.6.2 is installed, the workflow is written against ==0.6.1"
+    ]

@@ -127,6 +127,35 @@ def gres_gpus(gres: str) -> int | None:
     return None
 
 
+# The SLURM plugins this workflow is written against (pyproject.toml's slurm extra): the job-step plugin's
+# exact release (its run_job runs a job with an mpi resource in the batch step, which the multi-node
+# launch needs, and strips the job's SLURM variables), and the executor plugin's 2.x from 2.8.
+PLUGINS = {
+    "snakemake-executor-plugin-slurm-jobstep": ("==", "0.6.1"),
+    "snakemake-executor-plugin-slurm": (">=", "2.8"),
+}
+
+
+def plugin_problems(version) -> list[str]:
+    """What is wrong with the installed SLURM plugins, one sentence each; ``version`` is
+    :func:`importlib.metadata.version` (raises PackageNotFoundError for a package not installed)."""
+    from importlib.metadata import PackageNotFoundError
+
+    problems = []
+    for name, (kind, wanted) in PLUGINS.items():
+        try:
+            found = version(name)
+        except PackageNotFoundError:
+            problems.append(f"{name} is not installed")
+            continue
+        numbers = tuple(int(part) for part in found.split(".")[:2] if part.isdigit())
+        low = tuple(int(part) for part in wanted.split("."))
+        fits = found == wanted if kind == "==" else numbers >= low and numbers[0] == low[0]
+        if not fits:
+            problems.append(f"{name} {found} is installed, the workflow is written against {kind}{wanted}")
+    return problems
+
+
 # Every job of the user that squeue still knows, finished ones included (MinJobAge), and its state
 SQUEUE_STATES = ["squeue", "--me", "--states=all", "--noheader", "--format=%i|%T"]
 SACCT_STATES = ["sacct", "-X", "--parsable2", "--noheader", "--format=JobIDRaw,State"]  # then -j <ids>
