@@ -1,7 +1,7 @@
 """GPU check: SFT steps and GRPO steps of a ~0.5 B-parameter Qwen3 in bf16 on DeepSpeed, with tokens/s and MFU.
 
     benchmarks/gpu_check.sh [summary.json]          # the entry point (checks the GPU first)
-    python benchmarks/gpu_check.py [summary.json] [--sft-steps 40 --grpo-steps 2 --size 0.5b]
+    python benchmarks/gpu_check.py [summary.json] [--sft-steps 20 --grpo-steps 2 --size 0.5b]
 
 Runs the project's real stage CLIs one after the other, on one CUDA GPU and without network:
 
@@ -34,13 +34,18 @@ The figures come from the stages' own ``metrics.jsonl`` files:
 The summary JSON goes to the given path, else ``$OUT/gpu_check.json``, with the stage logs and
 metrics files beside it (``gpu_check_logs/``); a failed check writes its error into the summary.
 Without a CUDA GPU the script stops with an error, unless ``GPU_CHECK_ALLOW_CPU=1`` (then
-``--size tiny`` runs every path except CUDA in a minute on a CPU).
+``--size tiny`` runs every path except CUDA in about two minutes on a CPU). Time: part 1 of
+benchmarks/gpu_check.sh (one call, 240-s cap). ``--time-limit-s`` defaults to the cap less 15 s, so
+the summary names the stage past it; a SIGTERM kills the running stage's session. The 0.5b size
+runs 20 SFT steps and GRPO responses of at most 256 tokens (were 40 and 512, about 4 minutes on an
+H100 by the stages' step times): about 3 minutes, an estimate until a GPU runs it.
 Not a test: the figures depend on the machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -73,9 +78,9 @@ SIZES: dict[str, dict[str, Any]] = {
             "max_position_embeddings": 4096,
         },
         "sft": {"global_batch_size": 32, "micro_batch_size": 16, "max_length": 2048, "lr": 1e-4},
-        "grpo": {"batch_prompts": 16, "n": 8, "max_response_tokens": 512, "rollout_batch": 128},
-        "sft_steps": 40,
-        "warmup_steps": 5,
+        "grpo": {"batch_prompts": 16, "n": 8, "max_response_tokens": 256, "rollout_batch": 128},
+        "sft_steps": 20,
+        "warmup_steps": 4,
     },
     "tiny": {  # every code path in about a minute on a CPU
         "model": {
@@ -267,15 +272,34 @@ def run_stage(name: str, args: list[str], config: dict[str, Any], log_path: Path
         try:
             code = process.wait(timeout=max(deadline - time.monotonic(), 1.0))
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+            kill_session(process)
             raise StageFailed(f"{name} ran past the time limit; see {log_path}") from None
+        except BaseException:  # SIGTERM (the part's cap, see stop_on_sigterm) or Ctrl-C
+            kill_session(process)
+            raise
     wall = time.perf_counter() - started
     if code:
         tail = "".join(log_path.read_text(errors="replace").splitlines(keepends=True)[-40:])
         raise StageFailed(f"{name} failed (exit {code}); last lines of {log_path}:\n{tail}")
     print(f"gpu_check: {name} done in {wall:.1f} s", flush=True)
     return wall
+
+
+def kill_session(process: subprocess.Popen) -> None:
+    """SIGKILL a stage started in its own session, with everything it started."""
+    with contextlib.suppress(ProcessLookupError):  # already gone
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def stop_on_sigterm() -> None:
+    """A SIGTERM (the part's cap) fails the check as the time limit does: the stage's session,
+    which the signal does not reach, is killed and the summary records the error."""
+
+    def stop(signum, frame):
+        raise StageFailed("stopped by SIGTERM (the part's cap in benchmarks/gpu_check.sh)")
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -307,6 +331,15 @@ def device_info() -> dict[str, Any]:
             bf16_supported=torch.cuda.is_bf16_supported(),
         )
     return info
+
+
+def default_time_limit(env: Mapping[str, str]) -> float:
+    """``GPU_CHECK_TIME_LIMIT_S``, else 15 s under the part's cap (to write the summary), else 225."""
+    if env.get("GPU_CHECK_TIME_LIMIT_S"):
+        return float(env["GPU_CHECK_TIME_LIMIT_S"])
+    if env.get("GPU_CHECK_PART_CAP_S"):
+        return max(float(env["GPU_CHECK_PART_CAP_S"]) - 15, 5.0)
+    return 225.0
 
 
 def default_summary_path() -> Path:
@@ -423,10 +456,9 @@ def run_stages(
 
 
 def one_step_off_figures(records: Sequence[Mapping[str, Any]], synchronous: Sequence[Mapping[str, Any]]):
-    """The one-step-off run beside the synchronous one: per-step staleness (never above 1), the
-    weight push's seconds (gloo, trainer and rollout process on one GPU), the trainer's wait for
-    rollouts and the step times (the figures of a single GPU that both processes share: they check
-    the path, they do not measure the overlap)."""
+    """The one-step-off run beside the synchronous one: per-step staleness (never above 1), weight
+    push seconds (gloo, both processes on one GPU), rollout wait and step times (they check the
+    path; one shared GPU does not measure the overlap)."""
     steps = [r for r in records if r.get("step", 0) > 0]
     staleness = [r.get("rollout/staleness", 0.0) for r in steps]
     if any(s > 1 for s in staleness):
@@ -480,8 +512,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--time-limit-s",
         type=float,
-        default=float(os.environ.get("GPU_CHECK_TIME_LIMIT_S", 450)),
-        help="all stages together; a stage past it is killed and the check fails",
+        default=default_time_limit(os.environ),
+        help="all stages together; a stage past it is killed and the check fails "
+        "(default: GPU_CHECK_TIME_LIMIT_S, else the part's cap GPU_CHECK_PART_CAP_S less 15 s, else 225)",
     )
     parser.add_argument("--workdir", type=Path, help="where the data and models go (default: a temporary folder)")
     args = parser.parse_args(argv)
@@ -514,6 +547,7 @@ def main(argv: list[str] | None = None) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="gpu_check-"))
     started = time.perf_counter()
+    stop_on_sigterm()
     try:
         run = run_stages(
             size,

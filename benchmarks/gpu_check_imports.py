@@ -3,11 +3,14 @@
     python benchmarks/gpu_check_imports.py check                 # exit 2 naming what every part needs and is missing
     python benchmarks/gpu_check_imports.py install WHEELS TARGET # the missing carried distributions into TARGET
     python benchmarks/gpu_check_imports.py carried               # the distributions benchmarks/gpu_carry.sh packs
+    python benchmarks/gpu_check_imports.py has MODULE...         # exit 1 unless every module is found (not imported)
 
 ``REQUIRED``: every stage imports these (``import agentrl.config`` alone needs jsonschema and
 pyyaml), so without one no part can run and the check stops before starting any. ``PART_NEEDS``:
-the parts that need more (DeepSpeed for the SFT/GRPO stages and the long-sequence step, vLLM for
-the engine parts); without them those parts are skipped, and gpu_check.sh exits with its skip code.
+the parts that need more (DeepSpeed for the SFT/GRPO stages, the long-sequence step and the
+packed update, vLLM for the colocated engine part); without them those parts are skipped, never
+passed: gpu_check.sh exits 3 when only vLLM's part was, 1 when a part that DeepSpeed would run was
+(benchmarks/gpu_check_report.py).
 
 A lent GPU machine may have torch with CUDA and little else, and takes at most 64 MiB of carried
 files: ``CARRIED`` is what benchmarks/gpu_carry.sh packs as wheels (DeepSpeed built here, the
@@ -60,7 +63,8 @@ PART_NEEDS = {  # part -> the modules it needs beyond REQUIRED
     "1 (SFT and GRPO stages, hf engine, DeepSpeed ZeRO-2)": tuple(DEEPSPEED),
     "2a (colocated vLLM engine)": ("vllm",),
     "2b (ZeRO-2 step on a long sequence)": tuple(DEEPSPEED),
-    "2c (vLLM decode speed)": ("vllm",),
+    "2c (decode speed: vLLM's, else the hf engine's)": (),
+    "3 (ZeRO-3 with uneven ranks, the export beside an engine, the memory plan)": tuple(DEEPSPEED),
     "4 (GRPO update packed against padded)": tuple(DEEPSPEED),
 }
 NOT_CARRIED = {"torch", "transformers", "tokenizers", "safetensors", "huggingface_hub", "numpy", "pandas", "pyarrow"}
@@ -93,7 +97,11 @@ def check() -> int:
         return 2
     for part, needs in PART_NEEDS.items():
         lacking = missing(needs)
-        print(f"gpu_check: part {part}: {'runs' if not lacking else 'SKIPPED, not importable: ' + ', '.join(lacking)}")
+        if not lacking:
+            print(f"gpu_check: part {part}: runs")
+            continue
+        counts = "needs vLLM: exit 3" if lacking == ["vllm"] else "counts as FAILED: carry it"
+        print(f"gpu_check: part {part}: SKIPPED, not importable: {', '.join(lacking)} ({counts})")
     return 0
 
 
@@ -114,6 +122,8 @@ def main(argv: list[str]) -> int:
         return check()
     if argv[:1] == ["install"] and len(argv) == 3:
         return install(argv[1], argv[2])
+    if argv[:1] == ["has"] and len(argv) > 1:
+        return 1 if missing(argv[1:]) else 0
     if argv[:1] == ["carried"]:
         print(" ".join(sorted(set(CARRIED.values()))))
         return 0

@@ -1,4 +1,5 @@
-"""GPU check, part 3: the paper path's memory and collectives (issue 52's fixes), about a minute.
+"""GPU check, part 3: the paper path's memory and collectives (issue 52's fixes), about a minute
+(benchmarks/gpu_check.sh caps it at 80 s).
 
     python benchmarks/gpu_check_paper_path.py summary.json
 

