@@ -18,11 +18,12 @@ What else LoRA changes, each in one place:
   into the module): the final Hugging Face folder (evaluation needs nothing new) and every
   policy version a vLLM engine loads (:func:`hf_weights`, :class:`MergedWeightSource`);
 - the adapter is written beside the merged weights, in the model folder's ``adapter/``
-  (:data:`ADAPTER_FOLDER`, PEFT's own format): one Snakemake output holds both, and the
-  folder's tmp-then-rename write covers both;
+  (:data:`ADAPTER_FOLDER`, PEFT's own format): the rules' outputs are unchanged (the folder
+  their ``config.json`` marks holds both) and the folder's tmp-then-rename write covers both;
 - checkpoints leave the frozen weights out (they are the model folder's, whose files are in the
   run fingerprint) and hold the adapter and its optimizer state
-  (:func:`agentrl.training.deepspeed_engine.save_checkpoint`);
+  (:func:`agentrl.training.deepspeed_engine.save_checkpoint`; DeepSpeed drops frozen parameters
+  by their first name, so a tied output head, an alias of the embedding, stays in);
 - GRPO's reference policy is the same module with the adapter off
   (:class:`agentrl.grpo.policy.AdapterDisabled`), no second model.
 
