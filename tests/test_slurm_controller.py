@@ -181,19 +181,19 @@ def test_a_training_job_near_its_time_limit_checkpoints_and_the_next_attempt_res
 
 @pytest.mark.slow
 def test_a_job_preempted_for_good_is_submitted_again_instead_of_waited_for(cluster):
-    """The base model's first job ends PREEMPTED and never runs (PreemptMode=CANCEL); the plugin alone would
-    wait for it for ever. The run reports it failed in one line, its retry submits it again, the job runs."""
+    """The data preparation's first job ends PREEMPTED and never runs (PreemptMode=CANCEL); the plugin alone
+    would wait for it for ever. The run reports it failed in one line, its retry submits it again, the job runs."""
     try:
         done = cluster.snakemake(
-            "results/models/base/config.json", "--retries", "1", "--slurm-init-seconds-before-status-checks", "5",
-            timeout=420, AGENTRL_GPUS_PER_NODE="0", FAKE_SLURM_PREEMPT="base_model",
+            "results/data/sft.parquet", "--retries", "1", "--slurm-init-seconds-before-status-checks", "5",
+            timeout=420, AGENTRL_GPUS_PER_NODE="0", FAKE_SLURM_PREEMPT="prepare_data",
         )  # fmt: skip
     except subprocess.TimeoutExpired:
         pytest.fail(f"the run waited for the preempted job: {[(j['id'], j['state']) for j in jobs(cluster.state)]}")
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
-    first, second = cluster.jobs_of("base_model")
+    first, second = cluster.jobs_of("prepare_data")
     assert (first["state"], second["state"]) == ("PREEMPTED", "COMPLETED")
-    said = f"SLURM job {first['id']} (base_model) was PREEMPTED and SLURM will not run it again"
+    said = f"SLURM job {first['id']} (prepare_data) was PREEMPTED and SLURM will not run it again"
     assert said in out and "continue it with: AGENTRL_GPUS_PER_NODE=0 snakemake " in out, out[-4000:]
-    assert (cluster.workdir / "results" / "models" / "base" / "config.json").is_file()
+    assert (cluster.workdir / "results" / "data" / "sft.parquet").is_file()
