@@ -3,6 +3,11 @@
     python benchmarks/packing.py [--stage grpo|sft] [--arms packed padded shared] [--pairs 5]
         [--prompts 4 --n 8 --prompt-tokens 40 160 --median 500 --max 1440 --budget 2048]
         [--threads 1 --json out.json]
+    python benchmarks/packing.py --shapes short embedded --arms packed shared padded --pairs 4
+
+``--shapes`` runs named lengths (:data:`SHAPES`) in place of the length options, side by side:
+each round runs every shape's arms in that round's order, and the report gives each shape's
+ratios of the first arm to the others.
 
 Samples: ``--prompts`` groups of ``--n`` samples sharing a prompt of uniform length in
 ``--prompt-tokens``; response lengths lognormal with median ``--median`` and ``P(L > --max) = 2%``
@@ -18,7 +23,7 @@ pass (the actor's no-grad forward over every micro-batch) and :meth:`GrpoStep.up
 mini-batch (one optimizer step). SFT arm: ``sft.trainer._run_step`` (one optimizer step).
 ``packed`` sets ``packing: true``, ``padded`` false, ``shared`` (GRPO) ``share_prompts: true``.
 The model has the embedded default's shape (config.yaml ``model.embedded``), randomly
-initialised. Every (round, arm) runs in a fresh child process, arms alternated A B B A, so each
+initialised. Every (round, shape, arm) runs in a fresh child process, arms alternated A B B A, so each
 arm's peak memory is its own: the peak of the heap in use during the timed part less the heap in
 use at its start (:class:`HeapWatch`; on CUDA ``max_memory_allocated`` less what is allocated). Wall and CPU seconds are both reported (CPU seconds of one
 thread are less sensitive to a shared machine's load). The report gives each arm's
@@ -44,6 +49,14 @@ import torch
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+# --shapes: lengths where the update's layouts were compared (docs/results.md), 8 prompts x 8 samples
+SHAPES = {
+    # one turn, the prompts most of the tokens (~40-token prompts, ~30-token responses): where
+    # share_prompts computes the fewest tokens
+    "short": {"prompts": 8, "n": 8, "prompt_tokens": (36, 44), "median": 30, "max": 64, "budget": 16384},
+    # the embedded default's GRPO lengths: prompts 150-280, responses median 120 cut at 512
+    "embedded": {"prompts": 8, "n": 8, "prompt_tokens": (150, 280), "median": 120, "max": 512, "budget": 16384},
+}
 
 
 def lengths(args, generator: torch.Generator) -> list[tuple[int, list[int]]]:
@@ -226,60 +239,39 @@ def child(args) -> None:
     print(json.dumps(run(args, args.child, groups, ctx, model)))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--stage", choices=("grpo", "sft"), default="grpo")
-    parser.add_argument("--arms", nargs="+", default=["packed", "padded"], choices=("packed", "padded", "shared"))
-    parser.add_argument("--pairs", type=int, default=5)
-    parser.add_argument("--prompts", type=int, default=4)
-    parser.add_argument("--n", type=int, default=8)
-    parser.add_argument("--prompt-tokens", type=int, nargs=2, default=(40, 160))
-    parser.add_argument("--median", type=int, default=500)
-    parser.add_argument("--max", type=int, default=1440)
-    parser.add_argument("--budget", type=int, default=2048)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto", help="auto: bf16 on CUDA")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--child", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        return child(args)
+def with_shape(args, shape: str):
+    """``args`` with the lengths of the named ``shape`` (``options``: the command line's own)."""
+    if shape == "options":
+        return args
+    return argparse.Namespace(**{**vars(args), **SHAPES[shape]})
 
+
+def describe(args) -> dict:
     groups = lengths(args, torch.Generator().manual_seed(args.seed))
     all_lengths = sorted(p + r for p, rs in groups for r in rs)
-    print(
-        json.dumps(
-            {
-                "cpus": os.cpu_count(),
-                "load_average": os.getloadavg(),
-                "samples": len(all_lengths),
-                "tokens": sum(all_lengths),
-                "median_length": statistics.median(all_lengths),
-                "max_length": all_lengths[-1],
-            }
-        )
-    )
-    rounds = []
-    for index in range(args.pairs):
-        order = args.arms if index % 2 == 0 else args.arms[::-1]
-        results = {}
-        for arm in order:
-            command = [sys.executable, __file__, "--child", arm] + sys.argv[1:]
-            done = subprocess.run(
-                command,
-                capture_output=True,
-                text=True,
-                check=True,
-                env={**os.environ, "OMP_NUM_THREADS": str(args.threads)},
-            )
-            results[arm] = json.loads(done.stdout.strip().splitlines()[-1])
-        results["load_average"] = os.getloadavg()[0]
-        rounds.append(results)
-        print(json.dumps({"round": index, **results}), flush=True)
-    first = args.arms[0]
-    summary = {"command": " ".join(sys.argv), "rounds": rounds}
-    for arm in args.arms:
+    prompts = sum(p * len(rs) for p, rs in groups)
+    return {
+        "samples": len(all_lengths),
+        "tokens": sum(all_lengths),
+        "prompt_share": round(prompts / sum(all_lengths), 3),
+        "median_length": statistics.median(all_lengths),
+        "max_length": all_lengths[-1],
+    }
+
+
+def run_child(args, shape: str, arm: str) -> dict:
+    command = [sys.executable, __file__, "--child", arm, "--shape", shape] + sys.argv[1:]
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    if done.returncode:
+        raise SystemExit(f"{shape} {arm}: exit {done.returncode}\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def summarize(arms: list[str], rounds: list[dict]) -> dict:
+    """Each arm's medians, and the medians of the per-round ratios of the first arm to each other."""
+    first, summary = arms[0], {}
+    for arm in arms:
         summary[arm] = {
             "seconds_median": statistics.median(r[arm]["seconds"] for r in rounds),
             "cpu_seconds_median": statistics.median(r[arm]["cpu_seconds"] for r in rounds),
@@ -296,10 +288,72 @@ def main() -> None:
                     r[first]["peak_growth_bytes"] / max(r[arm]["peak_growth_bytes"], 1) for r in rounds
                 ),
             }
-    print(json.dumps({k: v for k, v in summary.items() if k != "rounds"}, indent=1))
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--stage", choices=("grpo", "sft"), default="grpo")
+    parser.add_argument("--arms", nargs="+", default=["packed", "padded"], choices=("packed", "padded", "shared"))
+    parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), help="named lengths, in place of the options")
+    parser.add_argument("--pairs", type=int, default=5)
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--n", type=int, default=8)
+    parser.add_argument("--prompt-tokens", type=int, nargs=2, default=(40, 160))
+    parser.add_argument("--median", type=int, default=500)
+    parser.add_argument("--max", type=int, default=1440)
+    parser.add_argument("--budget", type=int, default=2048)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto", help="auto: bf16 on CUDA")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--shape", default="options", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return child(with_shape(args, args.shape))
+
+    shapes = args.shapes or ["options"]
+    print(json.dumps({"cpus": os.cpu_count(), "load_average": os.getloadavg()}))
+    for shape in shapes:
+        print(json.dumps({"shape": shape, **describe(with_shape(args, shape))}))
+    rounds = {shape: [] for shape in shapes}
+    for index in range(args.pairs):
+        order = args.arms if index % 2 == 0 else args.arms[::-1]
+        for shape in shapes:
+            results = {arm: run_child(args, shape, arm) for arm in order}
+            results["load_average"] = os.getloadavg()[0]
+            rounds[shape].append(results)
+            print(json.dumps({"round": index, "shape": shape, **results}), flush=True)
+    if args.shapes is None:  # one shape: the summary as before named shapes
+        summary = {
+            "command": " ".join(sys.argv),
+            "rounds": rounds["options"],
+            **summarize(args.arms, rounds["options"]),
+        }
+        print(json.dumps({k: v for k, v in summary.items() if k != "rounds"}, indent=1))
+    else:
+        summary = {"command": " ".join(sys.argv), "shapes": {}}
+        for shape in shapes:
+            lengths_info = describe(with_shape(args, shape))
+            summary["shapes"][shape] = {**lengths_info, "rounds": rounds[shape], **summarize(args.arms, rounds[shape])}
+        print_ratios(args.arms, summary["shapes"])
     print(json.dumps({"load_average_end": os.getloadavg()}))
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1))
+
+
+def print_ratios(arms: list[str], shapes: dict) -> None:
+    """One line per shape and ratio: medians of the per-round ratios, wall and CPU, and memory."""
+    first = arms[0]
+    for shape, summary in shapes.items():
+        for arm in arms[1:]:
+            ratio = summary[f"{first}/{arm}"]
+            print(
+                f"{shape:9s} {first}/{arm}: time {ratio['time_ratio_median']:.3f} wall "
+                f"(per round {', '.join(f'{r:.3f}' for r in ratio['time_ratios'])}), "
+                f"{ratio['cpu_time_ratio_median']:.3f} CPU; memory {ratio['memory_ratio_median']:.3f}"
+            )
 
 
 if __name__ == "__main__":

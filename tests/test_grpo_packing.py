@@ -68,7 +68,9 @@ def test_packed_logprobs_entropies_and_gradients_equal_the_padded_forward(temper
     samples = uneven_samples(50, SHAPES)
     padded, logp, entropy, grads = _logps_and_grads(samples, False, temperature, checkpointing)
     packed, packed_logp, packed_entropy, packed_grads = _logps_and_grads(samples, True, temperature, checkpointing)
-    assert packed.packed is not None and packed.input_ids.shape == (1, sum(len(s.input_ids) for s in samples))
+    # each group's prompt once: its other samples hold only the prompt's last token
+    shared = sum((len(responses) - 1) * (prompt - 1) for prompt, responses in SHAPES)
+    assert packed.packed is not None and packed.input_ids.shape == (1, sum(len(s.input_ids) for s in samples) - shared)
     assert packed.num_tokens * 2.5 < padded.num_tokens, "the batch should be mostly padding when padded"
     torch.testing.assert_close(packed_logp, logp, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(packed_entropy, entropy, atol=1e-5, rtol=1e-5)

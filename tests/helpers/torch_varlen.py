@@ -34,31 +34,41 @@ def installed_varlen_file() -> Path:
     return Path(torch.nn.attention.__file__).parent / "varlen.py"
 
 
-def _sequences(query, key, value, cu_seq_q, max_q, is_causal, window_size, enable_gqa):
-    """Each sequence's ``(H, L, D)`` query, key and value (key and value heads repeated for GQA),
-    and its causal mask, after the checks the flash kernel's arguments must pass."""
+def _bounds(cu_seqlens, total: int, longest_allowed: int, name: str) -> list[tuple[int, int]]:
+    bounds = cu_seqlens.tolist()
+    assert bounds[0] == 0 and bounds[-1] == total, f"cu_seq_{name} {bounds} for {total} tokens"
+    pairs = list(zip(bounds[:-1], bounds[1:]))
+    longest = max(b - a for a, b in pairs)
+    assert longest_allowed >= longest, f"max_{name} {longest_allowed} under the longest sequence, {longest}"
+    return pairs
+
+
+def _sequences(query, key, value, cu_seq, maxima, is_causal, window_size, enable_gqa):
+    """Each sequence's query rows, ``(H, L_q, D)`` query and ``(H, L_k, D)`` key and value (heads
+    repeated for GQA) and its causal mask, aligned at the bottom right as flash's is, after the
+    checks the flash kernel's arguments must pass (flash sizes its grid by ``max_q``, ``max_k``)."""
     assert is_causal and list(window_size) == [-1, 0], f"causal attention expected, got {is_causal} {window_size}"
     groups = query.shape[1] // key.shape[1]
     # torch 2.11's varlen_attn documents one head count (T, H, D) for query, key and value
     assert groups == 1 or enable_gqa, f"{query.shape[1]} query heads, {key.shape[1]} key/value heads, no enable_gqa"
-    bounds = cu_seq_q.tolist()
-    assert bounds[0] == 0 and bounds[-1] == query.shape[0], f"cu_seqlens {bounds} for {query.shape[0]} tokens"
-    longest = max(b - a for a, b in zip(bounds[:-1], bounds[1:]))
-    assert max_q >= longest, f"max_q {max_q} under the longest sequence, {longest}: flash sizes its grid by it"
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        q, k, v = (x[a:b].transpose(0, 1) for x in (query, key, value))
-        causal = torch.ones(b - a, b - a, dtype=torch.bool, device=q.device).tril()
-        yield (a, b), q, k.repeat_interleave(groups, 0), v.repeat_interleave(groups, 0), causal
+    (cu_seq_q, cu_seq_k), (max_q, max_k) = cu_seq, maxima
+    rows = _bounds(cu_seq_q, query.shape[0], max_q, "q")
+    columns = _bounds(cu_seq_k, key.shape[0], max_k, "k")
+    assert len(rows) == len(columns), f"{len(rows)} query sequences, {len(columns)} key sequences"
+    for (a, b), (c, d) in zip(rows, columns):
+        q, k, v = query[a:b].transpose(0, 1), key[c:d].transpose(0, 1), value[c:d].transpose(0, 1)
+        causal = torch.ones(b - a, d - c, dtype=torch.bool, device=q.device).tril((d - c) - (b - a))
+        yield (a, b, c, d), q, k.repeat_interleave(groups, 0), v.repeat_interleave(groups, 0), causal
 
 
 def _scale(query, scale) -> float:
     return query.shape[-1] ** -0.5 if scale is None else scale
 
 
-def _attention_forward(query, key, value, cu_seq_q, max_q, is_causal, scale, window_size, enable_gqa):
+def _attention_forward(query, key, value, cu_seq, maxima, is_causal, scale, window_size, enable_gqa):
     """``(T, H, D)`` -> ``(T, H, D)`` output and ``(H, T)`` log-sum-exp, each sequence apart."""
     outputs, lses = [], []
-    for _, q, k, v, causal in _sequences(query, key, value, cu_seq_q, max_q, is_causal, window_size, enable_gqa):
+    for _, q, k, v, causal in _sequences(query, key, value, cu_seq, maxima, is_causal, window_size, enable_gqa):
         scores = ((q @ k.transpose(1, 2)) * _scale(query, scale)).masked_fill(~causal, float("-inf"))
         lse = scores.logsumexp(-1)
         outputs.append((scores - lse[..., None]).exp() @ v)
@@ -66,20 +76,20 @@ def _attention_forward(query, key, value, cu_seq_q, max_q, is_causal, scale, win
     return torch.cat(outputs, 1).transpose(0, 1).contiguous(), torch.cat(lses, 1).float()
 
 
-def _attention_backward(grad_out, query, key, value, out, lse, cu_seq_q, max_q, is_causal, scale, window_size):
+def _attention_backward(grad_out, query, key, value, out, lse, cu_seq, maxima, is_causal, scale, window_size):
     """Flash's backward: the probabilities again from the saved log-sum-exp, then
     dV = P^T dO, dS = P (dO V^T - rowsum(dO O)), dQ = dS K s, dK = dS^T Q s (summed per KV head)."""
     grads = [torch.zeros_like(x) for x in (query, key, value)]
     groups = query.shape[1] // key.shape[1]
     s = _scale(query, scale)
-    for (a, b), q, k, v, causal in _sequences(query, key, value, cu_seq_q, max_q, is_causal, window_size, True):
+    for (a, b, c, d), q, k, v, causal in _sequences(query, key, value, cu_seq, maxima, is_causal, window_size, True):
         scores = ((q @ k.transpose(1, 2)) * s).masked_fill(~causal, float("-inf"))
         probs = (scores - lse[:, a:b, None].to(scores.dtype)).exp()
         d_out, o = grad_out[a:b].transpose(0, 1), out[a:b].transpose(0, 1)
         d_scores = probs * (d_out @ v.transpose(1, 2) - (d_out * o).sum(-1, keepdim=True))
         per_head = (d_scores @ k * s, d_scores.transpose(1, 2) @ q * s, probs.transpose(1, 2) @ d_out)
-        for grad, g, heads in zip(grads, per_head, (1, groups, groups)):
-            grad[a:b] = g.unflatten(0, (-1, heads)).sum(1).transpose(0, 1)
+        for grad, (start, end), g, heads in zip(grads, ((a, b), (c, d), (c, d)), per_head, (1, groups, groups)):
+            grad[start:end] += g.unflatten(0, (-1, heads)).sum(1).transpose(0, 1)
     return tuple(grads)
 
 
@@ -101,9 +111,9 @@ def _kernels(calls: collections.Counter):
         num_splits=None,
     ):
         calls["forward"] += 1
-        assert torch.equal(cu_seq_q, cu_seq_k) and max_q == max_k, "self-attention: the same sequences for q and k"
         assert seqused_k is None and block_table is None and num_splits is None
-        out, lse = _attention_forward(query, key, value, cu_seq_q, max_q, is_causal, scale, window_size, enable_gqa)
+        cu_seq, maxima = (cu_seq_q, cu_seq_k), (max_q, max_k)
+        out, lse = _attention_forward(query, key, value, cu_seq, maxima, is_causal, scale, window_size, enable_gqa)
         return out, lse, torch.zeros(2, dtype=torch.uint64)
 
     def backward(
@@ -123,9 +133,8 @@ def _kernels(calls: collections.Counter):
         window_size=None,
     ):
         calls["backward"] += 1
-        return _attention_backward(
-            grad_out, query, key, value, out, lse, cu_seq_q, max_q, is_causal, scale, window_size
-        )
+        cu_seq, maxima = (cu_seq_q, cu_seq_k), (max_q, max_k)
+        return _attention_backward(grad_out, query, key, value, out, lse, cu_seq, maxima, is_causal, scale, window_size)
 
     return forward, backward
 

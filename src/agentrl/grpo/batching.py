@@ -11,8 +11,9 @@ token k of sample i, predicted by the hidden state at position ``prompt_len_i - 
 sample i's input. Positions past a sample's response are padding with loss mask 0.
 
 The input is one packed row (``grpo.packing``, :func:`pack_token_budget`): the samples end to
-end with their own positions, attention within each (:mod:`agentrl.training.packing`), each
-micro-batch filled first-fit to ``grpo.micro_batch_tokens`` real tokens, no padding computed.
+end with their own positions, attention within each (:mod:`agentrl.training.packing`), the
+samples of one prompt in a micro-batch computing it once, each micro-batch filled first-fit to
+``grpo.micro_batch_tokens`` real tokens (prompts counted per sample), no padding computed.
 Or right-padded ``(B, L)`` (:func:`pack_micro_batches`): samples sorted longest first, each
 micro-batch filled while ``rows * longest <= budget``. Either way a forward never holds more than
 the budget and a sample longer than it runs alone (it cannot be split). The loss of a
@@ -249,7 +250,7 @@ def collate(
     assert samples, "cannot collate an empty micro-batch"
     assert not (packed and share_prompts), "a micro-batch is packed or shares its prompts, not both"
     response_width = max(s.response_length for s in samples)
-    row = pack_sequences([s.input_ids for s in samples]) if packed else None
+    row = pack_sequences([s.input_ids for s in samples], [s.prompt_length for s in samples]) if packed else None
     if row is not None:
         input_ids, attention_mask = row.input_ids, None
     else:
