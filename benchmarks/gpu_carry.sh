@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# The carry set of benchmarks/gpu_check.sh: wheels of what a lent GPU machine (torch with CUDA,
-# no DeepSpeed, no jsonschema) lacks, under the 64 MiB it takes per call.
+# The wheel folder of benchmarks/gpu_check.sh for a GPU node without a package index (air-gapped,
+# or behind a firewall) that has torch with CUDA but no DeepSpeed or jsonschema: built here, where
+# pip reaches an index, then copied to the node and installed there offline. It is kept small
+# (DeepSpeed and the pure-Python or small compiled dependencies, not torch or CUDA vLLM, which the
+# node must have itself): the build fails over 64 MiB.
 #
 #   benchmarks/gpu_carry.sh [OUT_DIR] [PYTHON_VERSIONS]   # default: gpu_carry/, "310 311 312 313"
 #
@@ -10,13 +13,15 @@
 # - The other distributions of benchmarks/gpu_check_imports.py's CARRIED list at the versions
 #   installed here, as released wheels on manylinux x86_64; the compiled ones (rpds-py,
 #   pydantic-core, msgpack, pyyaml; psutil and ninja are abi-independent) for each of
-#   PYTHON_VERSIONS, since the device's Python version is not known here (about 15 MiB for four);
-#   gpu_check.sh's import check names whatever is still missing there.
+#   PYTHON_VERSIONS, since the GPU node's Python version may not be known here (about 15 MiB for
+#   four); gpu_check.sh's import check names whatever is still missing there.
 #
-# Then, on the lent machine (the repository travels; the carry folder is git-ignored, so named), two
-# calls of at most 5 minutes (docs/paper-scale.md, "The GPU check in a 15-minute device budget"):
-#   run(command="GPU_CHECK_CARRY=gpu_carry benchmarks/gpu_check.sh --call 1", carry=["gpu_carry"], timeout_s=300)
-#   run(command="GPU_CHECK_CARRY=gpu_carry benchmarks/gpu_check.sh --call 2", carry=["gpu_carry"], timeout_s=300)
+# Then copy the checkout with the wheel folder to the node (gpu_carry/ is git-ignored, so a git clone
+# there lacks it: rsync or scp it, or build it on a shared file system) and run there two calls of
+# at most 5 minutes each (docs/paper-scale.md, "The GPU check on a short GPU allocation"), e.g.
+#   rsync -a --exclude .git ./ gpu-node:agentrl/
+#   timeout 300 env GPU_CHECK_CARRY=gpu_carry benchmarks/gpu_check.sh --call 1
+#   timeout 300 env GPU_CHECK_CARRY=gpu_carry benchmarks/gpu_check.sh --call 2
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-gpu_carry}"
@@ -50,9 +55,11 @@ size=$(du -sb "$out" | cut -f1)
 echo "gpu_carry: $(ls "$out/wheels" | wc -l) wheels for CPython $python_versions in $out: $((size / 1024)) KiB (limit $((limit / 1024)) KiB)"
 ls "$out/wheels"
 if (( size > limit )); then
-    echo "gpu_carry: $out is over the 64 MiB a device call carries" >&2
+    echo "gpu_carry: $out is over 64 MiB: it should hold DeepSpeed and the small dependencies," \
+         "not torch or CUDA vLLM (the GPU node must have those itself)" >&2
     exit 1
 fi
+echo "gpu_carry: copy the checkout with $out/ to the GPU node (rsync, scp or a shared file system), then there:"
 for call in 1 2; do
-    echo 'gpu_carry: on the lent machine: run(command="GPU_CHECK_CARRY='"$out"' benchmarks/gpu_check.sh --call '"$call"'", carry=["'"$out"'"], timeout_s=300)'
+    echo "gpu_carry:   timeout 300 env GPU_CHECK_CARRY=$out benchmarks/gpu_check.sh --call $call"
 done

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU check, on one CUDA GPU without network, in four parts run as two calls of at most 5 minutes
-# each (a lent machine's 15-minute device budget holds its start, both calls and a part's rerun):
+# each (a short GPU allocation, 15 minutes say, holds its start, both calls and a part's rerun):
 #
 #   call 1 (about 3 minutes on an H100; cap 240 s):
 #   1. benchmarks/gpu_check.py: SFT steps and GRPO steps of a randomly initialised ~0.5 B-parameter
@@ -22,11 +22,12 @@
 #
 #   benchmarks/gpu_check.sh [summary.json] [--call 1|2] [--part N[,N]] [--size tiny] [gpu_check.py options]
 #       no --call / --part: both calls one after the other; --part 4: one part alone (a rerun)
-#   GPU_CHECK_CARRY=gpu_carry benchmarks/gpu_check.sh --call 1   # on a lent machine, from benchmarks/gpu_carry.sh
+#   GPU_CHECK_CARRY=gpu_carry benchmarks/gpu_check.sh --call 1   # on a GPU node without a package index:
+#       gpu_carry/ built by benchmarks/gpu_carry.sh elsewhere and copied there (docs/paper-scale.md)
 #
-# Summaries go to $OUT (else the current folder) or beside the summary.json given: gpu_check.json and
-# gpu_check_logs.tar.gz (part 1's stage logs and metrics; packed, since a lent machine returns 8
-# files), gpu_check_vllm.json, gpu_check_paper_path.json, gpu_check_packing.json.
+# Summaries go to $OUT (else the checkout's root) or beside the summary.json given: gpu_check.json and
+# gpu_check_logs.tar.gz (part 1's stage logs and metrics, packed: one archive to copy back from
+# the node), gpu_check_vllm.json, gpu_check_paper_path.json, gpu_check_packing.json.
 #
 # Every part runs under `timeout --kill-after=10` at its cap, and no later than the call's budget
 # allows (GPU_CHECK_CALL_S, default 285 s from the call's start, carried-wheel install included):
@@ -41,8 +42,8 @@
 #
 # Environment:
 #   GPU_CHECK_CARRY        a folder with wheels/ (benchmarks/gpu_carry.sh): what this machine lacks of
-#                          them is installed into $TMPDIR/gpu_check_site first (a warm machine's
-#                          second call finds them there), no index, no network
+#                          them is installed into $TMPDIR/gpu_check_site first (a second call on
+#                          the same node, same $TMPDIR, finds them there), no index, no network
 #   GPU_CHECK_CAP_1..4     a part's cap in seconds (240, 100, 80, 60; --size tiny: 270, 180, 150,
 #                          150; part 2 with vLLM: 240, so there run --part 2, then --part 3,4)
 #   GPU_CHECK_CALL_S       one call's budget in seconds (285)

@@ -12,10 +12,12 @@ packed update, vLLM for the colocated engine part); without them those parts are
 passed: gpu_check.sh exits 3 when only vLLM's part was, 1 when a part that DeepSpeed would run was
 (benchmarks/gpu_check_report.py).
 
-A lent GPU machine may have torch with CUDA and little else, and takes at most 64 MiB of carried
-files: ``CARRIED`` is what benchmarks/gpu_carry.sh packs as wheels (DeepSpeed built here, the
-rest as released), for one CPython version. CUDA vLLM (hundreds of MB) cannot be carried, nor
-torch; the transformers, NumPy and pandas/pyarrow stacks are expected on the machine.
+A GPU node without a package index (air-gapped, or behind a firewall) may have torch with CUDA
+and little else: ``CARRIED`` is what benchmarks/gpu_carry.sh packs as wheels (DeepSpeed built
+where pip reaches an index, the rest as released) into the folder copied to the node and
+installed there offline. The folder is kept small: DeepSpeed and the pure-Python or small
+compiled dependencies, not torch or CUDA vLLM (hundreds of MB); the transformers, NumPy and
+pandas/pyarrow stacks are expected on the node.
 """
 
 from __future__ import annotations
@@ -90,8 +92,10 @@ def check() -> int:
         names = ", ".join(f"{m} (pip: {REQUIRED[m]})" for m in absent)
         print(
             f"gpu_check: not importable here: {names}. Every stage needs it (import agentrl.config needs "
-            "jsonschema and pyyaml), so no part was started. Carry it: benchmarks/gpu_carry.sh, then "
-            "GPU_CHECK_CARRY=gpu_carry benchmarks/gpu_check.sh (docs/paper-scale.md, 'GPU check')",
+            "jsonschema and pyyaml), so no part was started. Carry it: build the wheel folder with "
+            "benchmarks/gpu_carry.sh where pip reaches an index, copy gpu_carry/ to this node, then "
+            "GPU_CHECK_CARRY=gpu_carry benchmarks/gpu_check.sh (docs/paper-scale.md, "
+            "'The GPU check on a short GPU allocation')",
             file=sys.stderr,
         )
         return 2

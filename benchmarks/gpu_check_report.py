@@ -12,11 +12,11 @@ line per part and one per sub-part that did not pass, and appends a record to ``
 
 - **0** every part and sub-part passed;
 - **1** a part failed, ran past its cap, was not started for lack of time, or was skipped for a
-  reason that carrying the right wheels would remove (DeepSpeed missing, say): a skip is never a
-  pass;
+  reason that the right wheel in benchmarks/gpu_carry.sh's folder would remove (DeepSpeed missing,
+  say): a skip is never a pass;
 - **3** nothing failed, and what was skipped truly cannot run on this machine: it needs vLLM
-  (CUDA vLLM cannot be carried to the lent GPU machine), or CUDA on a CPU run
-  (``GPU_CHECK_ALLOW_CPU=1``).
+  (CUDA vLLM is too large for the wheel folder copied to a GPU node without a package index), or
+  CUDA on a CPU run (``GPU_CHECK_ALLOW_CPU=1``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """GPU check, GRPO's colocated vLLM engine: weight push, sleep mode, long-sequence training beside it,
 decode speed. Part 2 of benchmarks/gpu_check.sh: with vLLM about 4 minutes on an H100/H200 (cap
-240 s), without it (the lent machine) about a minute (cap 100 s); both estimates until a GPU runs it.
+240 s), without it (a GPU node whose wheel folder cannot hold CUDA vLLM) about a minute (cap 100 s);
+both estimates until a GPU runs it.
 
     python benchmarks/gpu_check_vllm.py summary.json [--size 0.5b|tiny]
 
@@ -25,7 +26,7 @@ c. **Decode speed**: generated tokens/s of the engine at 3K, 6K and 12K tokens o
    decodes with; its KV cache at 12K x 16 is about 23 GiB, up to twice that with its spare room).
 
 A part whose package is not importable (vllm for a, deepspeed for b) is recorded as ``skipped``
-with the reason, never as passed: on the lent GPU machine, without CUDA vLLM, a is the only skip.
+with the reason, never as passed: on a GPU node without CUDA vLLM, a is the only skip.
 Where vLLM is importable but a failed before it built the engine, c is skipped with that reason
 (a's failure fails the check); b runs without an engine (on the GPU alone,
 ``beside_sleeping_vllm: false``). The process group the engine

@@ -1,4 +1,4 @@
-"""The benchmark scripts (benchmarks/*.py) are run by hand or on a lent GPU machine, not by the
+"""The benchmark scripts (benchmarks/*.py) are run by hand or on a GPU node, not by the
 fast tier, so a renamed or moved function they import from the package would only show there.
 Every ``from agentrl... import name`` in them, and every ``alias.name`` of a module imported
 ``as alias``, must exist in the package as it is."""

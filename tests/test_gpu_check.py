@@ -214,7 +214,7 @@ def test_the_script_runs_every_stage_on_a_cpu_with_a_tiny_model(tmp_path):
     expected = gpu_check.model_flops_utilisation(summary["model"]["parameters"], sft["tokens"], sft["seconds"], 1e11)
     assert sft["mfu"] == pytest.approx(expected)
     assert len(grpo["steps"]) == 2 and grpo["train_tokens_per_s"] > 0
-    # the stage logs come packed, one file (a lent machine returns eight)
+    # the stage logs come packed: one archive to copy back from the node
     assert not (summary_path.parent / "gpu_check_logs").exists()
     with tarfile.open(summary_path.parent / "gpu_check_logs.tar.gz") as tar:
         assert "ZeRO-2, torch.bfloat16" in tar.extractfile("gpu_check_logs/sft.log").read().decode()
@@ -327,7 +327,7 @@ def test_without_vllm_every_other_part_runs_and_the_check_exits_with_the_skip_co
 def test_the_packed_parts_run_on_torch_2_11s_varlen_attn_within_their_caps(tmp_path):
     """Parts 1 and 4 (GRPO's packed update, packed against padded) with torch 2.11.0's varlen.py
     in place of this torch's, its kernel on CPU and packed rows on the flash branch, as on the
-    lent machine's torch 2.11: both pass within their caps, and the substituted kernel ran
+    GPU node's torch 2.11: both pass within their caps, and the substituted kernel ran
     forward and backward in the GRPO stages and in the packed arm."""
     calls = tmp_path / "varlen_calls.txt"
     site = ROOT / "tests" / "helpers" / "varlen_2_11_site"

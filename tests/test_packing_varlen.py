@@ -2,7 +2,7 @@
 sequences and of sequences sharing a prompt (each other one holding only the prompt's last token).
 
 Its CUDA branch, torch's varlen flash kernel, is run against the varlen_attn of each torch version
-it meets: 2.11.0 (the lent GPU machine's; no ``enable_gqa``) and the installed one. torch's own
+it meets: 2.11.0 (gpu_check.sh's target GPU node; no ``enable_gqa``) and the installed one. torch's own
 ``varlen.py`` of that version runs, its flash calls replaced by a CPU kernel of flash's semantics
 (helpers.torch_varlen), so the arguments the CUDA branch builds are checked by that version's
 signature, checks and autograd; its output and gradients must equal the CPU branch's (SDPA per

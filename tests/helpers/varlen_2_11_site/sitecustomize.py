@@ -4,7 +4,7 @@ its ``PYTHONPATH`` (benchmarks/gpu_check.sh, the stages it starts, their rollout
 When ``agentrl.training.packing`` is imported, ``torch.nn.attention.varlen.varlen_attn`` becomes
 torch 2.11.0's own (``tests/fixtures/torch-2.11.0-varlen.py.txt``, its flash kernel calls run on
 CPU: tests/helpers/torch_varlen.py) and packed rows take the CUDA branch (the flash one) on a CPU
-too, so the lent GPU machine's code path runs here: the keywords packing passes, the heads it
+too, so a torch 2.11 GPU node's code path runs here: the keywords packing passes, the heads it
 repeats for 2.11's signature, the ops' autograd. Each process that called the kernel appends
 ``<pid> forward=<n> backward=<n> <argv>`` to the file ``$AGENTRL_VARLEN_CALLS`` at exit.
 """
