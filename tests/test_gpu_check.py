@@ -302,6 +302,7 @@ def test_without_deepspeed_its_parts_are_skipped_the_rest_run_and_the_check_fail
 
 
 @pytest.mark.slow
+@pytest.mark.long  # CI: parts 1 and 4 on torch 2.11's varlen (below), part 2 without vLLM (test_gpu_check_vllm.py)
 def test_without_vllm_every_other_part_runs_and_the_check_exits_with_the_skip_code(tmp_path):
     done, summary_path = _run_script(tmp_path, ("vllm",), timeout=900)
     assert done.returncode == 3, done.stdout[-3000:] + done.stderr[-3000:]
