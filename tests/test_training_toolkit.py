@@ -7,6 +7,7 @@ import hashlib
 import os
 
 import pytest
+import torch
 
 from agentrl.training.deepspeed_engine import close_distributed
 from agentrl.training.fingerprint import file_sha256, fingerprint_of, model_files, without_keys
@@ -126,3 +127,25 @@ def test_a_finished_or_stopped_trainer_destroys_its_process_group_and_a_failed_o
     assert not dist.is_initialized()
     assert run_trainer(refuses, log) == 2
     assert dist.is_initialized()
+
+
+def test_a_model_folder_left_without_its_config_is_removed_at_the_start_and_nothing_else_is(tmp_path):
+    """Snakemake removes ``config.json`` (the rule's output) before a training job; a job that then
+    fails would leave the old weights behind it. The stage removes such remains, and only them."""
+    from agentrl.training.deepspeed_engine import DistributedContext, discard_incomplete_model
+
+    main = DistributedContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    remains = tmp_path / "rl"
+    (remains / "adapter").mkdir(parents=True)
+    for name in ("model.safetensors", "generation_config.json", "tokenizer.json", "chat_template.jinja"):
+        (remains / name).write_text("x")
+    discard_incomplete_model(remains, main)
+    assert not remains.exists()
+
+    complete, other = tmp_path / "sft", tmp_path / "results"
+    for folder, names in ((complete, ("config.json", "model.safetensors")), (other, ("model.safetensors", "notes.md"))):
+        folder.mkdir()
+        for name in names:
+            (folder / name).write_text("x")
+        discard_incomplete_model(folder, main)
+        assert sorted(p.name for p in folder.iterdir()) == sorted(names), folder

@@ -528,9 +528,21 @@ def discard_incomplete_model(out_dir: str | Path, ctx: DistributedContext, logge
     its end (:func:`save_hf_model`). A job that then fails would leave weights without a config.
     """
     out_dir = Path(out_dir)
-    if ctx.is_main and out_dir.is_dir() and not (out_dir / "config.json").exists():
+    if not ctx.is_main or not out_dir.is_dir() or (out_dir / "config.json").exists():
+        return
+    entries = list(out_dir.iterdir())
+    # only what an export writes (a mistyped --out that names another folder is left alone)
+    if entries and all(_written_by_export(entry) for entry in entries):
         logger.info("removing %s: a model folder without config.json (the previous model's remains)", out_dir)
         shutil.rmtree(out_dir)
+
+
+def _written_by_export(entry: Path) -> bool:
+    """Whether ``entry`` of a model folder is one :func:`save_hf_model` writes (weights, generation
+    config, tokenizer files, chat template, a LoRA run's ``adapter/``)."""
+    if entry.is_dir():
+        return entry.name == "adapter"
+    return entry.suffix in (".safetensors", ".json", ".jinja", ".txt", ".model") or entry.name.startswith("tokenizer")
 
 
 def write_hf_folder(engine, model: torch.nn.Module, tokenizer, folder: str | Path, ctx: DistributedContext) -> None:
