@@ -37,6 +37,7 @@ rule ablation_stitched_data:
     params:
         # The main data config with stitched SFT trajectories: the same problems, pool and eval sets.
         **config_params(
+            name="ablation_stitched_data",
             build=lambda wildcards: {
                 "seed": config["seed"],
                 "data": {**config["data"], "embedded": {**config["data"]["embedded"], "sft_trajectories": "stitched"}},
@@ -48,8 +49,8 @@ rule ablation_stitched_data:
     priority: 10  # the stitched arm's chain (data, SFT, then its GRPO runs) is the ablations' longest
     threads: 2
     shell:
-        "python -m agentrl prepare-data --config-json {params.cfg:q} "
-        "--sft {output.sft} --rl-pool {output.rl_pool} --eval-dir {params.eval_dir} 2>&1 | keep_log {log}"
+        "python -m agentrl prepare-data --config {params.cfg:q} "
+        "--sft {output.sft} --rl-pool {output.rl_pool} --eval-dir {params.eval_dir} 2>&1 | keep_log {log} || show_error {log}"
 
 
 rule ablation_stitched_sft:
@@ -66,7 +67,7 @@ rule ablation_stitched_sft:
     conda:
         "../envs/train.yaml"
     params:
-        **config_params("seed", "sft", "tracking"),  # the main SFT recipe; only the data differs
+        **config_params("seed", "sft", "tracking", name="ablation_stitched_sft"),  # the main SFT recipe; only the data differs
         model_dir=input_dir("model"),
         out_dir=parent_dir("model"),
         checkpoints=ablation_result("shared/stitched_sft/checkpoints"),
@@ -78,10 +79,10 @@ rule ablation_stitched_sft:
         nodes=1,  # AGENTRL_NODES: more (rules/cluster.smk); one torchrun per node
     shell:
         on_training_nodes(
-            "python -m agentrl sft --config-json {params.cfg:q} --model {params.model_dir} --data {input.data} "
+            "python -m agentrl sft --config {params.cfg:q} --model {params.model_dir} --data {input.data} "
             "--out {params.out_dir} --metrics {output.metrics} --checkpoint-dir {params.checkpoints}"
         )
-        + " 2>&1 | keep_log {log}"
+        + " 2>&1 | keep_log {log} || show_error {log}"
 
 
 rule ablation_grpo:
@@ -101,7 +102,7 @@ rule ablation_grpo:
     wildcard_constraints:
         **ABLATION_WILDCARDS,
     params:
-        **config_params(build=ablation_grpo_cfg, example=ABLATION_EXAMPLE),
+        **config_params(name="ablation_grpo", build=ablation_grpo_cfg, example=ABLATION_EXAMPLE),
         model_dir=input_dir("model"),
         out_dir=parent_dir("model"),
         # a param, not an output: a re-run job must find its checkpoints to resume (rules/rl.smk)
@@ -113,11 +114,11 @@ rule ablation_grpo:
         nodes=1,
     shell:
         on_training_nodes(
-            "python -m agentrl grpo --config-json {params.cfg:q} --model {params.model_dir} "
+            "python -m agentrl grpo --config {params.cfg:q} --model {params.model_dir} "
             "--train {input.train} --eval {input.eval} --out {params.out_dir} --metrics {output.metrics} "
             "--checkpoint-dir {params.checkpoints}"
         )
-        + " 2>&1 | keep_log {log}"
+        + " 2>&1 | keep_log {log} || show_error {log}"
 
 
 rule ablation_evaluate:
@@ -136,7 +137,7 @@ rule ablation_evaluate:
     wildcard_constraints:
         **ABLATION_WILDCARDS,
     params:
-        **config_params(build=ablation_eval_cfg, example=ABLATION_EXAMPLE),
+        **config_params(name="ablation_evaluate", build=ablation_eval_cfg, example=ABLATION_EXAMPLE),
         model_dir=input_dir("model"),
         max_problems="" if ABLATION_MAX_PROBLEMS is None else f"--max-problems {ABLATION_MAX_PROBLEMS}",
     threads: 1
@@ -144,11 +145,11 @@ rule ablation_evaluate:
         gpu=0,
     shell:
         on_gpus(
-            "python -m agentrl evaluate run --config-json {params.cfg:q} --model {params.model_dir} --threads {threads} "
+            "python -m agentrl evaluate run --config {params.cfg:q} --model {params.model_dir} --threads {threads} "
             "--problems {input.problems} --benchmark {wildcards.benchmark} {params.max_problems} "
             "--samples {output.samples} --metrics {output.metrics}"
         )
-        + " 2>&1 | keep_log {log}"
+        + " 2>&1 | keep_log {log} || show_error {log}"
 
 
 rule ablation_report:
@@ -185,12 +186,12 @@ rule ablation_report:
     conda:
         "../envs/report.yaml"
     params:
-        **config_params("ablations"),
+        **config_params("ablations", name="ablation_report"),
         out_dir=lambda wildcards, output: str(Path(output.tables[0]).parent),
     threads: 1
     shell:
-        "python -m agentrl report ablations --config-json {params.cfg:q} --training {input.training} "
-        "--eval-metrics {input.eval_metrics} --samples {input.samples} --out-dir {params.out_dir} 2>&1 | keep_log {log}"
+        "python -m agentrl report ablations --config {params.cfg:q} --training {input.training} "
+        "--eval-metrics {input.eval_metrics} --samples {input.samples} --out-dir {params.out_dir} 2>&1 | keep_log {log} || show_error {log}"
 
 
 rule ablations:

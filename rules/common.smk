@@ -1,6 +1,9 @@
 # Path helpers and input functions shared by the rule files; nothing else.
 import functools
+import hashlib
 import json
+import os
+import shlex
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,25 +17,16 @@ SRC = str(Path(workflow.current_basedir).parent / "src")  # this file's folder: 
 
 # Stages run as `python -m agentrl ...`; with the package installed (pip install -e .) this is a
 # no-op, inside a per-rule conda env (--sdm conda) it makes the checkout's package importable.
-# Every rule's command ends in `2>&1 | keep_log {log}`: its output goes to the rule's log
-# and is appended, under a line naming the attempt, to <log name>.attempts.log beside it (the
-# log's first line names that file). Snakemake deletes a job's log before each attempt, so a retry
-# (retries, a resubmission after a timeout or preemption) would erase the failed attempt's log;
-# the attempts file is no output or log of any rule, and is written as the job runs (a job killed
-# by SLURM keeps what it wrote). The shell's pipefail keeps the command's exit status. The copy
-# ignores the stop signals: SLURM sends SIGTERM to every process of a job before preemption and at
-# the time limit, and the training stages then finish their step and log their checkpoint.
-KEEP_LOG = (
-    "keep_log() {{ trap '' TERM USR1 USR2 INT HUP; "
-    'local attempts; attempts="$(dirname "$1")/$(basename "$1" .log).attempts.log"; '
-    'echo "=== attempt started $(date -u "+%F %T UTC") on $(hostname) (SLURM job ${{SLURM_JOB_ID:-none}}); '
-    'this attempt: $1, every attempt: $attempts ===" | tee "$1" >> "$attempts"; tee -a "$1" >> "$attempts"; }}; '
-)
+# Every rule's command ends in `2>&1 | keep_log {log} || show_error {log}`, shell functions of
+# rules/job_log.sh (beside this file) that keep every attempt's log and say why a job failed.
+JOB_LOG_FUNCTIONS = str(Path(workflow.current_basedir) / "job_log.sh")
 # A prefix of our own replaces Snakemake's default one ("set -euo pipefail; "), so it is restated
 # first: without pipefail a command's exit status is keep_log's, and a stage that failed (or
 # stopped with 75 for a requeue) would count as a job that "completed successfully" with its
-# outputs missing. (Snakemake formats the prefix too: ${PYTHONPATH:-} needs its braces quadrupled.)
-shell.prefix(f"set -euo pipefail; export PYTHONPATH={SRC}:${{{{PYTHONPATH:-}}}}; {KEEP_LOG}")
+# outputs missing. The functions are sourced, not inlined: Snakemake prints the prefix with the
+# command of a failed local job. (Snakemake formats the prefix too: ${PYTHONPATH:-} needs its
+# braces quadrupled.)
+shell.prefix(f"set -euo pipefail; export PYTHONPATH={SRC}:${{{{PYTHONPATH:-}}}}; . {shlex.quote(JOB_LOG_FUNCTIONS)}; ")
 
 sys.path.insert(0, SRC)  # the checkout's package decides what is read from the hub
 from agentrl.config import load_config, process_count_problems, rollout_placement, trainer_processes  # noqa: E402
@@ -62,9 +56,34 @@ def _compact(value):
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
-def config_params(*sections, build=None, example=None):
-    """A stage's config as params: ``cfg``, the JSON it reads (`--config-json {params.cfg:q}`), and
-    one param per key whose change re-runs it, as ``"grpo.lr=0.0001"``.
+# Each job's config reaches its stage as a file, `--config {params.cfg:q}`: inline JSON made every
+# command line 3 KB (printed twice for a failed job, and once per job by `snakemake -n -p`). The
+# file is named by its content, written when the job's params are evaluated (a dry run too, so a
+# printed command runs by hand) and never rewritten with another content: a dry run with an overlay
+# cannot change the config of a run's jobs still to come, and the job's own snakemake under SLURM
+# finds the file the controller wrote.
+STAGE_CONFIGS = f"{RESULTS}/config"
+
+
+@functools.lru_cache(maxsize=None)
+def stage_config_file(name, text):
+    """``results/config/<name>-<sha256 of text>.json`` holding ``text``, written unless it is there."""
+    path = Path(STAGE_CONFIGS) / f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}.json"
+    try:
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_name(f".{path.name}.{os.getpid()}")
+            partial.write_text(text, encoding="utf-8")
+            partial.replace(path)  # whole or absent: a job that starts meanwhile reads no half file
+    except OSError as error:
+        raise WorkflowError(f"cannot write the {name} stage's config file {path}: {error.strerror}") from None
+    return str(path)
+
+
+def config_params(*sections, name, build=None, example=None):
+    """A stage's config as params: ``cfg``, the path of the JSON file it reads (`--config
+    {params.cfg:q}`, :func:`stage_config_file`; ``name`` begins the file name), and one param per
+    key whose change re-runs it, as ``"grpo.lr=0.0001"``.
 
     Snakemake re-runs a job when the values of its params change, and its reason lists the
     values before and now: here the changed keys. It does not compare a param computed by a
@@ -79,7 +98,8 @@ def config_params(*sections, build=None, example=None):
         build = lambda wildcards: {key: config[key] for key in sections}
     keyed = functools.lru_cache(maxsize=None)(lambda items: rerun_keys(build(SimpleNamespace(**dict(items))), CONFIG_SCHEMA))
     per_job = lambda wildcards: keyed(tuple(sorted(wildcards.items())))
-    params = {"cfg": lambda wildcards, input: _compact(build(wildcards))}
+    text = lambda wildcards: json.dumps(build(wildcards), sort_keys=True, indent=1) + "\n"
+    params = {"cfg": lambda wildcards, input: stage_config_file(name, text(wildcards))}
     for index, key in enumerate(rerun_keys(build(SimpleNamespace(**(example or {}))), CONFIG_SCHEMA)):
         params[f"config_{index}"] = lambda wildcards, key=key: f"{key}={_compact(per_job(wildcards).get(key))}"
     return params

@@ -15,10 +15,10 @@ rule hub_download:
     conda:
         "../envs/data.yaml"
     params:
-        **config_params("data", "model"),
+        **config_params("data", "model", name="hub_download"),
     threads: 1
     shell:
-        "python -m agentrl hub-download --config-json {params.cfg:q} --manifest {output} 2>&1 | keep_log {log}"
+        "python -m agentrl hub-download --config {params.cfg:q} --manifest {output} 2>&1 | keep_log {log} || show_error {log}"
 
 
 rule prepare_data:
@@ -37,6 +37,7 @@ rule prepare_data:
     params:
         # reward.unknown_source only: every row is routed to a verifier here, before any rollout.
         **config_params(
+            name="prepare_data",
             build=lambda wildcards: {
                 **{key: config[key] for key in ("seed", "data", "sandbox", "tool")},
                 "reward": {"unknown_source": config["reward"]["unknown_source"]},
@@ -46,8 +47,8 @@ rule prepare_data:
         hub_offline=HUB_OFFLINE,
     threads: 2
     shell:
-        "HF_HUB_OFFLINE={params.hub_offline} python -m agentrl prepare-data --config-json {params.cfg:q} "
-        "--sft {output.sft} --rl-pool {output.rl_pool} --eval-dir {params.eval_dir} 2>&1 | keep_log {log}"
+        "HF_HUB_OFFLINE={params.hub_offline} python -m agentrl prepare-data --config {params.cfg:q} "
+        "--sft {output.sft} --rl-pool {output.rl_pool} --eval-dir {params.eval_dir} 2>&1 | keep_log {log} || show_error {log}"
 
 
 # Prompts over the limits are dropped here, before any rollout, and counted per data source in
@@ -79,13 +80,16 @@ rule fit_rl_prompts:
     conda:
         "../envs/train.yaml"  # transformers: the tokenizer
     params:
-        **config_params(build=lambda wildcards: {"rollout": {k: config["rollout"][k] for k in FIT_LENGTH_KEYS}}),
+        **config_params(
+            name="fit_rl_prompts",
+            build=lambda wildcards: {"rollout": {k: config["rollout"][k] for k in FIT_LENGTH_KEYS}},
+        ),
         model_dir=input_dir("model"),
         out_dir=parent_dir("problems"),
     threads: 1
     shell:
-        "python -m agentrl fit-prompts --config-json {params.cfg:q} --model {params.model_dir} --limit rollout "
-        "--problems {input.problems} --out-dir {params.out_dir} --stats {output.stats} 2>&1 | keep_log {log}"
+        "python -m agentrl fit-prompts --config {params.cfg:q} --model {params.model_dir} --limit rollout "
+        "--problems {input.problems} --out-dir {params.out_dir} --stats {output.stats} 2>&1 | keep_log {log} || show_error {log}"
 
 
 rule fit_eval_prompts:
@@ -103,6 +107,7 @@ rule fit_eval_prompts:
         "../envs/train.yaml"  # transformers: the tokenizer
     params:
         **config_params(
+            name="fit_eval_prompts",
             build=lambda wildcards: {
                 "rollout": {"prompt_length_with_tools": config["rollout"]["prompt_length_with_tools"]},
                 "eval": {"max_prompt_tokens": config["eval"]["max_prompt_tokens"]},
@@ -112,5 +117,5 @@ rule fit_eval_prompts:
         out_dir=parent_dir("problems"),
     threads: 1
     shell:
-        "python -m agentrl fit-prompts --config-json {params.cfg:q} --model {params.model_dir} --limit eval "
-        "--problems {input.problems} --out-dir {params.out_dir} --stats {output.stats} 2>&1 | keep_log {log}"
+        "python -m agentrl fit-prompts --config {params.cfg:q} --model {params.model_dir} --limit eval "
+        "--problems {input.problems} --out-dir {params.out_dir} --stats {output.stats} 2>&1 | keep_log {log} || show_error {log}"

@@ -17,6 +17,7 @@ EVAL_HALVES = [EVAL_HALF_DIRS[mode] for mode in config["eval"]["reasoning"]]
 
 # Only the sampling keys of eval: adding a model or a checkpoint re-runs no finished job.
 EVAL_CONFIG = config_params(
+    name="evaluate",
     build=lambda wildcards: {
         **{key: config[key] for key in ("seed", "rollout", "reward", "sandbox", "tool", "tracking")},
         "eval": {key: config["eval"][key] for key in ("n", "temperature", "top_p", "max_prompt_tokens")},
@@ -61,11 +62,11 @@ rule evaluate:
         gpu=0,  # the profiles give each evaluation shard its GPU (rules/common.smk on_gpus)
     shell:
         on_gpus(
-            "python -m agentrl evaluate shard --config-json {params.cfg:q} --model {params.model_dir} --threads {threads} "
+            "python -m agentrl evaluate shard --config {params.cfg:q} --model {params.model_dir} --threads {threads} "
             "--problems {input.problems} --benchmark {wildcards.benchmark} "
             "--shard {wildcards.shard} --shards {wildcards.shards} --reasoning {params.reasoning} --out {output.shard}"
         )
-        + " 2>&1 | keep_log {log}"
+        + " 2>&1 | keep_log {log} || show_error {log}"
 
 
 rule gather_evaluation:
@@ -97,9 +98,9 @@ rule gather_evaluation:
         reasoning=eval_reasoning,
     threads: 1
     shell:
-        "python -m agentrl evaluate gather --config-json {params.cfg:q} --model {params.model_dir} "
+        "python -m agentrl evaluate gather --config {params.cfg:q} --model {params.model_dir} "
         "--problems {input.problems} --benchmark {wildcards.benchmark} --reasoning {params.reasoning} --shard-files {input.shards} "
-        "--samples {output.samples} --metrics {output.metrics} 2>&1 | keep_log {log}"
+        "--samples {output.samples} --metrics {output.metrics} 2>&1 | keep_log {log} || show_error {log}"
 
 
 rule export_livecodebench:
@@ -119,4 +120,4 @@ rule export_livecodebench:
     threads: 1
     shell:
         "python -m agentrl evaluate export-livecodebench --problems {input.problems} "
-        "--samples {input.samples} --out {output} 2>&1 | keep_log {log}"
+        "--samples {input.samples} --out {output} 2>&1 | keep_log {log} || show_error {log}"

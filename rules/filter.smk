@@ -2,8 +2,9 @@
 # the optional histogram matching pick the RL training set. Two rules, so that a changed
 # threshold or target histogram re-runs only the cheap selection: each rule's params hold only
 # the filter keys it reads (scoring: how the rollouts are drawn; selection: the thresholds).
-FILTER_SCORE_CONFIG = config_params(build=lambda wildcards: filter_score_config())
+FILTER_SCORE_CONFIG = config_params(name="filter_score", build=lambda wildcards: filter_score_config())
 FILTER_SELECT_CONFIG = config_params(
+    name="filter_select",
     build=lambda wildcards: {
         "seed": config["seed"],
         "filter": {
@@ -49,11 +50,11 @@ rule score_rl_pool:
         gpu=0,  # the profiles give each scoring shard its GPU (rules/common.smk on_gpus)
     shell:
         on_gpus(
-            "python -m agentrl filter score-shard --config-json {params.cfg:q} --model {params.model_dir} "
+            "python -m agentrl filter score-shard --config {params.cfg:q} --model {params.model_dir} "
             "--threads {threads} --pool {input.pool} --shard {wildcards.shard} --shards {wildcards.shards} "
             "--out {output.shard}"
         )
-        + " 2>&1 | keep_log {log}"
+        + " 2>&1 | keep_log {log} || show_error {log}"
 
 
 rule gather_pass_rates:
@@ -74,8 +75,8 @@ rule gather_pass_rates:
     priority: 10
     threads: 1
     shell:
-        "python -m agentrl filter gather --config-json {params.cfg:q} --pool {input.pool} "
-        "--shard-files {input.shards} --out {output.pass_rates} --samples {output.samples} 2>&1 | keep_log {log}"
+        "python -m agentrl filter gather --config {params.cfg:q} --pool {input.pool} "
+        "--shard-files {input.shards} --out {output.pass_rates} --samples {output.samples} 2>&1 | keep_log {log} || show_error {log}"
 
 
 # What the pass rates are computed from, as a file of its own that select_rl_data depends on: the
@@ -96,8 +97,8 @@ rule scoring_config:
         **FILTER_SCORE_CONFIG,
     threads: 1
     shell:
-        "python -m agentrl filter scoring-config --config-json {params.cfg:q} --model-config {input.model} "
-        "--pool {input.pool} --out {output} 2>&1 | keep_log {log}"
+        "python -m agentrl filter scoring-config --config {params.cfg:q} --model-config {input.model} "
+        "--pool {input.pool} --out {output} 2>&1 | keep_log {log} || show_error {log}"
 
 
 # The pass rates are ancient() here: a new filter.shards re-runs the scoring shards (which take the
@@ -134,6 +135,6 @@ rule select_rl_data:
     priority: 10  # the training chain is the critical path: before evaluations that could wait
     threads: 1
     shell:
-        "python -m agentrl filter select --config-json {params.cfg:q} --pass-rates {input.pass_rates} "
+        "python -m agentrl filter select --config {params.cfg:q} --pass-rates {input.pass_rates} "
         "--pool {input.pool} --out {output.rl_train} --stats {output.stats} "
-        "--histogram {output.histogram} 2>&1 | keep_log {log}"
+        "--histogram {output.histogram} 2>&1 | keep_log {log} || show_error {log}"

@@ -17,6 +17,7 @@ rule base_model:
     params:
         # the model section less the pretraining's keys (rule pretrain below reads those)
         **config_params(
+            name="base_model",
             build=lambda w: {
                 "seed": config["seed"],
                 "model": {
@@ -29,8 +30,8 @@ rule base_model:
         out_dir=parent_dir("config"),
     threads: 1
     shell:
-        "HF_HUB_OFFLINE={params.hub_offline} python -m agentrl base-model --config-json {params.cfg:q} "
-        "--sft {input.sft} --rl-pool {input.rl_pool} --out {params.out_dir} 2>&1 | keep_log {log}"
+        "HF_HUB_OFFLINE={params.hub_offline} python -m agentrl base-model --config {params.cfg:q} "
+        "--sft {input.sft} --rl-pool {input.rl_pool} --out {params.out_dir} 2>&1 | keep_log {log} || show_error {log}"
 
 
 # The embedded model's copying pretraining (agentrl.sft.pretrain): SFT's trainer on conversations
@@ -46,10 +47,13 @@ if PRETRAIN:
         conda:
             "../envs/data.yaml"
         params:
-            **config_params(build=lambda w: pretrain_config(("conversations", "max_spans", "verbatim_share", "letter_share"))),
+            **config_params(
+                name="copy_corpus",
+                build=lambda w: pretrain_config(("conversations", "max_spans", "verbatim_share", "letter_share")),
+            ),
         threads: 1
         shell:
-            "python -m agentrl copy-corpus --config-json {params.cfg:q} --out {output} 2>&1 | keep_log {log}"
+            "python -m agentrl copy-corpus --config {params.cfg:q} --out {output} 2>&1 | keep_log {log} || show_error {log}"
 
     rule pretrain:
         input:
@@ -66,6 +70,7 @@ if PRETRAIN:
             "../envs/train.yaml"
         params:
             **config_params(
+                name="pretrain",
                 build=lambda w: {
                     **pretrain_config(),
                     "sft": {k: v for k, v in config["sft"].items() if k not in PRETRAIN_REPLACES},
@@ -79,9 +84,9 @@ if PRETRAIN:
         threads: 2
         shell:
             # one CPU process: the embedded model only (model.base a hub id or folder is not pretrained)
-            "python -m agentrl sft --recipe pretrain --config-json {params.cfg:q} --model {params.model_dir} "
+            "python -m agentrl sft --recipe pretrain --config {params.cfg:q} --model {params.model_dir} "
             "--data {input.data} --out {params.out_dir} --metrics {output.metrics} "
-            "--checkpoint-dir {params.checkpoints} --nproc 0 --threads {threads} 2>&1 | keep_log {log}"
+            "--checkpoint-dir {params.checkpoints} --nproc 0 --threads {threads} 2>&1 | keep_log {log} || show_error {log}"
 
 
 # A released SFT model (sft.from) in place of the sft job: results/models/sft/ links (or downloads)
@@ -108,7 +113,7 @@ if SFT_FROM is not None:
         threads: 1
         shell:
             "python -m agentrl fetch-model --key sft.from --id {params.id:q} --revision={params.revision:q} "
-            "--out {params.out_dir} 2>&1 | keep_log {log}"
+            "--out {params.out_dir} 2>&1 | keep_log {log} || show_error {log}"
 
 
 # eval.checkpoints given as {id, revision}: one local job per model, under results/models/checkpoints/.
@@ -131,4 +136,4 @@ rule fetch_checkpoint:
     threads: 1
     shell:
         "python -m agentrl fetch-model --key eval.checkpoints.{wildcards.name} --id {params.id:q} "
-        "--revision={params.revision:q} --out {params.out_dir} 2>&1 | keep_log {log}"
+        "--revision={params.revision:q} --out {params.out_dir} 2>&1 | keep_log {log} || show_error {log}"

@@ -149,4 +149,4 @@ rule report:
         "--published {input.published} {params.published} {params.model_configs} {params.note} "
         "--table-md {output.table_md} --table-csv {output.table_csv} "
         "--accuracy-plot {output.accuracy} --modes-plot {output.modes} "
-        "--health-md {output.health_md} --health-csv {output.health_csv} --cost-md {output.cost_md} ) 2>&1 | keep_log {log}"
+        "--health-md {output.health_md} --health-csv {output.health_csv} --cost-md {output.cost_md} ) 2>&1 | keep_log {log} || show_error {log}"

@@ -7,7 +7,7 @@
 RL_TRAINING_SET = (
     result("data/rl_pool.parquet") if config["filter"]["selection"] == "pool" else result("filter/rl_train.parquet")
 )
-GRPO_CONFIG = config_params("seed", "rollout", "reward", "sandbox", "tool", "grpo", "tracking")
+GRPO_CONFIG = config_params("seed", "rollout", "reward", "sandbox", "tool", "grpo", "tracking", name="grpo")
 
 
 rule grpo:
@@ -37,8 +37,8 @@ rule grpo:
         nodes=1,  # AGENTRL_NODES: more (rules/cluster.smk); one torchrun per node
     shell:
         on_training_nodes(
-            "python -m agentrl grpo --config-json {params.cfg:q} --model {params.model_dir} "
+            "python -m agentrl grpo --config {params.cfg:q} --model {params.model_dir} "
             "--train {input.train} --eval {input.eval} --out {params.out_dir} --metrics {output.metrics} "
             "--checkpoint-dir {params.checkpoints}"
         )
-        + " 2>&1 | keep_log {log}"
+        + " 2>&1 | keep_log {log} || show_error {log}"

@@ -19,7 +19,7 @@ rule sft:
     conda:
         "../envs/train.yaml"
     params:
-        **config_params("seed", "sft", "tracking"),
+        **config_params("seed", "sft", "tracking", name="sft"),
         model_dir=input_dir("model"),
         out_dir=parent_dir("model"),
         checkpoints=result("sft/checkpoints"),
@@ -31,7 +31,7 @@ rule sft:
         nodes=1,  # AGENTRL_NODES: more (rules/cluster.smk); one torchrun per node
     shell:
         on_training_nodes(
-            "python -m agentrl sft --config-json {params.cfg:q} --model {params.model_dir} --data {input.data} "
+            "python -m agentrl sft --config {params.cfg:q} --model {params.model_dir} --data {input.data} "
             "--out {params.out_dir} --metrics {output.metrics} --checkpoint-dir {params.checkpoints}"
         )
-        + " 2>&1 | keep_log {log}"
+        + " 2>&1 | keep_log {log} || show_error {log}"

@@ -9,13 +9,12 @@ the type the schema declares for the key, and only then.
 from __future__ import annotations
 
 import json
-import shlex
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
-from helpers.workflows import ROOT, jobs_in_listing, rules_of, run_snakemake
+from helpers.workflows import ROOT, jobs_in_listing, rules_of, run_snakemake, shell_commands, stage_config
 
 from agentrl.config import (
     ConfigError,
@@ -152,20 +151,15 @@ def dry_run(workdir: Path, *args: str) -> subprocess.CompletedProcess:
     return run_snakemake(workdir, "-n", "-p", *args, timeout=180)
 
 
-def stage_configs(listing: str, stage: str) -> list[dict]:
-    """The --config-json of every planned `python -m agentrl <stage>` command of a dry run."""
-    configs = []
-    for line in listing.splitlines():
-        if f"-m agentrl {stage} " in line and "--config-json" in line:
-            words = shlex.split(line[line.index("python -m agentrl") :])
-            configs.append(json.loads(words[words.index("--config-json") + 1]))
-    return configs
+def stage_configs(listing: str, stage: str, workdir: Path) -> list[dict]:
+    """The config of every planned `python -m agentrl <stage>` command of a dry run."""
+    return [stage_config(command, workdir) for command in shell_commands(listing) if f"-m agentrl {stage} " in command]
 
 
 def test_workflow_takes_nested_numbers_from_the_command_line(tmp_path):
     done = dry_run(tmp_path, "--config", "grpo={lr: 2e-4, max_steps: 3}", "rollout={max_turns: 4}", "seed=5")
     assert done.returncode == 0, done.stderr[-3000:]
-    (grpo,) = stage_configs(done.stdout, "grpo")
+    (grpo,) = stage_configs(done.stdout, "grpo", tmp_path)
     assert (grpo["grpo"]["lr"], grpo["grpo"]["max_steps"], grpo["rollout"]["max_turns"], grpo["seed"]) == (
         2e-4,
         3,
@@ -255,5 +249,5 @@ def test_tracking_reaches_every_training_and_evaluation_stage(tmp_path):
     # sft: the SFT job and the embedded model's pretraining (SFT's trainer, --recipe pretrain);
     # evaluate gather: sft and rl x 3 families
     for stage, jobs in (("sft", 2), ("grpo", 1), ("evaluate gather", 2 * 3)):
-        configs = stage_configs(done.stdout, stage)
+        configs = stage_configs(done.stdout, stage, tmp_path)
         assert len(configs) == jobs and all(c["tracking"]["tensorboard"] is True for c in configs), stage

@@ -5,14 +5,12 @@ training stages one process each with their adapters, no scoring pass."""
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import subprocess
 
 import pytest
 from helpers.presets import resolved
-from helpers.workflows import ROOT, jobs_in_listing, rules_of
+from helpers.workflows import ROOT, jobs_in_listing, rules_of, stage_config
 
 from agentrl.config import cross_key_problems, process_count_problems, rollout_placement
 
@@ -65,7 +63,7 @@ def test_a_dry_run_on_one_gpu_plans_every_gpu_job_on_it_and_no_scoring(tmp_path)
     for stage, rank in (("sft", 32), ("grpo", 8)):
         (command,) = [c for c in commands if f"-m agentrl {stage} " in c]
         assert "--nproc 1 " in command
-        config = json.loads(re.search(r"--config-json '([^']*)'", command)[1])
+        config = stage_config(command.removeprefix("Shell command: "), ROOT)
         assert config[stage]["lora"] == {
             "enabled": True,
             "rank": rank,

@@ -105,10 +105,11 @@ def test_memory_grows_with_the_attempt_up_to_a_cap_except_for_training():
             assert f"--mem {mem} " in jobs[rule][0]["sbatch"] + " ", (rule, jobs[rule][0]["sbatch"])
 
 
-@pytest.mark.parametrize("site", ["local", "slurm"])
+@pytest.mark.parametrize("site", ["slurm"])
 def test_a_failed_job_s_log_is_printed_by_snakemake(site):
     """Snakemake and the plugin cannot stop the retries of a refusal (exit 2); show-failed-logs makes
-    each one loud: the stage's one line appears in snakemake's own output."""
+    each one loud: the stage's one line appears in snakemake's own output. (A local job prints its
+    stage's error on the console itself, without the whole log: tests/test_console.py.)"""
     import snakemake.cli
 
     _, args = snakemake.cli.parse_args(["-n", "--profile", str(ROOT / "profiles" / site)])

@@ -7,8 +7,10 @@ under test) and one OpenMP thread per job (the test machines have few cores).
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -179,6 +181,18 @@ def jobs_in_listing(listing: str) -> list[tuple[str, dict[str, str]]]:
             pairs = line.strip().removeprefix("wildcards:").split(",")
             jobs[-1][1].update(pair.strip().split("=", 1) for pair in pairs)
     return [(rule, wildcards) for rule, wildcards in jobs if rule != "all"]
+
+
+def shell_commands(listing: str) -> list[str]:
+    """The command of every job of a ``snakemake -n -p`` listing (its ``Shell command:`` lines)."""
+    return [line.removeprefix("Shell command: ") for line in listing.splitlines() if line.startswith("Shell command: ")]
+
+
+def stage_config(command: str, workdir: Path) -> dict:
+    """The config a job's stage reads: the JSON file its ``--config`` names, relative to ``workdir``
+    (the rules pass each job's config as a file, rules/common.smk ``config_params``)."""
+    words = shlex.split(command.split(" 2>&1 ", 1)[0])
+    return json.loads((workdir / words[words.index("--config") + 1]).read_text())
 
 
 def planned(workdir: Path, *args: str) -> list[tuple[str, dict[str, str]]]:

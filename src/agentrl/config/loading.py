@@ -182,8 +182,10 @@ class _StrictYamlLoader(yaml.SafeLoader):
 
 
 def read_config_yaml(path: str | Path) -> Any:
-    """The YAML value of a config file; an unreadable file (missing, a folder, not UTF-8), a syntax
-    error or a key given twice raises ConfigError naming the file and, for the YAML, the line."""
+    """The YAML value of a config file, or the JSON value of a ``.json`` file (the workflow's jobs
+    get theirs so: YAML 1.1 would read JSON's ``1e-05`` as a string); an unreadable file (missing, a
+    folder, not UTF-8), a syntax error or a key given twice raises ConfigError naming the file and,
+    for the syntax, the line."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -196,6 +198,11 @@ def read_config_yaml(path: str | Path) -> Any:
     except UnicodeDecodeError as exc:
         line = _line_of_byte(path, exc.start)
         raise ConfigError(f"{path}: line {line}: not UTF-8 text (byte {exc.object[exc.start]:#04x})") from None
+    if path.suffix == ".json":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}: not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
     try:
         return yaml.load(text, Loader=_StrictYamlLoader)
     except yaml.MarkedYAMLError as exc:
@@ -221,9 +228,10 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--config",
         type=Path,
-        help="YAML/JSON config file; keys left out take config.yaml's values (the schema defaults)",
+        help="YAML config file, or JSON for a .json file (what the Snakemake rules pass: results/config/<stage>-"
+        "<hash>.json); keys left out take config.yaml's values (the schema defaults)",
     )
-    group.add_argument("--config-json", help="config as a JSON string (what the Snakemake rules pass)")
+    group.add_argument("--config-json", help="config as a JSON string")
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
