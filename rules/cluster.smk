@@ -4,7 +4,10 @@
 import contextlib
 import io
 import os
+import re
 import time
+
+import yaml
 
 from agentrl.training.folder_lock import LOCK_DIR_SETTING
 from agentrl.training.slurm_jobs import (
@@ -43,26 +46,29 @@ def run_mode(args):
 
 def site_executor():
     """The executor plugin this run submits with (``"slurm"``; None: the local one), what the command
-    does (:func:`run_mode`) and the SLURM plugin's partition file, read from the command line and
-    profiles as Snakemake's own parser reads them.
+    does (:func:`run_mode`), the SLURM plugin's partition file and the site profile's folder (None:
+    no --profile), read from the command line and profiles as Snakemake's own parser reads them.
 
     Snakemake loads the Snakefile before it picks its executor (``workflow.executor_plugin`` is
     still None here, and a dry run swaps in the dry-run executor anyway), so the site profile's
     ``executor:`` is known only from the arguments. Run through Snakemake's Python API instead of
-    its command line, nothing is known: (None, "run", None), as for a local run.
+    its command line, nothing is known: (None, "run", None, None), as for a local run.
     """
     import snakemake.cli
 
     try:
-        with contextlib.redirect_stderr(io.StringIO()):  # it says again which profiles it reads
+        # in the folder snakemake was started in: a relative --profile is read from there, and with
+        # --directory the workflow already runs elsewhere
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.chdir(workflow.rundir):
             _, args = snakemake.cli.parse_args(sys.argv[1:])
     except (SystemExit, Exception):  # not Snakemake's command line
-        return None, "run", None
+        return None, "run", None, None
     partitions = getattr(args, "slurm_partition_config", None)  # the plugin's --slurm-partition-config
-    return getattr(args, "executor", None), run_mode(args), partitions
+    profile = (getattr(args, "profile", None) or [None])[0]
+    return getattr(args, "executor", None), run_mode(args), partitions, profile
 
 
-EXECUTOR, RUN_MODE, PARTITION_FILE = site_executor() if workflow.is_main_process else (None, "run", None)
+EXECUTOR, RUN_MODE, PARTITION_FILE, PROFILE = site_executor() if workflow.is_main_process else (None, "run", None, None)
 DRY_RUN = RUN_MODE == "dry run"
 # The checks below are those of a submission: skipped when nothing is planned to run, and only
 # warnings in a dry run where they are about the cluster's state rather than the plan.
@@ -160,6 +166,79 @@ def check_gpu_count():
             "workflow profile's per-rule resources (workflow/profiles/default). Drop it (AGENTRL_NODES for nodes), or "
             "copy that profile, edit it and pass it with --workflow-profile"
         )
+
+
+# The template values of profiles/slurm, which a site replaces with its own account and partitions.
+PLACEHOLDER = re.compile(r"YOUR_[A-Z_]+")
+
+
+def _placeholders_in_resources(profile_file):
+    """(where, value) of each SLURM account or partition given as a template value: the site
+    profile's default-resources, or one rule's resources (set-resources)."""
+    found = []
+    defaults = workflow.resource_settings._parsed_default_resources or {}
+    for key in ("slurm_account", "slurm_partition"):
+        default = str(getattr(defaults.get(key), "raw", defaults.get(key)))
+        if PLACEHOLDER.fullmatch(default):
+            found.append((f"{profile_file}: default-resources: {key}", default))
+        for each in workflow.rules:  # a rule's resources hold the defaults too
+            value = str(getattr(each.resources.get(key), "raw", each.resources.get(key)))
+            if PLACEHOLDER.fullmatch(value) and value != default:
+                found.append((f"the {each.name} rule's resources (set-resources): {key}", value))
+    return found
+
+
+def check_placeholders():
+    """Refuse a SLURM submission while the site profile still holds the template's account or
+    partitions (``YOUR_ACCOUNT``, ``YOUR_GPU_PARTITION``; profiles/slurm): sbatch would reject every
+    job for its account, or the plugin would find no partition of the cluster by those names. Each
+    is named with its key and the file to edit; a dry run only warns, after which it plans as given."""
+    if EXECUTOR != "slurm":
+        return
+    profile_file = f"{PROFILE}/config.yaml" if PROFILE else "--default-resources"
+    accounts = "your accounts: sacctmgr -n show associations user=$USER format=account"
+    problems = [f"{where}: {value!r} ({accounts})" for where, value in _placeholders_in_resources(profile_file)]
+    if PARTITION_FILE:
+        try:
+            text = Path(workflow.rundir, PARTITION_FILE).read_text()  # relative to where snakemake started
+            names = list((yaml.safe_load(text) or {}).get("partitions") or {})
+        except (OSError, yaml.YAMLError, AttributeError):
+            names = []  # the plugin reports a file it cannot read
+        template = [name for name in names if PLACEHOLDER.fullmatch(str(name))]
+        if template:
+            problems.append(
+                f"{PARTITION_FILE} (slurm-partition-config): partitions: {', '.join(template)} (your partitions: sinfo -s; "
+                "their limits: scontrol show partition NAME)"
+            )
+    if not problems:
+        return
+    message = "the SLURM site profile still holds the template's placeholders; set your cluster's:\n" + "\n".join(
+        f"  - {problem}" for problem in problems
+    )
+    if DRY_RUN:  # the plan is shown as it is; the run itself is refused
+        logger.warning(f"{message}\nThis dry run plans with them; a run is refused until they are set.")
+        return
+    raise WorkflowError(message)
+
+
+def check_conda():
+    """Refuse a run or dry run with conda among its software deployment methods (--sdm conda) where
+    no ``conda`` command is on PATH: Snakemake would stop while it builds the DAG with "Error
+    running conda info", which says neither what is missing nor the way without conda."""
+    import shutil
+
+    from snakemake.settings.types import DeploymentMethod
+
+    if DeploymentMethod.CONDA not in workflow.deployment_settings.deployment_method or shutil.which("conda"):
+        return
+    raise WorkflowError(
+        "--sdm conda (software-deployment-method: conda) builds each rule's environment from envs/*.yaml with "
+        "conda, and there is no conda command on PATH here. Install conda (Miniforge, "
+        "https://conda-forge.org/download; Snakemake 9 runs conda itself, mamba alone does not do) and put it "
+        "on PATH (conda activate base, on this host and on the compute nodes), or run without --sdm conda with "
+        "the stages' packages installed in this environment (pip install -e '.[vllm-cuda]' on a GPU machine; "
+        'on a SLURM cluster snakemake and CUDA vLLM need separate environments: docs/paper-scale.md, "Installing")'
+    )
 
 
 RUNNING_JOBS_POLL_S = 60

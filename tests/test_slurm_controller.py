@@ -1,6 +1,7 @@
 """The workflow's controller under the SLURM profile, against a SLURM cluster on this machine.
 
-The real ``snakemake --profile profiles/slurm`` with snakemake-executor-plugin-slurm runs here,
+The real ``snakemake --profile profiles/slurm`` with snakemake-executor-plugin-slurm runs here (a
+copy with the fake cluster's account and partitions for its placeholders, which a run refuses),
 with fake SLURM commands first on PATH (tests/helpers/fake_slurm.py): ``sbatch`` records each
 submission (and starts its job as a real process when the test lets it), ``squeue`` and
 ``sacct`` answer from the fake cluster's job files. A job that runs goes through the real chain of
@@ -16,12 +17,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.fake_slurm import add_job, install, jobs, sbatch_calls
-from helpers.workflows import ROOT, TINY, snakemake, snakemake_command, snakemake_env, write_config
+from helpers.fake_slurm import add_job, install, jobs, sbatch_calls, site_profile
+from helpers.workflows import TINY, snakemake, snakemake_command, snakemake_env, write_config
 
 pytest.importorskip("snakemake_executor_plugin_slurm", reason="pip install -e '.[test]'")
-
-SLURM_PROFILE = str(ROOT / "profiles" / "slurm")
 
 
 class Cluster:
@@ -32,6 +31,7 @@ class Cluster:
         self.workdir = root / "run"
         self.workdir.mkdir()
         write_config(self.workdir, *overlays)
+        self.profile = str(site_profile(root / "profile"))
         env = {**snakemake_env(), **install(root / "bin", self.state)}
         for key in ("AGENTRL_GPUS_PER_NODE", "AGENTRL_NODES", "AGENTRL_RUNNING_JOBS", "SLURM_JOB_ID"):
             env.pop(key, None)
@@ -39,7 +39,7 @@ class Cluster:
 
     def snakemake(self, *args: str, timeout: float = 300, **extra: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            snakemake_command(self.workdir, "--profile", SLURM_PROFILE, *args),
+            snakemake_command(self.workdir, "--profile", self.profile, *args),
             cwd=self.workdir,
             env={**self.env, **extra},
             capture_output=True,

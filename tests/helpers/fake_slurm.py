@@ -29,6 +29,7 @@ import fcntl
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,8 +38,11 @@ from pathlib import Path
 
 COMMANDS = ("sbatch", "squeue", "sacct", "scontrol", "sinfo", "sacctmgr", "sshare", "scancel", "srun")
 ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING")
-PARTITIONS = ("YOUR_CPU_PARTITION", "YOUR_GPU_PARTITION")  # profiles/slurm/partitions.yaml
-ACCOUNT = "your_account"  # profiles/slurm's slurm_account, as sacctmgr lists it (lower case)
+# The cluster's account and partitions, which site_profile writes into a copy of profiles/slurm in
+# place of its placeholders (a run with those is refused when the workflow loads)
+PARTITIONS = ("cpu", "gpu")
+ACCOUNT = "rl-lab"  # as sacctmgr lists it (lower case)
+SITE_NAMES = {"YOUR_ACCOUNT": ACCOUNT, "YOUR_CPU_PARTITION": PARTITIONS[0], "YOUR_GPU_PARTITION": PARTITIONS[1]}
 # sbatch options followed by a value as a separate word (the plugin writes ``-t 60``, ``--mem 16000``)
 SBATCH_VALUES = {"-J", "--job-name", "-o", "--output", "--comment", "-A", "--account", "-p", "--partition",
                  "-t", "--time", "--mem", "--mem-per-cpu", "-D", "--chdir", "-C", "--constraint", "--qos"}  # fmt: skip
@@ -55,6 +59,17 @@ def install(bin_dir: Path, state: Path) -> dict[str, str]:
         script.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(__file__)} {name} "$@"\n')
         script.chmod(0o755)
     return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "FAKE_SLURM_DIR": str(state)}
+
+
+def site_profile(folder: Path) -> Path:
+    """profiles/slurm copied to ``folder`` with this cluster's account and partitions for its placeholders."""
+    shutil.copytree(Path(__file__).resolve().parents[2] / "profiles" / "slurm", folder)
+    for name in ("config.yaml", "partitions.yaml"):
+        text = (folder / name).read_text()
+        for placeholder, value in SITE_NAMES.items():
+            text = text.replace(placeholder, value)
+        (folder / name).write_text(text)
+    return folder
 
 
 def _state() -> Path:

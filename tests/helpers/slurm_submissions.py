@@ -99,6 +99,9 @@ if __name__ == "__main__":
         ATTEMPT = int(argv[at + 1])
         del argv[at : at + 2]
     argv = [*argv, "--dag", "--quiet", "rules"]
+    # the workflow reads its command line from sys.argv (rules/cluster.smk site_executor): a --dag,
+    # which submits nothing, is not held to the checks of a submission (the profile's placeholders)
+    sys.argv = [sys.argv[0], *argv]
     _, args = snakemake.cli.parse_args(argv)
     if args.executor == "slurm":  # as snakemake.cli.args_to_api reads them
         SETTINGS = ExecutorPluginRegistry().get_plugin("slurm").get_settings(args)
