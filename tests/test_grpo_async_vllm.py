@@ -14,6 +14,8 @@ process, so no ``__main__`` guard is needed here.
 from __future__ import annotations
 
 import importlib.util
+import os
+import signal
 
 import psutil
 import pytest
@@ -56,11 +58,16 @@ def test_a_vllm_rollout_process_samples_with_the_version_it_records(tmp_path):
     with one_step_off(cfg, model_dir, root / "rl_train.parquet", versions) as (process, results):
         # the engine core runs in a process of its own, as CUDA's does (a daemonic rollout process could not start it)
         rollout_pid = process.children[0].process.pid
-        assert [p.name() for p in psutil.Process(rollout_pid).children()], "vLLM's engine core should be a child"
+        engine_processes = psutil.Process(rollout_pid).children(recursive=True)  # the engine core and its worker
+        assert engine_processes, "vLLM's engine core should be a child"
         assert [r.policy_version for r in results] == [0, 0, 1]
         assert [r.timing["rollout/staleness"] for r in results] == [0.0, 1.0, 1.0]
         checked = check_sampled_by_recorded_version(results, versions, atol=SAME_WEIGHTS_ATOL, gap=OTHER_WEIGHTS_GAP)
         assert checked == 3 * cfg.grpo.batch_prompts * cfg.grpo.n, checked
+        # a rollout process killed outright takes vLLM's processes with it (they held memory for ever)
+        os.kill(rollout_pid, signal.SIGKILL)
+        _, alive = psutil.wait_procs(engine_processes, timeout=30)
+        assert not alive, f"vLLM processes outlived their rollout process: {[p.name() for p in alive]}"
 
 
 @pytest.mark.vllm
