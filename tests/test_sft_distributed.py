@@ -138,7 +138,9 @@ def test_checkpoints_of_another_setup_are_set_aside_and_the_new_setup_trains_fro
     sft = {**BASE_SFT, "epochs": 1, "save_every_steps": 2}
     train_sft_run(tiny_sft_workspace, "setup", sft)
     checkpoints = tiny_sft_workspace / "setup" / "ckpt"
-    kept = sorted(p.relative_to(checkpoints) for p in checkpoints.rglob("*") if p.is_file() and p.name != "trainer.lock")
+    kept = sorted(
+        p.relative_to(checkpoints) for p in checkpoints.rglob("*") if p.is_file() and p.name != "trainer.lock"
+    )
     latest = (checkpoints / "latest").read_text().strip()
     args = sft_run_args(tiny_sft_workspace, "setup", {**sft, "lr": 1e-3}, 1)
     done = subprocess.run(args, env=sft_env(), capture_output=True, text=True, timeout=900)
