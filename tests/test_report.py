@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from helpers.eval_samples import synthetic_samples
 
 from agentrl.config import load_config
 from agentrl.errors import UserInputError
@@ -21,25 +21,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def _samples(accuracy: float, problems: int = 6, n: int = 4, seed: int = 0) -> list[dict]:
-    rng = random.Random(seed)
-    rows = []
-    for p in range(problems):
-        for i in range(n):
-            calls = rng.randint(0, 4)
-            rows.append(
-                {
-                    "problem_id": f"q{p}",
-                    "sample_index": i,
-                    "acc": rng.random() < accuracy,
-                    "pred": str(rng.randint(0, 2)),
-                    "tool_calls": calls,
-                    "tool_errors": [rng.random() < 0.3 for _ in range(calls)],
-                    "tokens_before_calls": [rng.randint(10, 400) for _ in range(calls)],
-                    "num_turns": calls + 1,
-                    "response_tokens": rng.randint(100, 900),
-                }
-            )
-    return rows
+    return synthetic_samples(accuracy, problems, n, seed)
 
 
 def _write_metrics(root: Path, model: str, benchmark: str, accuracy: float, seed: int) -> Path:

@@ -10,12 +10,12 @@ axis.
 from __future__ import annotations
 
 import json
-import random
 import shlex
 from pathlib import Path
 
 import pytest
 import yaml
+from helpers.eval_samples import synthetic_samples
 from helpers.workflows import ROOT, run_snakemake
 
 from agentrl.report import cli as report_cli
@@ -25,25 +25,7 @@ from agentrl.sampling.metrics import summarize_benchmark
 
 
 def _samples(accuracy: float, with_answers: bool, seed: int, problems: int = 4, n: int = 2) -> list[dict]:
-    rng = random.Random(seed)
-    rows = []
-    for p in range(problems):
-        for i in range(n):
-            calls = rng.randint(0, 4)
-            rows.append(
-                {
-                    "problem_id": f"q{p}",
-                    "sample_index": i,
-                    "acc": rng.random() < accuracy,
-                    "pred": str(rng.randint(0, 2)) if with_answers else None,
-                    "tool_calls": calls,
-                    "tool_errors": [rng.random() < 0.3 for _ in range(calls)],
-                    "tokens_before_calls": [rng.randint(10, 400) for _ in range(calls)],
-                    "num_turns": calls + 1,
-                    "response_tokens": rng.randint(10, 64),
-                }
-            )
-    return rows
+    return synthetic_samples(accuracy, problems, n, seed, with_answers=with_answers, response_tokens=(10, 64))
 
 
 def _report(root: Path, *extra: str) -> str:
