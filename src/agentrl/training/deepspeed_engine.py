@@ -33,7 +33,6 @@ import logging
 import os
 import random
 import shutil
-import socket
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,10 +68,14 @@ class DistributedContext:
         return self.rank == 0
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _one_process_group(backend: str, timeout) -> None:
+    """A one-process group whose store binds port 0 itself: probing a free port and binding it
+    later races with every other process on the host (a CI run lost it: EADDRINUSE)."""
+    store = torch.distributed.TCPStore("127.0.0.1", 0, 1, True, timeout=timeout)
+    os.environ.update(
+        {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port)}
+    )
+    torch.distributed.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
 
 
 def init_distributed(timeout_minutes: float | None = None) -> DistributedContext:
@@ -88,21 +91,14 @@ def init_distributed(timeout_minutes: float | None = None) -> DistributedContext
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
-    if "RANK" not in os.environ:
-        os.environ.update(
-            {
-                "RANK": "0",
-                "WORLD_SIZE": "1",
-                "LOCAL_RANK": "0",
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(_free_port()),
-            }
-        )
     if not torch.distributed.is_initialized():
         timeout = datetime.timedelta(minutes=timeout_minutes or 10)
         backend = get_accelerator().communication_backend_name()
         if get_accelerator().device_name() == "cpu":
             _skip_shared_memory_kernel()
+        if "RANK" not in os.environ:
+            # DeepSpeed wraps a group that is already up (deepspeed.comm.init_distributed).
+            _one_process_group(backend, timeout)
         deepspeed.init_distributed(dist_backend=backend, verbose=False, timeout=timeout)
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
