@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import statistics
 from pathlib import Path
 
 import pandas as pd
@@ -11,6 +13,7 @@ import pytest
 from agentrl.config import ConfigError, load_config
 from agentrl.report import ablations
 from agentrl.report import cli as report_cli
+from agentrl.report.ablation_effects import Effect, format_effect, paired_effect, t_quantile
 from agentrl.report.ablations import Spread, format_spread, smooth, spread, steps_to_reach
 from agentrl.sampling.metrics import summarize_benchmark
 
@@ -56,6 +59,65 @@ def test_spread_over_seeds():
     assert format_spread(spread([None]), percent=True) == "-"
 
 
+def t_975(dof: int) -> float:
+    """t_{0.975, dof} in closed form, for the dof the tests use (1: Cauchy; 2: Student's own formula)."""
+    p = 0.975
+    return {1: math.tan(math.pi * (p - 0.5)), 2: (2 * p - 1) / math.sqrt(2 * p * (1 - p))}[dof]
+
+
+def test_t_quantile_matches_the_closed_forms_and_tends_to_the_normal():
+    assert t_quantile(0.975, 1) == pytest.approx(12.706204736, rel=1e-9)
+    assert t_quantile(0.975, 1) == pytest.approx(t_975(1), rel=1e-12)
+    assert t_quantile(0.975, 2) == pytest.approx(t_975(2), rel=1e-12)
+    # dof 4: t = 2 sqrt(q - 1), q = cos(arccos(sqrt(a)) / 3) / sqrt(a), a = 4 p (1 - p)
+    a = 4 * 0.975 * 0.025
+    assert t_quantile(0.975, 4) == pytest.approx(
+        2 * math.sqrt(math.cos(math.acos(math.sqrt(a)) / 3) / math.sqrt(a) - 1)
+    )
+    assert t_quantile(0.975, 3) == pytest.approx(3.182446305, rel=1e-9)
+    normal = statistics.NormalDist().inv_cdf(0.975)
+    assert normal < t_quantile(0.975, 1000) < normal + 0.003
+
+
+def test_paired_effect_is_the_mean_difference_with_its_t_interval():
+    reference, other = {1: 0.40, 2: 0.50, 3: 0.45}, {1: 0.47, 2: 0.52, 3: 0.55}
+    d = [0.07, 0.02, 0.10]
+    mean = sum(d) / 3
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / 2)
+    half = t_975(2) * sd / math.sqrt(3)
+    e = paired_effect(reference, other)
+    assert (e.mean, e.low, e.high) == pytest.approx((mean, mean - half, mean + half), rel=1e-12)
+    assert e.pairs == 3 and e.differences == pytest.approx({1: 0.07, 2: 0.02, 3: 0.10})
+    assert e.low < 0 < e.high and not e.excludes_zero
+    tight = paired_effect({1: 0.0, 2: 0.0, 3: 0.0}, {1: 0.05, 2: 0.06, 3: 0.07})  # sd 0.01: [0.035, 0.085]
+    assert tight.low == pytest.approx(0.06 - t_975(2) * 0.01 / math.sqrt(3)) and tight.excludes_zero
+    assert paired_effect(other, reference).high == pytest.approx(-e.low)  # swapping the arms flips the sign
+
+
+def test_paired_effect_pairs_only_the_seeds_both_have():
+    # seed 3: the reference has no value (never reached); seed 4: only the other arm ran it
+    e = paired_effect({1: 1.0, 2: 2.0, 3: None}, {1: 2.0, 2: 4.0, 3: 5.0, 4: 9.0})
+    half = t_975(1) * math.sqrt(0.5) / math.sqrt(2)  # d = 1, 2: mean 1.5, sd sqrt(0.5)
+    assert e.differences == {1: 1.0, 2: 2.0} and e.pairs == 2
+    assert (e.mean, e.low, e.high) == pytest.approx((1.5, 1.5 - half, 1.5 + half))
+    assert paired_effect({1: float("nan"), 2: 1.0}, {1: 1.0, 2: 1.5}).pairs == 1  # NaN pairs with nothing
+
+
+def test_one_pair_has_no_interval_and_none_has_no_effect():
+    one = paired_effect({1: 0.1, 2: None}, {1: 0.3, 2: 0.5})
+    assert (one.mean, one.low, one.high, one.pairs) == (pytest.approx(0.2), None, None, 1)
+    assert format_effect(one, 100.0, 1) == "+20.0 [-]"
+    none = paired_effect({1: None}, {1: 0.3})
+    assert none == Effect(None, None, None, 0, {}, False) and format_effect(none) == "-"
+
+
+def test_effect_cells_are_signed_with_a_typographic_minus_and_bold_when_the_interval_excludes_0():
+    e = Effect(0.031, -0.004, 0.066, 3, {}, False)
+    assert format_effect(e, 100.0, 1) == "+3.1 [\u22120.4, +6.6]"
+    assert format_effect(Effect(-0.5, -0.75, -0.25, 3, {}, True), 1.0, 2) == "**\u22120.50 [\u22120.75, \u22120.25]**"
+    assert format_effect(Effect(-0.0001, -0.01, 0.01, 3, {}, False), 1.0, 2) == "+0.00 [\u22120.01, +0.01]"
+
+
 def test_locate_reads_arm_seed_and_benchmark_and_refuses_other_layouts():
     assert ablations.locate("r/ablations/base/seed2/rl/metrics.jsonl", "training") == ("base", 2, None)
     assert ablations.locate("r/ablations/gt/seed10/eval/arith/samples.jsonl", "eval") == ("gt", 10, "arith")
@@ -93,9 +155,17 @@ def _sample(problem: int, index: int, acc: bool, calls: int, tokens: int, errors
 
 
 def _write_run(
-    root: Path, arm: str, seed: int, acc_curve: list[float], correct: list[list[bool]], calls: int, tokens: int
+    root: Path,
+    arm: str,
+    seed: int,
+    acc_curve: list[float],
+    correct: list[list[bool]],
+    calls: int,
+    tokens: int,
+    extra: dict[str, list[float]] | None = None,
 ) -> None:
-    """One arm/seed: a GRPO log with ``acc_curve`` and, per benchmark, samples with ``correct[p][i]``."""
+    """One arm/seed: a GRPO log with ``acc_curve`` (and each ``extra`` key's curve) and, per benchmark,
+    samples with ``correct[p][i]``."""
     run = root / arm / f"seed{seed}"
     (run / "rl").mkdir(parents=True)
     records = [{"step": 0, "val/mean/avg@2": 0.0}]  # validation-only record: skipped by the curves
@@ -103,6 +173,9 @@ def _write_run(
         {"step": s, ablations.ACC_KEY: a, ablations.CALLS_KEY: calls + 0.1 * s, ablations.SUCCESS_KEY: 0.5}
         for s, a in enumerate(acc_curve, 1)
     ]
+    for key, curve in (extra or {}).items():
+        for record, value in zip(records[1:], curve):
+            record[key] = value
     (run / "rl" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     for benchmark in ("arith", "program"):
         rows = [
@@ -120,13 +193,24 @@ def _write_run(
 def runs(tmp_path):
     root = tmp_path / "ablations"
     for seed in (1, 2, 3):
-        # base: reaches 0.5 (window 2) at step 3 for every seed; avg@2 = 0.5, pass@2 = 1.0.
-        _write_run(root, "base", seed, [0.2, 0.6, 0.6, 0.7], [[True, False], [False, True]], calls=1, tokens=30)
-        # stitched: reaches only with seed 3; avg@2 = 0.25, pass@2 = 0.5; reactive (few tokens before calls).
+        # base: reaches 0.5 (window 2) at step 3 for every seed; avg@2 = 0.5, pass@2 = 1.0; entropy of the
+        # last 3 steps 0.8, clip fractions 1 % high and 2 % low, zero-advantage share 50 %.
+        base_log = {
+            "actor/entropy": [1.0, 0.9, 0.8, 0.7],
+            "actor/clip_frac_high": [0.01] * 4,
+            "actor/clip_frac_low": [0.02] * 4,
+            "rollout/zero_advantage_share": [0.5] * 4,
+        }
+        correct = [[True, False], [False, True]]
+        _write_run(root, "base", seed, [0.2, 0.6, 0.6, 0.7], correct, calls=1, tokens=30, extra=base_log)
+        # stitched: reaches only with seed 3; avg@2 = 0.25, pass@2 = 0.5; reactive (few tokens before calls);
+        # an older log: no entropy, clip fractions or zero-advantage share.
         curve = [0.1, 0.1, 0.2, 0.2] if seed != 3 else [0.1, 0.5, 0.5, 0.5]
         _write_run(root, "stitched", seed, curve, [[True, False], [False, False]], calls=3, tokens=5)
-        # gt: never reaches; avg@2 = 0; no tool calls.
-        _write_run(root, "gt", seed, [0.0, 0.1, 0.1, 0.1], [[False, False], [False, False]], calls=0, tokens=0)
+        # gt: never reaches; avg@2 = 0; no tool calls; entropy 0.9, 1.0, 1.2 by seed; clip high 2 %, no clip low.
+        gt_log = {"actor/entropy": [{1: 0.9, 2: 1.0, 3: 1.2}[seed]] * 4, "actor/clip_frac_high": [0.02] * 4}
+        no = [[False, False], [False, False]]
+        _write_run(root, "gt", seed, [0.0, 0.1, 0.1, 0.1], no, calls=0, tokens=0, extra=gt_log)
     paths = {
         "training": sorted(root.glob("*/seed*/rl/metrics.jsonl")),
         "eval_metrics": sorted(root.glob("*/seed*/eval/*/metrics.json")),
