@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from agentrl.config import ConfigError, load_config
-from agentrl.report import ablations
+from agentrl.report import ablation_plots, ablations
 from agentrl.report import cli as report_cli
 from agentrl.report.ablation_effects import Effect, format_effect, paired_effect, t_quantile
 from agentrl.report.ablations import Spread, format_spread, smooth, spread, steps_to_reach
@@ -238,6 +238,22 @@ def test_run_metrics_of_a_hand_made_run(runs):
     assert gt["eval/no_tool_share"] == 1.0 and gt["eval/tool_success_rate"] is None
 
 
+def test_run_metrics_for_the_effects_and_none_where_an_older_log_lacks_the_key(runs):
+    root, paths = runs
+    loaded = ablations.load_runs(paths["training"], paths["eval_metrics"], paths["samples"])
+    base, stitched, gt = (ablations.run_metrics(loaded[arm][0], CFG) for arm in ("base", "stitched", "gt"))
+    assert base["train/entropy_last"] == pytest.approx(0.8)  # mean of the last 3 steps: .9 .8 .7
+    assert base["train/clip_frac_high_mean"] == pytest.approx(0.01)
+    assert base["train/clip_frac_low_mean"] == pytest.approx(0.02)
+    assert base["train/zero_advantage_share_mean"] == pytest.approx(0.5)
+    # 16 responses with one call each, 8 of them correct; stitched: 3 calls each, 4 correct; gt: none correct
+    assert base["eval/tool_calls_per_solved"] == 2.0 and stitched["eval/tool_calls_per_solved"] == 12.0
+    assert gt["eval/tool_calls_per_solved"] is None and gt["train/clip_frac_low_mean"] is None
+    assert all(
+        stitched[f"train/{k}"] is None for k in ("entropy_last", "clip_frac_high_mean", "zero_advantage_share_mean")
+    )
+
+
 def test_tables_csv_and_plots_written_per_question(runs, tmp_path):
     root, paths = runs
     out = tmp_path / "out"
@@ -272,8 +288,86 @@ def test_tables_csv_and_plots_written_per_question(runs, tmp_path):
     assert sorted(reasoning["arm"].unique()) == ["base", "gt", "stitched"]
     row = reasoning[(reasoning["arm"] == "stitched") & (reasoning["metric"] == "eval/reactive_share")].iloc[0]
     assert (row["mean"], row["seeds"], json.loads(row["values"])) == (1.0, 3, [1.0, 1.0, 1.0])
-    steps = pd.read_csv(out / "data.csv").query("arm == 'stitched' and metric == 'steps_to_reach'").iloc[0]
+    steps = pd.read_csv(out / "data.csv").query("kind == 'spread' and arm == 'stitched' and metric == 'steps_to_reach'")
+    steps = steps.iloc[0]
     assert steps["seeds_with_value"] == 1 and json.loads(steps["values"]) == [None, None, 3.0]
+
+
+def _effects_table(markdown: str) -> dict[str, dict[str, str]]:
+    """arm name -> column header -> cell of the markdown's "Effects against" table."""
+    section = markdown[markdown.index("## Effects against base") :].split("\n\n")[1]
+    header, _, *rows = [[c.strip() for c in line.strip("|").split(" | ")] for line in section.splitlines()]
+    return {row[0].split(" ")[0]: dict(zip(header, row)) for row in rows}
+
+
+def test_effects_against_the_reference_arm_in_the_markdown_and_the_csv(runs, tmp_path):
+    root, paths = runs
+    loaded = ablations.load_runs(paths["training"], paths["eval_metrics"], paths["samples"])
+    ablations.write_ablations(CFG, loaded, tmp_path / "out")
+    data = _effects_table((tmp_path / "out" / "data.md").read_text())
+    assert list(data) == ["stitched"]  # the reference arm has no row
+    stitched = data["stitched"]
+    assert stitched["avg@2 mean (pp)"] == "**\u221225.0 [\u221225.0, \u221225.0]**"  # every seed: 25 - 50
+    # final training accuracy by seed: base .65 .65 .65, stitched .2 .2 .5 -> d = -.45 -.45 -.15
+    d = [-0.45, -0.45, -0.15]
+    mean = sum(d) / 3
+    half = t_975(2) * math.sqrt(sum((x - mean) ** 2 for x in d) / 2) / math.sqrt(3)
+    assert (round(100 * mean, 1), round(100 * (mean - half), 1), round(100 * (mean + half), 1)) == (-35.0, -78.0, 8.0)
+    assert stitched["final training accuracy (pp)"] == "\u221235.0 [\u221278.0, +8.0]"  # not bold: contains 0
+    assert stitched["steps to training accuracy >= 50 %"] == "+0.0 [-] (1/3 both reached)"  # only seed 3 reached
+    assert stitched["tool calls / response (eval)"] == "**+2.00 [+2.00, +2.00]**"
+    assert stitched["zero-advantage share, mean over steps (pp)"] == "-"  # stitched's logs lack the key
+    algorithm = _effects_table((tmp_path / "out" / "algorithm.md").read_text())["gt"]
+    assert algorithm["policy entropy, last 3 steps (nats / token)"] == "+0.233 [\u22120.146, +0.613]"
+    assert algorithm["clip fraction high, mean over steps (pp)"] == "**+1.00 [+1.00, +1.00]**"
+    assert algorithm["steps to training accuracy >= 50 %"] == "- (0/3 both reached)"
+    reasoning = _effects_table((tmp_path / "out" / "reasoning.md").read_text())
+    assert list(reasoning) == ["stitched", "gt"]
+    assert reasoning["stitched"]["tool calls / correct response (eval)"] == "**+10.00 [+10.00, +10.00]**"
+    assert reasoning["gt"]["tool calls / correct response (eval)"] == "-"  # gt solves nothing
+    assert reasoning["stitched"]["deliberative share (pp)"] == "**\u2212100.0 [\u2212100.0, \u2212100.0]**"
+    csv = pd.read_csv(tmp_path / "out" / "data.csv")
+    row = csv.query("kind == 'effect' and metric == 'final_train_acc'").iloc[0]
+    assert (row["arm"], row["reference"], row["seeds_with_value"], bool(row["excludes_zero"])) == (
+        "stitched",
+        "base",
+        3,
+        False,
+    )
+    assert (row["mean"], row["low"], row["high"]) == pytest.approx((mean, mean - half, mean + half))
+    assert json.loads(row["values"]) == pytest.approx(d)
+    steps = csv.query("kind == 'effect' and metric == 'steps_to_reach'").iloc[0]
+    assert json.loads(steps["values"]) == [None, None, 0.0] and math.isnan(steps["low"])
+    assert set(csv.query("kind == 'spread'")["arm"]) == {"base", "stitched"}  # the spread rows stay
+
+
+def test_each_figure_has_an_entropy_panel_and_draws_without_entropy_in_the_logs(runs, tmp_path):
+    root, paths = runs
+    loaded = ablations.load_runs(paths["training"], paths["eval_metrics"], paths["samples"])
+    per_seed = {arm: [ablations.run_metrics(r, CFG) for r in rs] for arm, rs in loaded.items()}
+    table = ablations.aggregate(per_seed)
+    bands = {arm: {k: ablations.seed_band(rs, k, 2) for k in ablation_plots.CURVE_KEYS} for arm, rs in loaded.items()}
+    assert bands["stitched"][ablations.ENTROPY_KEY] is None  # an older log: no curve, no crash
+    entropy = bands["gt"][ablations.ENTROPY_KEY]
+    assert entropy.seeds == 3 and entropy.low == pytest.approx([0.9] * 4) and entropy.high == pytest.approx([1.2] * 4)
+    plot = lambda question, arms, png: ablation_plots.plot_question(  # noqa: E731
+        question, arms, bands, table, ["arith", "program"], 2, CFG, tmp_path / png
+    )
+    titles = plot("data", ["base", "stitched"], "data.png")
+    assert titles == [
+        "training accuracy (mean of 2 steps; band: seed min-max)",
+        "policy entropy (mean of 2 steps; band: seed min-max)",
+        "final evaluation: avg@2 (bars: mean; whiskers: seed min-max)",
+    ]
+    assert (tmp_path / "data.png").read_bytes()[:8] == PNG_MAGIC
+    titles = plot("reasoning", ["base", "stitched", "gt"], "reasoning.png")
+    assert titles[:4] == [
+        "tool calls over training",
+        "tool success over training",
+        "training accuracy (mean of 2 steps; band: seed min-max)",
+        "policy entropy (mean of 2 steps; band: seed min-max)",
+    ] and titles[4].startswith("reasoning modes")
+    assert len(plot("algorithm", ["stitched"], "old.png")) == 3  # no arm logs entropy: the panel says so
 
 
 def test_a_missing_seed_or_evaluation_is_named(runs, tmp_path):

@@ -7,7 +7,9 @@ wrote, laid out as
 - ``.../<arm>/seed<k>/eval/<benchmark>/{metrics.json,samples.jsonl}``: its final model's evaluation,
 
 and writes, for each question of ``ablations.questions``, ``<question>.md`` (tables), ``<question>.csv``
-(long format: one row per arm and metric, with the per-seed values) and ``<question>.png``.
+(long format: ``kind = spread`` rows, one per arm and metric with the per-seed values, and
+``kind = effect`` rows, one per other arm and metric with its effect against the reference arm) and
+``<question>.png`` (training accuracy and policy entropy over steps per arm, among other panels).
 
 Per run (one arm, one seed; :func:`run_metrics`):
 
@@ -24,11 +26,20 @@ Per run (one arm, one seed; :func:`run_metrics`):
   responses (:func:`agentrl.sampling.metrics.reasoning_mode`, with the thresholds
   ``ablations.deliberative_max_calls`` / ``deliberative_min_tokens_per_call``);
 - tool use over training: smoothed ``rollout/tool_calls_mean`` and ``rollout/tool_success_rate``
-  at the first and the last step.
+  at the first and the last step;
+- ``eval/tool_calls_per_solved``: tool calls over all evaluation samples / correct samples (None
+  when none is correct);
+- from the GRPO log, None where an older log lacks the key: ``train/entropy_last`` (mean
+  ``actor/entropy`` of the last 3 steps), ``train/clip_frac_high_mean`` / ``_low_mean`` and
+  ``train/zero_advantage_share_mean`` (``actor/clip_frac_*``, ``rollout/zero_advantage_share``,
+  mean over all steps).
 
 Per arm (:func:`aggregate`): mean, sample standard deviation (ddof = 1; none for a single
 seed), min and max over seeds; ``steps_to_reach`` over the seeds that reached the threshold, with
 how many did. Rates are shown in percent.
+
+Per other arm of a question, its effect against the question's first (reference) arm, paired over
+seeds: the mean difference and its 95 % t-interval (:mod:`agentrl.report.ablation_effects`).
 """
 
 from __future__ import annotations
@@ -42,26 +53,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg")  # files only; a cluster node has no display
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
-
-from agentrl.config import AblationsConfig, ConfigError  # noqa: E402
-from agentrl.errors import read_json_file  # noqa: E402
-from agentrl.report.plots import readable_y  # noqa: E402
-from agentrl.sampling.metrics import SampleRecord, tool_use_stats  # noqa: E402
-from agentrl.sampling.samples import read_jsonl  # noqa: E402
-from agentrl.training.metrics import read_metrics  # noqa: E402
+from agentrl.config import AblationsConfig, ConfigError
+from agentrl.errors import read_json_file
+from agentrl.report.ablation_effects import Effect, effect_columns, effect_rows, effects_section, question_effects
+from agentrl.report.ablation_plots import ACC_KEY, CALLS_KEY, CURVE_KEYS, ENTROPY_KEY, SUCCESS_KEY, Band, plot_question
+from agentrl.sampling.metrics import SampleRecord, tool_use_stats
+from agentrl.sampling.samples import read_jsonl
+from agentrl.training.metrics import read_metrics
 
 log = logging.getLogger("agentrl.report.ablations")
 
-ACC_KEY = "rollout/acc_mean"
-CALLS_KEY = "rollout/tool_calls_mean"
-SUCCESS_KEY = "rollout/tool_success_rate"
 QUESTIONS = ("data", "algorithm", "reasoning")
 _RUN_DIR = re.compile(r"^seed(\d+)$")
 
@@ -126,6 +130,14 @@ def training_curve(records: Sequence[Mapping[str, Any]], key: str, source: str) 
     return steps, [v for _, v in rows]
 
 
+def step_mean(records: Sequence[Mapping[str, Any]], key: str, source: str, last: int | None = None) -> float | None:
+    """Mean of ``key`` over the training steps (the ``last`` ones only if given); None when no step logs it."""
+    if not any(key in r and "step" in r for r in records):
+        return None
+    _, values = training_curve(records, key, source)
+    return float(np.mean(values[-last:] if last else values))
+
+
 @dataclass(frozen=True)
 class Run:
     """What one arm and seed produced: its GRPO log and, per benchmark, its eval metrics and samples."""
@@ -169,6 +181,15 @@ def run_metrics(run: Run, cfg: AblationsConfig) -> dict[str, float | None]:
     out["eval/tool_success_rate"] = tool["tool_success_rate"]
     for mode in ("deliberative", "reactive", "no_tool"):
         out[f"eval/{mode}_share"] = tool["modes"][mode]["share"]
+    solved = sum(r.acc for r in records)
+    out["eval/tool_calls_per_solved"] = sum(r.tool_calls for r in records) / solved if solved else None
+    for key, name, last in (
+        (ENTROPY_KEY, "entropy_last", 3),
+        ("actor/clip_frac_high", "clip_frac_high_mean", None),
+        ("actor/clip_frac_low", "clip_frac_low_mean", None),
+        ("rollout/zero_advantage_share", "zero_advantage_share_mean", None),
+    ):
+        out[f"train/{name}"] = step_mean(run.training, key, run.training_source, last)
     return out
 
 
@@ -207,7 +228,7 @@ def aggregate(per_seed: Mapping[str, Sequence[Mapping[str, float | None]]]) -> d
 # --------------------------------------------------------------------------- tables
 def _is_rate(metric: str) -> bool:
     return not (
-        metric == "steps_to_reach" or metric.startswith("train/tool_calls") or metric.startswith("eval/tool_calls")
+        metric == "steps_to_reach" or metric.startswith(("train/tool_calls", "eval/tool_calls", "train/entropy"))
     )
 
 
@@ -245,8 +266,10 @@ def question_markdown(
     benchmarks: Sequence[str],
     n: int,
     cfg: AblationsConfig,
+    effects: Mapping[str, Mapping[str, Effect]],
 ) -> str:
-    """The markdown of one question: the final evaluation and training tables (data, algorithm), or tool use (reasoning)."""
+    """The markdown of one question: the final evaluation and training tables (data, algorithm), or tool use
+    (reasoning), then each other arm's effects against the first (``effects``: :func:`question_effects`)."""
     seeds = ", ".join(map(str, cfg.seeds))
     parts = [
         f"# Ablation: {question}",
@@ -257,6 +280,8 @@ def question_markdown(
         parts += _training_section(arms, table, cfg)
     else:
         parts += _reasoning_section(arms, table, n, cfg)
+    columns = effect_columns(question, n, cfg.accuracy_threshold)
+    parts += effects_section(arms, effects, columns, {a: _arm_label(a, cfg) for a in arms}, len(cfg.seeds))
     return "\n\n".join(parts) + "\n"
 
 
@@ -367,19 +392,20 @@ def question_frame(
     table: Mapping[str, Mapping[str, Spread]],
     per_seed: Mapping[str, Sequence[Mapping[str, float | None]]],
     cfg: AblationsConfig,
+    effects: Mapping[str, Mapping[str, Effect]],
 ) -> pd.DataFrame:
-    """Long format: one row per (arm, metric) with the spread and the per-seed values (fractions, not %)."""
+    """Long format (fractions, not %): ``kind = spread`` rows, one per (arm, metric) with the spread and the
+    per-seed values, then ``kind = effect`` rows (:func:`agentrl.report.ablation_effects.effect_rows`)."""
+    columns = {a: {k: getattr(cfg.arms[a], k) for k in ("sft_data", "rl_data", "variant")} for a in arms}
     rows = []
     for arm in arms:
-        a = cfg.arms[arm]
         for metric, s in table[arm].items():
             rows.append(
                 {
                     "question": question,
+                    "kind": "spread",
                     "arm": arm,
-                    "sft_data": a.sft_data,
-                    "rl_data": a.rl_data,
-                    "variant": a.variant,
+                    **columns[arm],
                     "metric": metric,
                     "mean": s.mean,
                     "std": s.std,
@@ -390,121 +416,24 @@ def question_frame(
                     "values": json.dumps([r.get(metric) for r in per_seed[arm]]),
                 }
             )
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows + effect_rows(question, arms, effects, sorted(cfg.seeds), columns))
 
 
-# --------------------------------------------------------------------------- plots
-def seed_band(runs: Sequence[Run], key: str, window: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``(steps, mean, min, max)`` over seeds of the smoothed ``key``, at every step some seed logged."""
+# --------------------------------------------------------------------------- curves over seeds
+def seed_band(runs: Sequence[Run], key: str, window: int) -> Band | None:
+    """``(steps, mean, min, max, seeds)`` over the runs whose log has ``key`` (None when none has: older logs
+    lack ``actor/entropy``) of the smoothed ``key``, at every step some seed logged."""
     curves = []
     for run in runs:
-        steps, values = training_curve(run.training, key, run.training_source)
-        curves.append(dict(zip(steps, smooth(values, window))))
+        if any(key in r and "step" in r for r in run.training):
+            steps, values = training_curve(run.training, key, run.training_source)
+            curves.append(dict(zip(steps, smooth(values, window))))
+    if not curves:
+        return None
     steps = np.array(sorted({s for c in curves for s in c}))
     at = [[c[s] for c in curves if s in c] for s in steps]
-    return steps, np.array([np.mean(v) for v in at]), np.array([min(v) for v in at]), np.array([max(v) for v in at])
-
-
-def _curves(
-    ax,
-    runs_by_arm: Mapping[str, Sequence[Run]],
-    arms: Sequence[str],
-    colors: Mapping[str, str],
-    key: str,
-    window: int,
-    ylabel: str,
-    title: str,
-    scale: float = 1.0,
-) -> None:
-    bands: list[float] = []
-    for arm in arms:
-        steps, mean, low, high = seed_band(runs_by_arm[arm], key, window)
-        bands += [*(scale * low), *(scale * high)]
-        ax.plot(
-            steps,
-            scale * mean,
-            color=colors[arm],
-            linewidth=1.6,
-            label=f"{arm} (mean of {len(runs_by_arm[arm])} seeds)",
-        )
-        ax.fill_between(steps, scale * low, scale * high, color=colors[arm], alpha=0.2, linewidth=0)
-    readable_y(ax, bands)
-    ax.set_xlabel("GRPO step")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-
-
-def plot_question(
-    question: str,
-    arms: Sequence[str],
-    runs_by_arm: Mapping[str, Sequence[Run]],
-    table: Mapping[str, Mapping[str, Spread]],
-    benchmarks: Sequence[str],
-    n: int,
-    cfg: AblationsConfig,
-    out: Path,
-) -> None:
-    """data / algorithm: training accuracy with seed bands and final avg@n per benchmark;
-    reasoning: tool calls, tool success and accuracy over training, and the reasoning modes at evaluation."""
-    w = cfg.smoothing_window
-    colors = {arm: f"C{i}" for i, arm in enumerate(cfg.arms)}  # one color per arm in every figure
-    panels = 2 if question != "reasoning" else 4
-    fig, axes = plt.subplots(1, panels, figsize=(5.2 * panels, 4.2), dpi=110, squeeze=False)
-    axes = list(axes.flat)
-    acc_title = f"training accuracy (mean of {w} steps; band: seed min-max)"
-    if question != "reasoning":
-        _curves(axes[0], runs_by_arm, arms, colors, ACC_KEY, w, "rollout/acc_mean (%)", acc_title, 100.0)
-        axes[0].axhline(
-            100 * cfg.accuracy_threshold,
-            color="grey",
-            linestyle="--",
-            linewidth=1,
-            label=f"threshold {100 * cfg.accuracy_threshold:g} %",
-        )
-        ax, names = axes[1], [*benchmarks, "mean"]
-        x, width = np.arange(len(names)), 0.8 / len(arms)
-        for i, arm in enumerate(arms):
-            spreads = [table[arm][f"avg@n/{b}"] for b in names]
-            mean = np.array([100 * s.mean for s in spreads])
-            err = [mean - [100 * s.min for s in spreads], [100 * s.max for s in spreads] - mean]
-            ax.bar(
-                x + (i - (len(arms) - 1) / 2) * width, mean, width, yerr=err, capsize=3, color=colors[arm], label=arm
-            )
-        ax.set_xticks(x, names)
-        ax.set_ylabel(f"avg@{n} (%)")
-        ax.set_title(f"final evaluation: avg@{n} (bars: mean; whiskers: seed min-max)", fontsize=10)
-        ax.grid(alpha=0.3, axis="y")
-    else:
-        _curves(axes[0], runs_by_arm, arms, colors, CALLS_KEY, w, "tool calls per response", "tool calls over training")
-        _curves(
-            axes[1],
-            runs_by_arm,
-            arms,
-            colors,
-            SUCCESS_KEY,
-            w,
-            "successful calls (%)",
-            "tool success over training",
-            100.0,
-        )
-        _curves(axes[2], runs_by_arm, arms, colors, ACC_KEY, w, "rollout/acc_mean (%)", acc_title, 100.0)
-        ax, bottom = axes[3], np.zeros(len(arms))
-        for mode, color in (("deliberative", "#238b45"), ("reactive", "#fd8d3c"), ("no_tool", "#bdbdbd")):
-            share = np.array([100 * (table[a][f"eval/{mode}_share"].mean or 0.0) for a in arms])
-            ax.bar(np.arange(len(arms)), share, 0.6, bottom=bottom, color=color, label=mode.replace("_", " "))
-            bottom += share
-        ax.set_xticks(np.arange(len(arms)), arms, rotation=20)
-        ax.set_ylabel("responses (%)")
-        ax.set_title("reasoning modes at evaluation (mean over seeds)", fontsize=10)
-    for ax in axes:
-        ax.legend(fontsize=7)
-    fig.suptitle(f"Ablation: {question}", fontsize=11)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(out)
-    plt.close(fig)
+    mean, low, high = (np.array([f(v) for v in at]) for f in (np.mean, min, max))
+    return Band(steps, mean, low, high, len(curves))
 
 
 # --------------------------------------------------------------------------- inputs
@@ -566,15 +495,20 @@ def write_ablations(cfg: AblationsConfig, runs_by_arm: Mapping[str, Sequence[Run
             f"runs were evaluated with different samples per problem {sorted(sample_counts)}; avg@n needs one n"
         )
     n = sample_counts.pop()
-    per_seed = {arm: [run_metrics(r, cfg) for r in runs_by_arm[arm] if r.seed in cfg.seeds] for arm in wanted}
+    runs = {arm: [r for r in runs_by_arm[arm] if r.seed in cfg.seeds] for arm in wanted}
+    per_seed = {arm: [run_metrics(r, cfg) for r in runs[arm]] for arm in wanted}
+    by_seed = {arm: {r.seed: m for r, m in zip(runs[arm], per_seed[arm])} for arm in wanted}
     table = aggregate(per_seed)
+    w = cfg.smoothing_window
+    bands = {arm: {key: seed_band(runs[arm], key, w) for key in CURVE_KEYS} for arm in wanted}
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for question in QUESTIONS:
         arms = list(getattr(cfg.questions, question))
         md, csv, png = (out_dir / f"{question}.{ext}" for ext in ("md", "csv", "png"))
-        md.write_text(question_markdown(question, arms, table, benchmarks, n, cfg), encoding="utf-8")
-        question_frame(question, arms, table, per_seed, cfg).to_csv(csv, index=False)
-        plot_question(question, arms, runs_by_arm, table, benchmarks, n, cfg, png)
+        effects = question_effects(arms, by_seed, effect_columns(question, n, cfg.accuracy_threshold))
+        md.write_text(question_markdown(question, arms, table, benchmarks, n, cfg, effects), encoding="utf-8")
+        question_frame(question, arms, table, per_seed, cfg, effects).to_csv(csv, index=False)
+        plot_question(question, arms, bands, table, benchmarks, n, cfg, png)
         written += [md, csv, png]
     return written
