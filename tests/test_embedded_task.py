@@ -23,6 +23,7 @@ def _generate(interpreter_and_sandbox, seed=0, per_family=12, share=0.5, direct=
         direct_answer_share=direct,
         prompt_style="compact",
         sft_trajectories="real",
+        reasoning_mode="plain",
     )
     return embedded.generate(
         setup,

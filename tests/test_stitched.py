@@ -29,6 +29,7 @@ def _generate(interpreter_and_sandbox, writer, direct=0.0):
         direct_answer_share=direct,
         prompt_style="compact",
         sft_trajectories="real",  # the writer is passed below
+        reasoning_mode="plain",
     )
     return embedded.generate(
         setup,

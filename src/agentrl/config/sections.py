@@ -28,6 +28,17 @@ class EmbeddedDataConfig:
     direct_answer_share: float
     prompt_style: Literal["compact", "paper"]
     sft_trajectories: Literal["real", "stitched"]
+    reasoning_mode: Literal["plain", "deliberative", "reactive"]
+
+    def __post_init__(self) -> None:
+        # The stitched writer pre-writes its text without the tool; a reasoning mode is how the real
+        # writer's turns think before a call, so the two ablations' data sets do not combine.
+        if self.sft_trajectories != "real" and self.reasoning_mode != "plain":
+            raise ConfigError(
+                f"data.embedded.reasoning_mode: {self.reasoning_mode} needs data.embedded.sft_trajectories: real "
+                f"(it is {self.sft_trajectories}): the reasoning modes rewrite the real trajectories; set "
+                "reasoning_mode: plain or sft_trajectories: real"
+            )
 
 
 @dataclass(frozen=True)

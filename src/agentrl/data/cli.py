@@ -19,13 +19,14 @@ log = logging.getLogger("agentrl.prepare_data")
 
 
 def _embedded(cfg: Config):
-    from agentrl.data import embedded, stitched
+    from agentrl.data import embedded, reasoning_modes, stitched
     from agentrl.tools.code_interpreter import CodeInterpreter
     from agentrl.tools.factory import make_sandbox
 
     e = cfg.data.embedded
-    # data.embedded.sft_trajectories -> who writes the SFT conversations (the data ablation).
-    trajectory_writers = {"real": embedded.ScriptedSolver, "stitched": stitched.StitchedSolver}
+    # data.embedded.sft_trajectories -> who writes the SFT conversations (the data ablation); real
+    # ones in data.embedded.reasoning_mode (the reasoning ablation; the config refuses it with stitched).
+    writer = stitched.StitchedSolver if e.sft_trajectories == "stitched" else reasoning_modes.WRITERS[e.reasoning_mode]
     with make_sandbox(cfg.sandbox) as sandbox:
         interpreter = CodeInterpreter(sandbox, cfg.tool)
 
@@ -41,7 +42,7 @@ def _embedded(cfg: Config):
             cfg.seed,
             execute=lambda code: interpreter.execute(code).text,
             run_program=run_program,
-            trajectory_writer=trajectory_writers[e.sft_trajectories],
+            trajectory_writer=writer,
         )
 
 

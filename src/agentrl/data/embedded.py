@@ -349,39 +349,63 @@ class TrajectoryWriter:
 
 
 class ScriptedSolver(TrajectoryWriter):
-    """Writes the SFT trajectories: code goes through the real tool; answers come from its output."""
+    """Writes the SFT trajectories: code goes through the real tool; answers come from its output.
+
+    This is the plain reasoning mode (``data.embedded.reasoning_mode: plain``): one short line, then
+    the call. :mod:`agentrl.data.reasoning_modes` subclasses it for the reasoning ablation's other
+    modes, which change what the turns before a call say (:meth:`_intro`, :meth:`_recovery`) and
+    how arith and choice compute (:meth:`_arith_value`, :meth:`_choice_letters`).
+    """
 
     def _tool_turn(self, messages: list[Message], code: str, content: str) -> str:
         output = self.execute(code)
         messages += [tool_call_turn(code, content), {"role": "tool", "content": output}]
         return output
 
-    def _compute(self, messages: list[Message], expression: str, setup: str = "") -> str:
+    def _intro(self, draft: Draft) -> str:
+        """The text of the turn that makes an arith or choice trajectory's first call."""
+        return "Let me compute it with the tool."
+
+    def _recovery(self, output: str, draft: Draft) -> str:
+        """The text of the turn after a failed attempt: what the tool showed decides what it says."""
+        if not output.strip():
+            return "The code printed nothing. Let me print the result."
+        if "Error" in output:
+            return "The code failed. Let me fix it."
+        return f"It printed {last_line(output)}. Let me check it once more."
+
+    def _compute(
+        self, messages: list[Message], draft: Draft, expression: str, setup: str = "", intro: str | None = None
+    ) -> str:
         """Print ``expression`` with the tool after the ``setup`` lines, maybe after a failed attempt;
-        return the last line the tool printed."""
+        return the last line the tool printed. ``intro`` (default :meth:`_intro`) opens the first call."""
         prefix = f"{setup}\n" if setup else ""
-        intro = "Let me compute it with the tool."
+        intro = self._intro(draft) if intro is None else intro
         if self.rng.random() < self.failed_attempt_share:
             output = self._tool_turn(messages, prefix + broken_print(expression, self.rng), intro)
-            # The reply reads the real output: what the tool showed decides what the solver says.
-            if not output.strip():
-                intro = "The code printed nothing. Let me print the result."
-            elif "Error" in output:
-                intro = "The code failed. Let me fix it."
-            else:
-                intro = f"It printed {last_line(output)}. Let me check it once more."
+            intro = self._recovery(output, draft)  # written from the real output
         return last_line(self._tool_turn(messages, f"{prefix}print({expression})", intro))
+
+    def _arith_value(self, messages: list[Message], draft: Draft) -> str:
+        """The value of an arith problem's expression, as the tool printed it (the calls added to ``messages``)."""
+        return self._compute(messages, draft, draft.fields["expression"])
+
+    def _choice_letters(self, messages: list[Message], draft: Draft) -> str:
+        """The list of matching letters of a choice problem, as the tool printed it."""
+        setup, matches = choice_code(draft.fields["options"], draft.fields["expression"])
+        return self._compute(messages, draft, matches, setup)
 
     def solve(self, problem: Problem, draft: Draft) -> list[Message]:
         messages: list[Message] = [dict(problem.prompt[0])]
         if self.answers_directly(draft):
             messages.append({"role": "assistant", "content": direct_answer(draft)})
         elif draft.family == "arith":
-            value = self._compute(messages, draft.fields["expression"])
+            value = self._arith_value(messages, draft)
+            if value != draft.answer:
+                raise RuntimeError(f"{problem.id}: the tool printed {value!r}, not the value {draft.answer}")
             messages.append({"role": "assistant", "content": arith_conclusion(value)})
         elif draft.family == "choice":
-            setup, matches = choice_code(draft.fields["options"], draft.fields["expression"])
-            printed = self._compute(messages, matches, setup)
+            printed = self._choice_letters(messages, draft)
             if printed != f"[{draft.answer!r}]":
                 raise RuntimeError(f"{problem.id}: the tool printed {printed!r}, not the letter [{draft.answer!r}]")
             messages.append({"role": "assistant", "content": choice_conclusion(draft.answer)})
@@ -433,8 +457,9 @@ def generate(
     [stdout]`` runs reference solutions to make the hidden test cases of ``program`` problems.
     Eval problems are drawn first so that no later split can take their text.
     ``trajectory_writer(execute, rng, failed_attempt_share, direct_answer_share)`` writes the SFT conversations:
-    ScriptedSolver (real trajectories) or agentrl.data.stitched.StitchedSolver, the writer that
-    ``cfg.sft_trajectories`` names (the caller picks it: stitched builds on this module).
+    ScriptedSolver (real trajectories, plain mode), a writer of agentrl.data.reasoning_modes or
+    agentrl.data.stitched.StitchedSolver, the writer that ``cfg.sft_trajectories`` and
+    ``cfg.reasoning_mode`` name (the caller picks it: both modules build on this one).
     """
     rng = random.Random(seed)
     sft: list[SftExample] = []
