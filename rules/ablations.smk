@@ -1,13 +1,15 @@
 # The paper's three ablations (data, algorithm, reasoning mode) at embedded scale:
 # `snakemake --cores all ablations`. An arm is configuration only (config `ablations.arms`): it
-# re-runs the same stage CLIs as the main workflow - grpo and evaluate, and for stitched data
-# prepare-data and sft - with its overrides, into results/ablations/<arm>/seed<k>/.
+# re-runs the same stage CLIs as the main workflow - grpo and evaluate, and for SFT data other
+# than real prepare-data and sft - with its overrides, into results/ablations/<arm>/seed<k>/.
 #
 # Shared, not re-run: the real data (results/data), the base model, the real SFT model and the
-# model-aware RL set (results/filter/rl_train.parquet) are the main workflow's own outputs. The
-# stitched arm adds one data set and one SFT model (for all its seeds), trained from the same base
-# model with the same sft section (results/ablations/shared/), and RL on the same filtered set as
-# the baseline: the RL data is held fixed so that the SFT data is the only difference. The unfiltered arm trains on the pool.
+# model-aware RL set (results/filter/rl_train.parquet) are the main workflow's own outputs. Each
+# other sft_data an arm names (stitched, deliberative, reactive: ABLATION_SFT_DATA) adds one data set
+# and one SFT model (for all the arms and seeds that name it), trained from the same base model with
+# the same sft section (results/ablations/shared/<sft_data>_data, <sft_data>_sft), and RL on the
+# same filtered set as the baseline: the RL data is held fixed so that the SFT data is the only
+# difference. Only the sft_data of the arms the questions name is built. The unfiltered arm trains on the pool.
 # Every arm and seed gets the same RL budget (ablations.grpo over grpo) and evaluation budget
 # (ablations.eval over eval); the seed k is the global seed of its grpo and evaluate jobs, the same
 # k in every arm. The variant arms run each variant as named: grpo.algorithm overrides of the
@@ -23,54 +25,50 @@ ABLATION_WILDCARDS = {
 }
 
 
-rule ablation_stitched_data:
+rule ablation_sft_data:
     output:
-        sft=ablation_result("shared/stitched_data/sft.parquet"),
-        rl_pool=ablation_result("shared/stitched_data/rl_pool.parquet"),
-        eval=expand(ablation_result("shared/stitched_data/eval/{benchmark}.parquet"), benchmark=benchmarks()),
+        sft=ablation_result("shared/{sft_data}_data/sft.parquet"),
+        rl_pool=ablation_result("shared/{sft_data}_data/rl_pool.parquet"),
+        eval=expand(ablation_result("shared/{{sft_data}}_data/eval/{benchmark}.parquet"), benchmark=benchmarks()),
     log:
-        f"{LOGS}/ablations/shared/stitched_data.log",
+        f"{LOGS}/ablations/shared/{{sft_data}}_data.log",
     benchmark:
-        result("timings/ablations/shared/stitched_data.tsv")
+        result("timings/ablations/shared/{sft_data}_data.tsv")
     conda:
         "../envs/data.yaml"
+    wildcard_constraints:
+        sft_data="|".join(ABLATION_SFT_DATA),
     params:
-        # The main data config with stitched SFT trajectories: the same problems, pool and eval sets.
-        **config_params(
-            name="ablation_stitched_data",
-            build=lambda wildcards: {
-                "seed": config["seed"],
-                "data": {**config["data"], "embedded": {**config["data"]["embedded"], "sft_trajectories": "stitched"}},
-                "sandbox": config["sandbox"],
-                "tool": config["tool"],
-            }
-        ),
+        # The main data config with one key changed (ABLATION_SFT_DATA): the same problems, pool and eval sets.
+        **config_params(name="ablation_sft_data", build=ablation_data_cfg, example={"sft_data": "stitched"}),
         eval_dir=parent_dir("eval"),
-    priority: 10  # the stitched arm's chain (data, SFT, then its GRPO runs) is the ablations' longest
+    priority: 10  # an SFT-data arm's chain (data, SFT, then its GRPO runs) is the ablations' longest
     threads: 2
     shell:
         "python -m agentrl prepare-data --config {params.cfg:q} "
         "--sft {output.sft} --rl-pool {output.rl_pool} --eval-dir {params.eval_dir} 2>&1 | keep_log {log} || show_error {log}"
 
 
-rule ablation_stitched_sft:
+rule ablation_sft:
     input:
         model=SFT_START,
-        data=ablation_result("shared/stitched_data/sft.parquet"),
+        data=ablation_result("shared/{sft_data}_data/sft.parquet"),
     output:
-        model=ablation_result("shared/stitched_sft/model/config.json"),
-        metrics=ablation_result("shared/stitched_sft/metrics.jsonl"),
+        model=ablation_result("shared/{sft_data}_sft/model/config.json"),
+        metrics=ablation_result("shared/{sft_data}_sft/metrics.jsonl"),
     log:
-        f"{LOGS}/ablations/shared/stitched_sft.log",
+        f"{LOGS}/ablations/shared/{{sft_data}}_sft.log",
     benchmark:
-        result("timings/ablations/shared/stitched_sft.tsv")
+        result("timings/ablations/shared/{sft_data}_sft.tsv")
     conda:
         "../envs/train.yaml"
+    wildcard_constraints:
+        sft_data="|".join(ABLATION_SFT_DATA),
     params:
-        **config_params("seed", "sft", "tracking", name="ablation_stitched_sft"),  # the main SFT recipe; only the data differs
+        **config_params("seed", "sft", "tracking", name="ablation_sft"),  # the main SFT recipe; only the data differs
         model_dir=input_dir("model"),
         out_dir=parent_dir("model"),
-        checkpoints=ablation_result("shared/stitched_sft/checkpoints"),
+        checkpoints=lambda wildcards: ablation_result(f"shared/{wildcards.sft_data}_sft/checkpoints"),
         gpus_per_node=gpus_per_node,  # rules/common.smk: the gpu resource counts every node's GPUs
     priority: 10  # first, not after the other arms' short jobs: its GRPO runs and evaluations wait on it
     threads: 2

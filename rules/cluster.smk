@@ -21,7 +21,7 @@ from agentrl.training.slurm_jobs import (
 
 # The rules whose stage starts one torchrun per node (agentrl.training.launch); the workflow
 # profile gives them several nodes with AGENTRL_NODES=RULE:N.
-MULTI_NODE_RULES = ("sft", "grpo", "ablation_stitched_sft", "ablation_grpo")
+MULTI_NODE_RULES = ("sft", "grpo", "ablation_sft", "ablation_grpo")
 NODES_SETTING = "AGENTRL_NODES"  # read by the workflow profile, workflow/profiles/default
 # What Snakemake's command line asks for instead of running jobs (snakemake.cli.args_to_api's
 # branches before execute_workflow): none of them submits, so none is refused by the checks of

@@ -400,16 +400,37 @@ def ablation_eval_cfg(wildcards):
 ABLATION_EXAMPLE = {"arm": ABLATION_ARMS[0], "seed": str(ABLATIONS["seeds"][0])}
 
 
+# ablations.arms.<arm>.sft_data other than real -> the data.embedded keys its SFT data set sets;
+# each one an arm names gets a data set and an SFT model of its own (rules/ablations.smk). Both
+# keys, so that each set is what its name says whatever the main config holds (a reasoning mode
+# needs real trajectories); on the embedded default each changes one key.
+ABLATION_SFT_DATA = {
+    "stitched": {"sft_trajectories": "stitched", "reasoning_mode": "plain"},
+    "deliberative": {"sft_trajectories": "real", "reasoning_mode": "deliberative"},
+    "reactive": {"sft_trajectories": "real", "reasoning_mode": "reactive"},
+}
+
+
+def ablation_data_cfg(wildcards):
+    """The prepare-data config of one SFT-data arm: the main one (rules/data.smk) with its data.embedded key changed."""
+    embedded = {**config["data"]["embedded"], **ABLATION_SFT_DATA[wildcards.sft_data]}
+    return {
+        **{key: config[key] for key in ("seed", "sandbox", "tool")},
+        "data": {**config["data"], "embedded": embedded},
+        "reward": {"unknown_source": config["reward"]["unknown_source"]},
+    }
+
+
 def ablation_sft_model(wildcards):
-    arm = ABLATIONS["arms"][wildcards.arm]
-    if arm["sft_data"] == "real":
+    sft_data = ABLATIONS["arms"][wildcards.arm]["sft_data"]
+    if sft_data == "real":
         return result("models/sft/config.json")
     if config["data"]["source"] != "embedded":
         raise ValueError(
-            f"ablations.arms.{wildcards.arm}: sft_data 'stitched' is written by the embedded generator; "
+            f"ablations.arms.{wildcards.arm}: sft_data {sft_data!r} is written by the embedded generator; "
             f"data.source is {config['data']['source']!r}"
         )
-    return ablation_result("shared/stitched_sft/model/config.json")
+    return ablation_result(f"shared/{sft_data}_sft/model/config.json")
 
 
 def ablation_rl_data(wildcards):

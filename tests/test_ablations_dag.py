@@ -1,8 +1,9 @@
 """`snakemake -n ablations` on the embedded default: the arms share the upstream stages they can.
 
 A dry run in an empty folder plans every job: one real data set, one base model, one real SFT
-model and one model-aware RL set serve every arm; the stitched arm adds one data set and one SFT
-model for all its seeds; each arm and seed is one grpo job and one evaluate job per benchmark.
+model and one model-aware RL set serve every arm; each other sft_data an arm names (stitched,
+deliberative, reactive) adds one data set and one SFT model for all its seeds; each arm and seed is
+one grpo job and one evaluate job per benchmark.
 Slow: each Snakemake call pays its start-up and DAG building (several seconds here).
 """
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers.workflows import ROOT, job_counts, run_snakemake
+from helpers.workflows import ROOT, job_counts, run_snakemake, shell_commands, stage_config
 
 pytestmark = pytest.mark.slow
 
@@ -22,6 +23,8 @@ CONFIG = yaml.safe_load((ROOT / "config.yaml").read_text())
 ABLATIONS = CONFIG["ablations"]
 ARMS = list(dict.fromkeys(a for q in ("data", "algorithm", "reasoning") for a in ABLATIONS["questions"][q]))
 SEEDS = ABLATIONS["seeds"]
+# The SFT data sets of their own the arms need: one data set and one SFT model each.
+SFT_DATA = sorted({ABLATIONS["arms"][arm]["sft_data"] for arm in ARMS} - {"real"})
 FAMILIES = CONFIG["data"]["embedded"]["families"]
 
 
@@ -45,10 +48,17 @@ def _jobs(output: str, rule: str) -> list[dict[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def plan(tmp_path_factory) -> str:
-    done = _dry_run(tmp_path_factory.mktemp("ablations_dag"), "ablations")
+def planned_in(tmp_path_factory) -> tuple[Path, str]:
+    """(the dry run's folder, its listing with the shell commands)."""
+    workdir = tmp_path_factory.mktemp("ablations_dag")
+    done = _dry_run(workdir, "ablations", "-p")
     assert done.returncode == 0, f"snakemake -n ablations failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    return done.stdout + done.stderr
+    return workdir, done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def plan(planned_in) -> str:
+    return planned_in[1]
 
 
 def test_arms_share_one_data_set_base_model_sft_model_and_rl_set(plan):
@@ -61,12 +71,12 @@ def test_arms_share_one_data_set_base_model_sft_model_and_rl_set(plan):
         "sft",
         "score_rl_pool",
         "select_rl_data",
-        "ablation_stitched_data",
-        "ablation_stitched_sft",
         "ablation_report",
         "ablations",
     ):
         assert counts.get(shared) == 1, f"{shared}: {counts.get(shared)} jobs planned, expected exactly one"
+    assert SFT_DATA == ["deliberative", "reactive", "stitched"]
+    assert counts["ablation_sft_data"] == counts["ablation_sft"] == len(SFT_DATA)
     assert counts["ablation_grpo"] == len(ARMS) * len(SEEDS)  # the baseline, shared by the three questions, once
     assert counts["ablation_evaluate"] == len(ARMS) * len(SEEDS) * len(FAMILIES)
     assert len(SEEDS) >= 3
@@ -81,17 +91,39 @@ def test_each_arm_trains_from_its_sft_model_on_its_rl_data(plan):
         arm = re.search(r"ablations/([^/]+)/seed\d+/rl/", job["output"]).group(1)
         spec = ABLATIONS["arms"][arm]
         sft = (
-            "results/ablations/shared/stitched_sft/model/config.json"
-            if spec["sft_data"] == "stitched"
-            else "results/models/sft/config.json"
+            "results/models/sft/config.json"
+            if spec["sft_data"] == "real"
+            else f"results/ablations/shared/{spec['sft_data']}_sft/model/config.json"
         )
         data = "results/filter/rl_train.parquet" if spec["rl_data"] == "filtered" else "results/data/rl_pool.parquet"
         assert job["input"].split(", ")[:2] == [sft, data], (arm, job["input"])
-    stitched_sft = _jobs(plan, "ablation_stitched_sft")[0]
-    assert stitched_sft["input"].split(", ") == [
-        "results/models/pretrained/config.json",  # the model the main SFT starts from: only the data differs
-        "results/ablations/shared/stitched_data/sft.parquet",
+    sft_jobs = sorted(_jobs(plan, "ablation_sft"), key=lambda job: job["input"])
+    assert [job["input"].split(", ") for job in sft_jobs] == [
+        [
+            "results/models/pretrained/config.json",  # the model the main SFT starts from: only the data differs
+            f"results/ablations/shared/{sft_data}_data/sft.parquet",  # stitched keeps its paths of before
+        ]
+        for sft_data in SFT_DATA
     ]
+
+
+def test_each_sft_data_set_is_the_main_data_with_one_key_changed(planned_in):
+    """The data sets of the SFT-data arms: the main run's data config but for the one key their
+    sft_data names, so the SFT data's kind is the only difference (the same problems, pool and eval sets)."""
+    workdir, listing = planned_in
+    configs = {}
+    for command in shell_commands(listing):
+        if "-m agentrl prepare-data " in command:
+            folder = command.split("--sft ", 1)[1].split()[0]
+            configs[folder] = stage_config(command, workdir)
+    main = configs.pop("results/data/sft.parquet")
+    changed = {"stitched": ("sft_trajectories", "stitched"), "deliberative": ("reasoning_mode", "deliberative")}
+    changed["reactive"] = ("reasoning_mode", "reactive")
+    assert sorted(configs) == [f"results/ablations/shared/{sft_data}_data/sft.parquet" for sft_data in SFT_DATA]
+    for sft_data in SFT_DATA:
+        key, value = changed[sft_data]
+        config = configs[f"results/ablations/shared/{sft_data}_data/sft.parquet"]
+        assert config == {**main, "data": {**main["data"], "embedded": {**main["data"]["embedded"], key: value}}}
 
 
 def test_the_default_target_plans_no_ablation_job(tmp_path):

@@ -191,7 +191,8 @@ def test_workflow_reports_an_undefined_ablation_arm_with_the_short_message(tmp_p
     done = dry_run(tmp_path, "--config", "ablations={questions: {data: [baseline, nope]}}")
     assert done.returncode != 0
     assert "'ablations.questions.data' names undefined arm(s) ['nope']; allowed arms (ablations.arms): " in done.stderr
-    assert "['baseline', 'grpo_scr', 'grpo_t', 'stitched_sft', 'unfiltered']" in done.stderr, done.stderr
+    arms = "['baseline', 'deliberative_sft', 'grpo_t', 'reactive_sft', 'stitched_sft', 'unfiltered']"
+    assert arms in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.splitlines()) < 6, done.stderr
 
 

@@ -392,7 +392,7 @@ class TrackingConfig:
 
 @dataclass(frozen=True)
 class AblationArmConfig:
-    sft_data: Literal["real", "stitched"]
+    sft_data: Literal["real", "stitched", "deliberative", "reactive"]
     rl_data: Literal["filtered", "pool"]
     variant: str
 
