@@ -17,8 +17,8 @@ written after the output it reads) and ends in the right answer:
   the plain mode's conclusion; a failed first attempt is followed by the plain mode's recovery
   line. The report's classifier (:func:`agentrl.sampling.metrics.reasoning_mode`, ablations
   thresholds: at most 3 calls, a mean of at least 32 tokens before each) calls every one of
-  them deliberative: measured with the embedded default's tokenizer, the plan is at least 35
-  tokens, and with a recovery the mean per call is at least 35.
+  them deliberative: measured with the embedded default's tokenizer, the mean before each call
+  (the plan alone, or the plan and the recovery line) is at least 35 tokens.
 - :class:`ReactiveSolver`: short lines, and one call per operation of the expression: each
   ``print(<left><op><right>)`` of two numbers, taken bottom-up in Python's order of evaluation
   (:func:`operation_steps`), whose operands come from the expression or are read off the
@@ -36,10 +36,11 @@ Lengths. The plan is written mostly in words the embedded tokenizer has merged (
 a word it never saw costs a token per letter or two, and the paper-like plan "The expression is
 ... It has 3 operations, and a slip in any of them changes the answer, ..." took 80-110 tokens. On
 the default's data (400 per family), with its tokenizer, the longest response (every token after
-the prompt, tool outputs included; the L of the overlong penalty) is 360 plain, 415 deliberative
-and 431 reactive, below ``rollout.max_response_tokens`` (512) in every mode; 32 deliberative and
-26 reactive trajectories of 1200 (none plain) pass 384, where ``reward.overlong``'s penalty starts:
-a failed first attempt's traceback (about 120 tokens) after a plan, or before three more calls.
+the prompt up to the last ``<|im_end|>``, tool outputs included; the L of the overlong penalty) is
+359 plain, 414 deliberative and 430 reactive (means 147, 179, 175), below
+``rollout.max_response_tokens`` (512) in every mode; 32 deliberative and 24 reactive trajectories
+of 1200 (none plain) pass 384, where ``reward.overlong``'s penalty starts: long expressions whose
+first attempt failed, its traceback (about 120 tokens) on top of a plan or of three more calls.
 The longest whole conversations (prompt included) are 441, 496 and 510 tokens, against
 ``sft.max_length`` 1024.
 
