@@ -17,6 +17,10 @@ Runs the project's real stage CLIs one after the other, on one CUDA GPU and with
    process with its own hf engine on the same GPU, each policy version pushed through vLLM's
    weight-transfer protocol on the ``agentrl_gloo`` backend (NCCL connects no two processes on
    one device, so vLLM's own backend needs a second GPU); staleness, push and step seconds.
+6. the same GRPO run with LoRA (``grpo.lora``: rank 8 on every linear layer of the blocks, 10x
+   the learning rate, presets/one-gpu.yaml's setting): only the adapter trains, the hf engine
+   samples with the adapted module; update tokens/s and step seconds beside the full run's, and
+   the adapter's share of the parameters (its ``adapter/`` folder beside the merged export).
 
 The figures come from the stages' own ``metrics.jsonl`` files:
 
@@ -35,7 +39,7 @@ The summary JSON goes to the given path, else ``$OUT/gpu_check.json``, with the 
 metrics files beside it (``gpu_check_logs/``); a failed check writes its error into the summary.
 Without a CUDA GPU the script stops with an error, unless ``GPU_CHECK_ALLOW_CPU=1`` (then
 ``--size tiny`` runs every path except CUDA in about two minutes on a CPU). Time: part 1 of
-benchmarks/gpu_check.sh (one call, 240-s cap). ``--time-limit-s`` defaults to the cap less 15 s, so
+benchmarks/gpu_check.sh (one call, 260-s cap). ``--time-limit-s`` defaults to the cap less 15 s, so
 the summary names the stage past it; a SIGTERM kills the running stage's session. The 0.5b size
 runs 20 SFT steps and GRPO responses of at most 256 tokens (were 40 and 512, about 4 minutes on an
 H100 by the stages' step times): about 3 minutes, an estimate until a GPU runs it.
@@ -251,6 +255,13 @@ def grpo_config(size: Mapping[str, Any], steps: int, dtype: str) -> dict[str, An
     }
 
 
+def lora_grpo_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` with GRPO on LoRA adapters as presets/one-gpu.yaml trains them: rank 8 on every
+    linear layer of the blocks, 10x the learning rate ("LoRA Without Regret")."""
+    grpo = config["grpo"]
+    return {**config, "grpo": {**grpo, "lora": {"enabled": True, "rank": 8, "alpha": 32}, "lr": 10 * grpo["lr"]}}
+
+
 # --------------------------------------------------------------------------- running
 class StageFailed(RuntimeError):
     pass
@@ -334,12 +345,12 @@ def device_info() -> dict[str, Any]:
 
 
 def default_time_limit(env: Mapping[str, str]) -> float:
-    """``GPU_CHECK_TIME_LIMIT_S``, else 15 s under the part's cap (to write the summary), else 225."""
+    """``GPU_CHECK_TIME_LIMIT_S``, else 15 s under the part's cap (to write the summary), else 245."""
     if env.get("GPU_CHECK_TIME_LIMIT_S"):
         return float(env["GPU_CHECK_TIME_LIMIT_S"])
     if env.get("GPU_CHECK_PART_CAP_S"):
         return max(float(env["GPU_CHECK_PART_CAP_S"]) - 15, 5.0)
-    return 225.0
+    return 245.0
 
 
 def default_summary_path() -> Path:
@@ -421,7 +432,12 @@ def run_stages(
     # separate): the rollout process's hf engine on the same GPU, each version pushed over the
     # agentrl_gloo backend of vLLM's weight-transfer protocol (NCCL connects no two processes on one
     # device).
-    runs = {"grpo": grpo_cfg, "grpo_one_step_off": {**grpo_cfg, "grpo": {**grpo_cfg["grpo"], "max_staleness": 1}}}
+    # Then with LoRA, as presets/one-gpu.yaml trains it.
+    runs = {
+        "grpo": grpo_cfg,
+        "grpo_one_step_off": {**grpo_cfg, "grpo": {**grpo_cfg["grpo"], "max_staleness": 1}},
+        "grpo_lora": lora_grpo_config(grpo_cfg),
+    }
     for name, config in runs.items():
         walls[name] = run_stage(
             "grpo",
@@ -452,6 +468,30 @@ def run_stages(
         "sft_records": read_jsonl(logs / "sft_metrics.jsonl"),
         "grpo_records": read_jsonl(logs / "grpo_metrics.jsonl"),
         "one_step_off_records": read_jsonl(logs / "grpo_one_step_off_metrics.jsonl"),
+        "lora_records": read_jsonl(logs / "grpo_lora_metrics.jsonl"),
+        "lora_model": models / "rl_lora",
+    }
+
+
+def lora_figures(
+    records: Sequence[Mapping[str, Any]], full: Mapping[str, Any], model: Path, parameters: int, peak_flops: float
+) -> dict[str, Any]:
+    """The LoRA run beside the full one: update tokens/s, step seconds, the adapter's parameters.
+
+    Its export must be what evaluation reads (a merged folder) with the adapter beside it."""
+    adapter = model / "adapter"
+    if not (model / "config.json").is_file() or not any(adapter.glob("*.safetensors")):
+        raise StageFailed(f"the LoRA GRPO export {model} lacks its merged config.json or adapter/*.safetensors")
+    lora = grpo_throughput(records, parameters, peak_flops)
+    adapter_parameters = safetensors_parameter_count(adapter)
+    return {
+        "steps": len(lora["steps"]),
+        "train_tokens_per_s": lora["train_tokens_per_s"],
+        "full_train_tokens_per_s": full["train_tokens_per_s"],
+        "step_s": [r["step_s"] for r in lora["steps"]],
+        "full_step_s": [r["step_s"] for r in full["steps"]],
+        "adapter_parameters": adapter_parameters,
+        "adapter_share": adapter_parameters / parameters,
     }
 
 
@@ -499,6 +539,15 @@ def print_summary(summary: Mapping[str, Any], path: Path) -> None:
         + ", ".join(f"{s:.1f}" for s in off["synchronous_step_s"])
         + " s synchronous"
     )
+    lora = summary["grpo_lora"]
+    print(
+        f"gpu_check: GRPO with LoRA (rank 8, {lora['adapter_share']:.2%} of the parameters train): update "
+        f"{lora['train_tokens_per_s']:,.0f} tokens/s against {lora['full_train_tokens_per_s']:,.0f} full; step "
+        + ", ".join(f"{s:.1f}" for s in lora["step_s"])
+        + " s against "
+        + ", ".join(f"{s:.1f}" for s in lora["full_step_s"])
+        + " s"
+    )
     print(f"gpu_check: summary -> {path} ({summary['total_wall_s']:.0f} s)")
 
 
@@ -514,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=default_time_limit(os.environ),
         help="all stages together; a stage past it is killed and the check fails "
-        "(default: GPU_CHECK_TIME_LIMIT_S, else the part's cap GPU_CHECK_PART_CAP_S less 15 s, else 225)",
+        "(default: GPU_CHECK_TIME_LIMIT_S, else the part's cap GPU_CHECK_PART_CAP_S less 15 s, else 245)",
     )
     parser.add_argument("--workdir", type=Path, help="where the data and models go (default: a temporary folder)")
     args = parser.parse_args(argv)
@@ -567,6 +616,9 @@ def main(argv: list[str] | None = None) -> int:
         one_step_off = one_step_off_figures(run["one_step_off_records"], run["grpo_records"])
         if one_step_off["steps"] != args.grpo_steps:
             raise StageFailed(f"{one_step_off['steps']} one-step-off GRPO steps, {args.grpo_steps} asked")
+        lora = lora_figures(run["lora_records"], grpo, run["lora_model"], run["parameters"], peak_flops)
+        if lora["steps"] != args.grpo_steps:
+            raise StageFailed(f"{lora['steps']} LoRA GRPO steps, {args.grpo_steps} asked")
     except (StageFailed, ValueError) as exc:
         summary["error"] = str(exc)
         summary_path.write_text(json.dumps(summary, indent=2) + "\n")
@@ -587,6 +639,7 @@ def main(argv: list[str] | None = None) -> int:
             },
             "grpo": {**grpo, "zero_stage": 2, "dtype": "bfloat16", "engine": "hf", "config": run["grpo_config"]},
             "grpo_one_step_off": {**one_step_off, "placement": "separate", "weight_transfer": "agentrl_gloo"},
+            "grpo_lora": {**lora, "rank": 8, "alpha": 32, "lr_scale": 10},
             "total_wall_s": time.perf_counter() - started,
         }
     )

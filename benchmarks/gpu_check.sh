@@ -2,12 +2,14 @@
 # GPU check, on one CUDA GPU without network, in four parts run as two calls of at most 5 minutes
 # each (a short GPU allocation, 15 minutes say, holds its start, both calls and a part's rerun):
 #
-#   call 1 (about 3 minutes on an H100; cap 240 s):
+#   call 1 (about 3.5 minutes on an H100; cap 260 s):
 #   1. benchmarks/gpu_check.py: SFT steps and GRPO steps of a randomly initialised ~0.5 B-parameter
 #      Qwen3 in bf16 on DeepSpeed (ZeRO-2) with the hf rollout engine: SFT tokens/s and model FLOPs
 #      utilisation, GRPO update tokens/s and MFU, hf-engine rollout tokens/s; then the same GRPO run
 #      one step off, its rollout process on the same GPU taking each version over the gloo weight
-#      transfer: staleness, push seconds. 20 SFT steps and 256-token responses (were 40 and 512).
+#      transfer: staleness, push seconds; then with LoRA as presets/one-gpu.yaml trains it (rank 8,
+#      10x the lr): update tokens/s beside the full run's, the adapter's share of the parameters.
+#      20 SFT steps and 256-token responses (were 40 and 512).
 #   call 2 (about 3.5 minutes; caps 100 + 80 + 60 s):
 #   2. benchmarks/gpu_check_vllm.py: (a) GRPO's colocated vLLM engine with CUDA graphs: weight push,
 #      sleep level 1 / wake, sleep level 2 / push (needs vLLM: skipped where it is missing, the one
@@ -44,7 +46,7 @@
 #   GPU_CHECK_CARRY        a folder with wheels/ (benchmarks/gpu_carry.sh): what this machine lacks of
 #                          them is installed into $TMPDIR/gpu_check_site first (a second call on
 #                          the same node, same $TMPDIR, finds them there), no index, no network
-#   GPU_CHECK_CAP_1..4     a part's cap in seconds (240, 100, 80, 60; --size tiny: 270, 180, 150,
+#   GPU_CHECK_CAP_1..4     a part's cap in seconds (260, 100, 80, 60; --size tiny: 270, 180, 150,
 #                          150; part 2 with vLLM: 240, so there run --part 2, then --part 3,4)
 #   GPU_CHECK_CALL_S       one call's budget in seconds (285)
 #   GPU_CHECK_PEAK_FLOPS   peak dense bf16 FLOP/s of the chip for the MFU (default 989e12: H100/H200 SXM)
@@ -121,7 +123,7 @@ trap 'rm -f "$results"' EXIT
 
 # Seconds per part: 0.5b's fit an H100 call with margin (estimates); tiny's a shared 2-core CPU,
 # where each process's imports (most of a tiny part) take 5-8 times their CPU time under load.
-if [[ "$size" == tiny ]]; then caps=(270 180 150 150); else caps=(240 100 80 60); fi
+if [[ "$size" == tiny ]]; then caps=(270 180 150 150); else caps=(260 100 80 60); fi
 if "$PY" benchmarks/gpu_check_imports.py has vllm; then caps[1]=240; fi  # vLLM's engine parts: about 4 minutes
 cap_of() {
     local variable="GPU_CHECK_CAP_$1"

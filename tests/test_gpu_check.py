@@ -127,6 +127,7 @@ def test_the_stage_configs_pass_the_config_schema():
             }
         )
         check_config(load_config(gpu_check.grpo_config(size, 2, "bfloat16")))
+        check_config(load_config(gpu_check.lora_grpo_config(gpu_check.grpo_config(size, 2, "bfloat16"))))
 
 
 def test_a_failing_stage_stops_the_check_with_its_log_tail(tmp_path):
@@ -214,6 +215,9 @@ def test_the_script_runs_every_stage_on_a_cpu_with_a_tiny_model(tmp_path):
     expected = gpu_check.model_flops_utilisation(summary["model"]["parameters"], sft["tokens"], sft["seconds"], 1e11)
     assert sft["mfu"] == pytest.approx(expected)
     assert len(grpo["steps"]) == 2 and grpo["train_tokens_per_s"] > 0
+    lora = summary["grpo_lora"]  # the one-GPU preset's GRPO: only the rank-8 adapters train
+    assert lora["steps"] == 2 and lora["train_tokens_per_s"] > 0
+    assert 0 < lora["adapter_share"] < 0.5 and lora["full_train_tokens_per_s"] == grpo["train_tokens_per_s"]
     # the stage logs come packed: one archive to copy back from the node
     assert not (summary_path.parent / "gpu_check_logs").exists()
     with tarfile.open(summary_path.parent / "gpu_check_logs.tar.gz") as tar:
