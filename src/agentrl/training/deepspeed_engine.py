@@ -69,12 +69,16 @@ class DistributedContext:
 
 
 def _one_process_group(backend: str, timeout) -> None:
-    """A one-process group whose store binds port 0 itself: probing a free port and binding it
-    later races with every other process on the host (a CI run lost it: EADDRINUSE)."""
+    """A one-process group on a store of its own, bound to port 0 by the store itself.
+
+    Probing a free port and binding it later races with every other process on the host, and a
+    launcher's MASTER_PORT that this process inherited (its parent ran a group of its own) is held
+    by the parent: either lost the port in CI (EADDRINUSE). Only LOCAL_RANK goes to the
+    environment (DeepSpeed's ZeRO code reads it); RANK and WORLD_SIZE would tell the stages this
+    process starts that a launcher started them (``training.launch.is_launched``).
+    """
     store = torch.distributed.TCPStore("127.0.0.1", 0, 1, True, timeout=timeout)
-    os.environ.update(
-        {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port)}
-    )
+    os.environ["LOCAL_RANK"] = "0"  # a world of one
     torch.distributed.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
 
 
@@ -96,7 +100,7 @@ def init_distributed(timeout_minutes: float | None = None) -> DistributedContext
         backend = get_accelerator().communication_backend_name()
         if get_accelerator().device_name() == "cpu":
             _skip_shared_memory_kernel()
-        if "RANK" not in os.environ:
+        if int(os.environ.get("WORLD_SIZE", "1")) == 1:
             # DeepSpeed wraps a group that is already up (deepspeed.comm.init_distributed).
             _one_process_group(backend, timeout)
         deepspeed.init_distributed(dist_backend=backend, verbose=False, timeout=timeout)
