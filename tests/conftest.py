@@ -5,6 +5,26 @@ from __future__ import annotations
 
 import pytest
 
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(autouse=True)
+def launcher_variables_stay_in_their_test():
+    """A test that runs a trainer in the pytest process sets the launcher variables of its
+    one-process group (agentrl.training.deepspeed_engine); left in os.environ they would reach
+    every stage a later test starts as a subprocess, which would then take itself for a torchrun
+    rank. They are put back as they were after each test (init_distributed sets them again for a
+    group that is still up)."""
+    import os
+
+    before = {key: os.environ.get(key) for key in LAUNCHER_VARIABLES}
+    yield
+    for key, value in before.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
 
 @pytest.fixture(scope="module")
 def one_thread():

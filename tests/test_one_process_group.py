@@ -1,6 +1,6 @@
 """A stage run as one process makes its process group on a store of its own: an inherited
-launcher environment whose port another process holds does not stop it, and it leaves nothing
-in its environment that would make the stages it starts think a launcher started them."""
+launcher environment whose port another process holds does not stop it, and the launcher
+variables it sets (vLLM's colocated engine reads them) name its own store."""
 
 from __future__ import annotations
 
@@ -15,15 +15,13 @@ import torch
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
-# What a child process reports: its group, and the launcher variables init_distributed added.
+# What a child process reports: its group and the launcher variables after init_distributed.
 PROBE = """
 import json, os
 from agentrl.training.deepspeed_engine import close_distributed, init_distributed
-keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-before = {k for k in keys if k in os.environ}
 ctx = init_distributed(1)
-added = sorted(k for k in keys if k in os.environ and k not in before)
-print(json.dumps({"world": ctx.world_size, "rank": ctx.rank, "added": added}))
+keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+print(json.dumps({"world": ctx.world_size, "rank": ctx.rank, "env": {k: os.environ.get(k) for k in keys}}))
 close_distributed()
 """
 
@@ -48,12 +46,16 @@ def test_an_inherited_one_process_launcher_env_whose_port_is_held_still_makes_a_
     MASTER_PORT; a stage it starts inherits RANK=0, WORLD_SIZE=1 and that port."""
     held = torch.distributed.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=30))
     env = {**_clean_env(), "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(held.port)}
-    assert _probe(env) == {"world": 1, "rank": 0, "added": ["LOCAL_RANK"]}
+    report = _probe(env)
+    assert (report["world"], report["rank"]) == (1, 0)
+    assert report["env"]["MASTER_PORT"] not in (None, str(held.port))  # its own store's
     del held
 
 
-def test_a_one_process_group_leaves_no_launcher_variables_for_the_processes_it_starts():
-    """Only LOCAL_RANK (DeepSpeed's ZeRO code reads it): with RANK and WORLD_SIZE a stage started
-    from this process would take itself for one started by torchrun (training.launch.is_launched)
-    and, given --nproc 2, run as one process."""
-    assert _probe(_clean_env()) == {"world": 1, "rank": 0, "added": ["LOCAL_RANK"]}
+def test_a_one_process_group_names_its_own_store_in_the_launcher_variables():
+    """DeepSpeed's ZeRO code reads LOCAL_RANK, vLLM's external-launcher executor RANK, LOCAL_RANK,
+    MASTER_ADDR and MASTER_PORT (the colocated engine joins the trainer's group)."""
+    report = _probe(_clean_env())
+    env = report["env"]
+    assert (report["world"], env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == (1, "0", "1", "0")
+    assert env["MASTER_ADDR"] == "127.0.0.1" and int(env["MASTER_PORT"]) > 0

@@ -68,17 +68,26 @@ class DistributedContext:
         return self.rank == 0
 
 
+# The launcher variables of the one-process group this process made (none: it made none). A later
+# init_distributed in the same process (the group is still up) sets them again, should something
+# have removed them in between (a test harness that keeps them from the stages it starts).
+_ONE_PROCESS_ENV: dict[str, str] = {}
+
+
 def _one_process_group(backend: str, timeout) -> None:
     """A one-process group on a store of its own, bound to port 0 by the store itself.
 
     Probing a free port and binding it later races with every other process on the host, and a
     launcher's MASTER_PORT that this process inherited (its parent ran a group of its own) is held
-    by the parent: either lost the port in CI (EADDRINUSE). Only LOCAL_RANK goes to the
-    environment (DeepSpeed's ZeRO code reads it); RANK and WORLD_SIZE would tell the stages this
-    process starts that a launcher started them (``training.launch.is_launched``).
+    by the parent: either lost the port in CI (EADDRINUSE). The launcher variables are then set to
+    this group's own store: DeepSpeed's ZeRO code reads LOCAL_RANK, and vLLM's external-launcher
+    executor (the colocated engine) RANK, LOCAL_RANK, MASTER_ADDR and MASTER_PORT.
     """
     store = torch.distributed.TCPStore("127.0.0.1", 0, 1, True, timeout=timeout)
-    os.environ["LOCAL_RANK"] = "0"  # a world of one
+    _ONE_PROCESS_ENV.update(
+        {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port)}
+    )
+    os.environ.update(_ONE_PROCESS_ENV)
     torch.distributed.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
 
 
@@ -95,7 +104,9 @@ def init_distributed(timeout_minutes: float | None = None) -> DistributedContext
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
-    if not torch.distributed.is_initialized():
+    if torch.distributed.is_initialized():
+        os.environ.update(_ONE_PROCESS_ENV)
+    else:
         timeout = datetime.timedelta(minutes=timeout_minutes or 10)
         backend = get_accelerator().communication_backend_name()
         if get_accelerator().device_name() == "cpu":
