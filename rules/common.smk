@@ -411,14 +411,21 @@ ABLATION_SFT_DATA = {
 }
 
 
-def ablation_data_cfg(wildcards):
-    """The prepare-data config of one SFT-data arm: the main one (rules/data.smk) with its data.embedded key changed."""
-    embedded = {**config["data"]["embedded"], **ABLATION_SFT_DATA[wildcards.sft_data]}
+def prepare_data_cfg(data):
+    """prepare-data's config with the ``data`` section given; of reward only unknown_source: every
+    row is routed to a verifier there, before any rollout."""
     return {
-        **{key: config[key] for key in ("seed", "sandbox", "tool")},
-        "data": {**config["data"], "embedded": embedded},
+        "seed": config["seed"],
+        "data": data,
+        **{key: config[key] for key in ("sandbox", "tool")},
         "reward": {"unknown_source": config["reward"]["unknown_source"]},
     }
+
+
+def ablation_data_cfg(wildcards):
+    """The prepare-data config of one SFT-data arm: the main one with its data.embedded keys changed."""
+    embedded = {**config["data"]["embedded"], **ABLATION_SFT_DATA[wildcards.sft_data]}
+    return prepare_data_cfg({**config["data"], "embedded": embedded})
 
 
 def ablation_sft_model(wildcards):

@@ -35,14 +35,7 @@ rule prepare_data:
     conda:
         "../envs/data.yaml"
     params:
-        # reward.unknown_source only: every row is routed to a verifier here, before any rollout.
-        **config_params(
-            name="prepare_data",
-            build=lambda wildcards: {
-                **{key: config[key] for key in ("seed", "data", "sandbox", "tool")},
-                "reward": {"unknown_source": config["reward"]["unknown_source"]},
-            }
-        ),
+        **config_params(name="prepare_data", build=lambda wildcards: prepare_data_cfg(config["data"])),
         eval_dir=parent_dir("eval"),
         hub_offline=HUB_OFFLINE,
     threads: 2
