@@ -250,7 +250,8 @@ def test_a_changed_grpo_parameter_trains_grpo_again(completed, tmp_path):
     log = (workdir / "results" / "logs" / "grpo.log").read_text()
     assert "resumed from" not in log, "the new configuration resumed the old run's final checkpoint"
     aside = checkpoints.with_name(f"checkpoints.{old_step}")
-    assert f"it is kept in {aside}" in log and "differs in grpo.lr" in log, log[-2000:]
+    # the log names paths relative to the run's folder, as the user types them
+    assert f"it is kept in {aside.relative_to(workdir)}" in log and "differs in grpo.lr" in log, log[-2000:]
     assert (aside / old_step / "trainer_state.json").exists()
     records = [json.loads(line) for line in (workdir / "results" / "rl" / "metrics.jsonl").read_text().splitlines()]
     rates = [r["actor/lr"] for r in records if "actor/lr" in r]

@@ -141,7 +141,10 @@ def check_health_and_cost(results, report_html) -> None:
         p.relative_to(results / "timings").parts[0].removesuffix(".tsv") for p in (results / "timings").rglob("*.tsv")
     }
     assert set(cost.index) == (timed - {"report"}) | {"total"}, "a row per rule that wrote a benchmark file"
-    assert (cost["wall_s"] > 0).all() and (cost.drop("total")["cpu_h"] > 0).all()
+    assert (cost["wall_s"] > 0).all() and (cost["cpu_h"] >= 0).all()
+    # Snakemake samples a job's CPU time while it runs: a job of a second or two can end before
+    # its first sample and record none, so only the long stages must show CPU time.
+    assert (cost.loc[["pretrain", "sft", "grpo", "evaluate", "total"], "cpu_h"] > 0).all()
     for rule in ("score_rl_pool", "evaluate", "grpo"):
         assert cost.loc[rule, "generated_tokens"] > 0 and cost.loc[rule, "tokens_per_s"] > 0, rule
     for rule in ("pretrain", "sft", "grpo"):
