@@ -120,16 +120,19 @@ rule ablation_grpo:
 
 
 rule ablation_evaluate:
+    # Every benchmark of one arm and seed in one job (each with its own seed, so its files are a
+    # job of its own's): at this budget a benchmark samples in seconds, and a process per
+    # benchmark spent more on start-up than on sampling.
     input:
         model=ablation_result("{arm}/seed{seed}/rl/model/config.json"),
-        problems=result("data/eval/{benchmark}.parquet"),
+        problems=expand(result("data/eval/{benchmark}.parquet"), benchmark=benchmarks()),
     output:
-        samples=ablation_result("{arm}/seed{seed}/eval/{benchmark}/samples.jsonl"),
-        metrics=ablation_result("{arm}/seed{seed}/eval/{benchmark}/metrics.json"),
+        samples=expand(ablation_result("{{arm}}/seed{{seed}}/eval/{benchmark}/samples.jsonl"), benchmark=benchmarks()),
+        metrics=expand(ablation_result("{{arm}}/seed{{seed}}/eval/{benchmark}/metrics.json"), benchmark=benchmarks()),
     log:
-        f"{LOGS}/ablations/{{arm}}/seed{{seed}}/evaluate/{{benchmark}}.log",
+        f"{LOGS}/ablations/{{arm}}/seed{{seed}}/evaluate.log",
     benchmark:
-        result("timings/ablations/{arm}/seed{seed}/evaluate/{benchmark}.tsv")
+        result("timings/ablations/{arm}/seed{seed}/evaluate.tsv")
     conda:
         ROLLOUT_ENV
     wildcard_constraints:
@@ -137,6 +140,7 @@ rule ablation_evaluate:
     params:
         **config_params(name="ablation_evaluate", build=ablation_eval_cfg, example=ABLATION_EXAMPLE),
         model_dir=input_dir("model"),
+        benchmarks=benchmarks(),
         max_problems="" if ABLATION_MAX_PROBLEMS is None else f"--max-problems {ABLATION_MAX_PROBLEMS}",
     threads: 1
     resources:
@@ -144,7 +148,7 @@ rule ablation_evaluate:
     shell:
         on_gpus(
             "python -m agentrl evaluate run --config {params.cfg:q} --model {params.model_dir} --threads {threads} "
-            "--problems {input.problems} --benchmark {wildcards.benchmark} {params.max_problems} "
+            "--problems {input.problems} --benchmark {params.benchmarks} {params.max_problems} "
             "--samples {output.samples} --metrics {output.metrics}"
         )
         + " 2>&1 | keep_log {log} || show_error {log}"

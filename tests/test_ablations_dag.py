@@ -3,7 +3,7 @@
 A dry run in an empty folder plans every job: one real data set, one base model, one real SFT
 model and one model-aware RL set serve every arm; each other sft_data an arm names (stitched,
 deliberative, reactive) adds one data set and one SFT model for all its seeds; each arm and seed is
-one grpo job and one evaluate job per benchmark.
+one grpo job and one evaluate job of every benchmark.
 Slow: each Snakemake call pays its start-up and DAG building (several seconds here).
 """
 
@@ -78,7 +78,13 @@ def test_arms_share_one_data_set_base_model_sft_model_and_rl_set(plan):
     assert SFT_DATA == ["deliberative", "reactive", "stitched"]
     assert counts["ablation_sft_data"] == counts["ablation_sft"] == len(SFT_DATA)
     assert counts["ablation_grpo"] == len(ARMS) * len(SEEDS)  # the baseline, shared by the three questions, once
-    assert counts["ablation_evaluate"] == len(ARMS) * len(SEEDS) * len(FAMILIES)
+    assert counts["ablation_evaluate"] == len(ARMS) * len(SEEDS)
+    for job in _jobs(plan, "ablation_evaluate"):  # each evaluates every family of its arm and seed's model
+        run = re.search(r"ablations/([^/]+/seed\d+)/rl/", job["input"]).group(1)
+        expected = {
+            f"results/ablations/{run}/eval/{f}/{file}" for f in FAMILIES for file in ("samples.jsonl", "metrics.json")
+        }
+        assert set(job["output"].split(", ")) == expected, job
     assert len(SEEDS) >= 3
     # the main workflow's own RL and evaluation are not part of the ablations target
     assert "grpo" not in counts and "evaluate" not in counts

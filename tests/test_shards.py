@@ -185,6 +185,38 @@ def test_evaluation_in_two_shards_gives_the_metrics_of_one(random_policy_dir, tm
     assert (tmp_path / "two/samples.jsonl").read_text() == (tmp_path / "one/samples.jsonl").read_text()
 
 
+def test_one_run_of_two_benchmarks_writes_what_two_runs_write(random_policy_dir, tmp_path):
+    """The ablations evaluate every benchmark of a model in one job: each benchmark still draws
+    from its own seed, so its files are those of a job of its own."""
+    problems = {"bench": shard_problems(3), "other": shard_problems(4)[1:]}
+    for name, rows in problems.items():
+        write_records(rows, tmp_path / f"{name}.parquet")
+    common = ["--config-json", json.dumps(SHARD_CONFIG), "--model", str(random_policy_dir), "--threads", "1"]
+
+    def outputs(folder: str, names: list[str]) -> list[str]:
+        return [
+            "--samples",
+            *(str(tmp_path / folder / name / "samples.jsonl") for name in names),
+            "--metrics",
+            *(str(tmp_path / folder / name / "metrics.json") for name in names),
+        ]
+
+    for name in problems:
+        assert (
+            eval_cli.main(["run", *common, "--problems", str(tmp_path / f"{name}.parquet"), *outputs("alone", [name])])
+            == 0
+        )
+    both = [str(tmp_path / f"{name}.parquet") for name in problems]
+    assert eval_cli.main(["run", *common, "--problems", *both, *outputs("together", list(problems))]) == 0
+    for name in problems:
+        for file in ("samples.jsonl", "metrics.json"):
+            assert (tmp_path / "together" / name / file).read_bytes() == (tmp_path / "alone" / name / file).read_bytes()
+    with pytest.raises(SystemExit, match="one path .* per benchmark .*--problems 2, --benchmark 2, --samples 1"):
+        eval_cli.main(
+            ["run", *common, "--problems", *both, *outputs("short", ["bench"])[:2], *outputs("x", list(problems))[3:]]
+        )
+
+
 def test_each_sequence_samples_from_its_own_seed_whatever_shares_its_batch(random_policy_dir):
     model = AutoModelForCausalLM.from_pretrained(random_policy_dir).eval()
     tokenizer = AutoTokenizer.from_pretrained(random_policy_dir)

@@ -1,6 +1,8 @@
 """``python -m agentrl evaluate run|shard|gather|export-livecodebench``: benchmark evaluation of one model.
 
-- ``run``: ``eval.n`` samples per problem of one benchmark, with ``eval.temperature`` /
+- ``run``: ``eval.n`` samples per problem of one benchmark (or of several, one after another
+  in one process: ``--problems``, ``--samples`` and ``--metrics`` take one path per benchmark,
+  in the same order), with ``eval.temperature`` /
   ``eval.top_p`` (paper: 32 / 1.0 / 0.6), the RL rollout engine and agent loop, graded by the
   reward registry -> ``samples.jsonl`` (one row per sample, :mod:`agentrl.sampling.samples`)
   and ``metrics.json`` (:func:`agentrl.sampling.metrics.summarize_benchmark` of those rows,
@@ -229,14 +231,26 @@ def run(
 def _parser() -> argparse.ArgumentParser:
     parser = stage_parser("evaluate", __doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    p_run = add_command(commands, "run", "sample, grade and summarize one model on one benchmark")
+    p_run = add_command(commands, "run", "sample, grade and summarize one model on one benchmark or several")
     p_run.add_argument("--model", type=Path, required=True, help="Hugging Face model folder")
     p_run.add_argument(
-        "--problems", type=Path, required=True, help="normalized eval parquet (results/data/eval/<name>.parquet)"
+        "--problems",
+        type=Path,
+        nargs="+",
+        required=True,
+        help="normalized eval parquet(s) (results/data/eval/<name>.parquet), one per benchmark",
     )
-    p_run.add_argument("--benchmark", help="benchmark name for logs and the seed (default: the parquet's stem)")
-    p_run.add_argument("--samples", type=Path, required=True, help="output: samples.jsonl")
-    p_run.add_argument("--metrics", type=Path, required=True, help="output: metrics.json")
+    p_run.add_argument(
+        "--benchmark",
+        nargs="+",
+        help="benchmark name(s) for logs and the seed, one per --problems (default: each parquet's stem)",
+    )
+    p_run.add_argument(
+        "--samples", type=Path, nargs="+", required=True, help="output(s): samples.jsonl, one per --problems"
+    )
+    p_run.add_argument(
+        "--metrics", type=Path, nargs="+", required=True, help="output(s): metrics.json, one per --problems"
+    )
     p_run.add_argument("--threads", type=int, help="CPU threads for torch (the rule's threads)")
     p_run.add_argument(
         "--max-problems",
@@ -289,21 +303,55 @@ def _shard_command(args: argparse.Namespace) -> None:
     )
 
 
-def _run_or_gather_command(args: argparse.Namespace) -> None:
+def run_jobs(args: argparse.Namespace) -> list[tuple[Path, str, Path, Path]]:
+    """``run``'s (problems, benchmark, samples, metrics) per benchmark, from its parallel lists."""
+    benchmarks = args.benchmark or [path.stem for path in args.problems]
+    counts = {
+        "--problems": len(args.problems),
+        "--benchmark": len(benchmarks),
+        "--samples": len(args.samples),
+        "--metrics": len(args.metrics),
+    }
+    if len(set(counts.values())) != 1:
+        given = ", ".join(f"{flag} {count}" for flag, count in counts.items())
+        raise SystemExit(f"evaluate run: one path (and name) per benchmark in each list, in one order; got {given}")
+    outputs = [*args.samples, *args.metrics]
+    if len(set(outputs)) != len(outputs):
+        raise SystemExit("evaluate run: --samples and --metrics name the same file twice")
+    return list(zip(args.problems, benchmarks, args.samples, args.metrics, strict=True))
+
+
+def _run_command(args: argparse.Namespace) -> None:
+    """Every benchmark in turn, in one process: one start-up (interpreter, torch, config) for all."""
+    jobs = run_jobs(args)
+    for _, _, samples, metrics in jobs:
+        check_writable((samples, "--samples", "file"), (metrics, "--metrics", "file"))
+    cfg = config_from_args(args)
+    check_model_folder(args.model, "--model")
+    set_torch_threads(args.threads)
+    for problems, benchmark, samples, metrics_out in jobs:
+        metrics = run(cfg, args.model, problems, samples, metrics_out, benchmark, args.max_problems, args.reasoning)
+        _log_headline(benchmark, metrics)
+
+
+def _gather_command(args: argparse.Namespace) -> None:
     check_writable((args.samples, "--samples", "file"), (args.metrics, "--metrics", "file"))
     cfg = config_from_args(args)
-    benchmark = args.benchmark or args.problems.stem
-    if args.command == "gather":
-        shards = args.shard_files
-        metrics = gather(
-            cfg, args.model, args.problems, benchmark, shards, args.samples, args.metrics, reasoning=args.reasoning
-        )
-    else:
-        check_model_folder(args.model, "--model")
-        set_torch_threads(args.threads)
-        metrics = run(
-            cfg, args.model, args.problems, args.samples, args.metrics, benchmark, args.max_problems, args.reasoning
-        )
+    benchmark = args.benchmark
+    metrics = gather(
+        cfg,
+        args.model,
+        args.problems,
+        benchmark,
+        args.shard_files,
+        args.samples,
+        args.metrics,
+        reasoning=args.reasoning,
+    )
+    _log_headline(benchmark, metrics)
+
+
+def _log_headline(benchmark: str, metrics: dict) -> None:
     n = metrics["samples_per_problem"]
     log.info(
         "%s: avg@%d %.3f, pass@%d %.3f, tool calls/response %.2f",
@@ -328,8 +376,10 @@ def main(argv: list[str]) -> int:
     setup_logging()
     if args.command == "shard":
         _shard_command(args)
-    elif args.command in ("run", "gather"):
-        _run_or_gather_command(args)
+    elif args.command == "run":
+        _run_command(args)
+    elif args.command == "gather":
+        _gather_command(args)
     else:
         _export_livecodebench_command(args)
     return 0
