@@ -39,13 +39,16 @@ def _lora(**values):
 
 
 def _trained(model_dir, seed: int = 0, **lora):
-    """The policy with adapters whose B is random (a trained adapter: the update is not zero)."""
+    """The policy with adapters whose B is random (a trained adapter: the update is not zero), and
+    any module trained whole (``modules_to_save``) moved off its original."""
     model = load_causal_lm(model_dir, lora=_lora(**lora), seed=seed).eval()
     generator = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if "lora_B" in name:
                 parameter.copy_(0.05 * torch.randn(parameter.shape, generator=generator))
+            elif ".modules_to_save." in name:
+                parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
     return model
 
 
@@ -160,3 +163,58 @@ def test_the_hf_engine_generates_through_the_peft_module_as_through_its_merged_w
     for a, b in zip(through_peft, through_merged):
         assert a.token_ids == b.token_ids
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=1e-4, atol=1e-4)
+
+
+# --------------------------------------------------------------------------- modules trained whole
+def test_a_module_to_save_the_model_lacks_is_refused_naming_the_models_modules(policy_dir):
+    check_target_modules(policy_dir, _lora(modules_to_save=["embed_tokens"]), "sft.lora")
+    with pytest.raises(ConfigError) as err:
+        load_causal_lm(policy_dir, lora=_lora(modules_to_save=["embed_tokenz"]), lora_key="sft.lora")
+    message = str(err.value)
+    assert message.startswith(f"sft.lora.modules_to_save: embed_tokenz is no module of {policy_dir} with weights")
+    assert "embed_tokens" in message and "q_proj" in message, message
+
+
+def test_a_trained_embedding_is_the_tied_heads_too_merges_under_its_own_name_and_the_adapter_off_is_the_model(
+    policy_dir, tmp_path
+):
+    """modules_to_save [embed_tokens] on a tied model (the embedded model's SFT): the copy trains
+    and is the output head too; the merged weights, the exported folder and its adapter are the
+    trained model, and the adapter off (GRPO's reference) is the model as it was loaded."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    plain = load_causal_lm(policy_dir).eval()
+    assert plain.config.tie_word_embeddings
+    fresh = load_causal_lm(policy_dir, lora=_lora(rank=2, modules_to_save=["embed_tokens"]), seed=5).eval()
+    trainable = [n for n, p in fresh.named_parameters() if p.requires_grad]
+    copies = [n for n in trainable if ".lora_" not in n]
+    assert copies == ["base_model.model.model.embed_tokens.modules_to_save.default.weight"], copies
+    base = fresh.get_base_model()
+    assert base.get_output_embeddings().weight is base.get_input_embeddings().weight, "the head left the embedding"
+    ids = torch.randint(5, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(fresh(input_ids=ids).logits, plain(input_ids=ids).logits, rtol=0, atol=0)
+
+    model = _trained(policy_dir, rank=2, modules_to_save=["embed_tokens"])
+    merged = MergedWeights(model)
+    assert list(merged) == [name for name, _ in plain.named_parameters()]
+    embedding = "model.embed_tokens.weight"
+    assert not torch.equal(merged[embedding], dict(plain.named_parameters())[embedding]), "the trained copy is read"
+    reference = copy.deepcopy(model).merge_and_unload().state_dict()
+    for name in merged:
+        torch.testing.assert_close(merged[name], reference[name], rtol=0, atol=0, msg=name)
+    assert [s.name for s in MergedWeightSource(model).metadata()] == list(merged)
+    with torch.no_grad(), model.disable_adapter():
+        originals = dict(plain.named_parameters())
+        assert all(torch.equal(MergedWeights(model)[n], originals[n]) for n in merged)
+        torch.testing.assert_close(model(input_ids=ids).logits, plain(input_ids=ids).logits, rtol=0, atol=0)
+
+    save_merged_folder(model, AutoTokenizer.from_pretrained(policy_dir), tmp_path / "out")
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+        loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+        torch.testing.assert_close(loaded(input_ids=ids).logits, expected, rtol=1e-5, atol=1e-5)
+        onto_base = PeftModel.from_pretrained(
+            AutoModelForCausalLM.from_pretrained(policy_dir), tmp_path / "out" / ADAPTER_FOLDER
+        )
+        torch.testing.assert_close(onto_base.eval()(input_ids=ids).logits, expected, rtol=0, atol=0)

@@ -239,6 +239,7 @@ class LoraConfig:
     alpha: float
     dropout: float
     target_modules: tuple[str, ...]  # module names, or ("all-linear",): every linear layer but the output head
+    modules_to_save: tuple[str, ...]  # modules trained whole beside the adapters (PEFT's), e.g. embed_tokens
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,11 @@ What else LoRA changes, each in one place:
   (:func:`agentrl.training.deepspeed_engine.save_checkpoint`; DeepSpeed drops frozen parameters
   by their first name, so a tied output head, an alias of the embedding, stays in);
 - GRPO's reference policy is the same module with the adapter off
-  (:class:`agentrl.grpo.policy.AdapterDisabled`), no second model.
+  (:class:`agentrl.grpo.policy.AdapterDisabled`), no second model;
+- ``lora.modules_to_save`` modules (PEFT's) train whole beside the adapters: PEFT wraps each in a
+  trained copy and keeps the original, which the adapter-off forward uses; a tied output head
+  follows a trained embedding (PEFT's ``ensure_weight_tying``), and the merged weights read the
+  copy under the module's own name.
 
 Departure from PEFT's defaults: ``A`` is drawn from a generator seeded by the run's seed, so
 every rank starts from the same adapter and the trainer's own random stream is untouched.
@@ -74,19 +78,46 @@ def linear_layer_names(model_dir: str | Path) -> list[str]:
     )
 
 
+def module_names(model_dir: str | Path) -> list[str]:
+    """The names (last component, as ``embed_tokens``) of every module of the model in
+    ``model_dir`` with weights of its own: what ``modules_to_save`` may name. Built on the meta
+    device from ``config.json``."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(str(model_dir))
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sorted(
+        {
+            name.rsplit(".", 1)[-1]
+            for name, m in model.named_modules()
+            if name and next(m.parameters(recurse=False), None) is not None
+        }
+    )
+
+
 def check_target_modules(model_dir: str | Path, lora: LoraConfig, key: str) -> None:
     """Refuse (ConfigError) a ``target_modules`` entry that is not a linear layer of the model in
-    ``model_dir``, naming the entry and the model's linear layers; ``key`` is the config section
-    (``sft.lora``, ``grpo.lora``)."""
-    if not lora.enabled or tuple(lora.target_modules) == (ALL_LINEAR,):
+    ``model_dir``, or a ``modules_to_save`` entry that is none of its modules with weights, naming
+    the entry and what the model has; ``key`` is the config section (``sft.lora``, ``grpo.lora``)."""
+    if not lora.enabled:
         return
-    names = linear_layer_names(model_dir)
-    missing = [m for m in lora.target_modules if m not in names]
-    if missing:
-        raise ConfigError(
-            f"{key}.target_modules: {', '.join(missing)} is not a linear layer of {model_dir}; its linear layers "
-            f"(but the output head) are {', '.join(names)}, or give {ALL_LINEAR}"
-        )
+    if tuple(lora.target_modules) != (ALL_LINEAR,):
+        names = linear_layer_names(model_dir)
+        missing = [m for m in lora.target_modules if m not in names]
+        if missing:
+            raise ConfigError(
+                f"{key}.target_modules: {', '.join(missing)} is not a linear layer of {model_dir}; its linear "
+                f"layers (but the output head) are {', '.join(names)}, or give {ALL_LINEAR}"
+            )
+    if lora.modules_to_save:
+        names = module_names(model_dir)
+        missing = [m for m in lora.modules_to_save if m not in names]
+        if missing:
+            raise ConfigError(
+                f"{key}.modules_to_save: {', '.join(missing)} is no module of {model_dir} with weights; its "
+                f"modules are {', '.join(names)}"
+            )
 
 
 def add_adapters(model: torch.nn.Module, lora: LoraConfig, seed: int) -> PeftModel:
@@ -100,7 +131,15 @@ def add_adapters(model: torch.nn.Module, lora: LoraConfig, seed: int) -> PeftMod
 
     targets = ALL_LINEAR if tuple(lora.target_modules) == (ALL_LINEAR,) else list(lora.target_modules)
     settings = PeftLoraConfig(
-        r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets, bias="none"
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=targets,
+        bias="none",
+        modules_to_save=list(lora.modules_to_save) or None,
+        # a trained embedding stays the output head of a tied model (else the head would be the
+        # frozen original, and the tokens it must learn to emit would stay out of reach)
+        ensure_weight_tying=bool(lora.modules_to_save),
     )
     devices = [model.device.index or 0] if model.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
@@ -117,19 +156,28 @@ class MergedWeights(Mapping[str, torch.Tensor]):
     sender that drops it before reading the next). Other weights are the module's own tensors.
     The names are the model's own ``state_dict`` names without PEFT's ``base_layer`` and adapter
     entries, tied aliases left out as :func:`~agentrl.training.hf_export.distinct_tensors` does.
+    A module trained whole (``lora.modules_to_save``) is read as its forward uses it: the trained
+    copy, or the original with the adapter off.
     """
 
     def __init__(self, model: PeftModel) -> None:
         from peft.tuners.lora import LoraLayer
+        from peft.utils.other import ModulesToSaveWrapper
 
         self.model = model
         base = model.get_base_model()
         layers = {name: m for name, m in base.named_modules() if isinstance(m, LoraLayer)}
-        self._sources: dict[str, torch.Tensor | LoraLayer] = {}
+        wrappers = {name: m for name, m in base.named_modules() if isinstance(m, ModulesToSaveWrapper)}
+        self._sources: dict[str, torch.Tensor | LoraLayer | tuple[ModulesToSaveWrapper, str]] = {}
         for name, tensor in distinct_tensors(base).items():
-            if any(part.startswith("lora_") for part in name.split(".")):
-                continue
+            parts = name.split(".")
+            if any(part.startswith("lora_") for part in parts) or "modules_to_save" in parts:
+                continue  # an adapter, or the trained copy of a module (read through its wrapper below)
             plain = name.replace(".base_layer.", ".")
+            if ".original_module." in plain:
+                wrapper, _, leaf = plain.partition(".original_module.")
+                self._sources[f"{wrapper}.{leaf}"] = (wrappers[wrapper], leaf)
+                continue
             module, _, leaf = plain.rpartition(".")
             self._sources[plain] = layers[module] if module in layers and leaf == "weight" else tensor
 
@@ -144,6 +192,8 @@ class MergedWeights(Mapping[str, torch.Tensor]):
         source = self._sources[name]
         if isinstance(source, torch.Tensor):
             return source.detach()
+        if isinstance(source, tuple):
+            return _saved_module_weight(*source).detach()
         assert not source.merged, f"{name}: the adapter was merged into the module; MergedWeights merges on access"
         weight = source.get_base_layer().weight.detach()
         if source.disable_adapters:
@@ -157,9 +207,23 @@ class MergedWeights(Mapping[str, torch.Tensor]):
         """Each name's dtype and shape, nothing merged (a receiver allocates by them)."""
         specs = []
         for name, source in self._sources.items():
-            tensor = source if isinstance(source, torch.Tensor) else source.get_base_layer().weight
+            if isinstance(source, torch.Tensor):
+                tensor = source
+            elif isinstance(source, tuple):
+                tensor = _saved_module_weight(*source)
+            else:
+                tensor = source.get_base_layer().weight
             specs.append(ParamSpec(name, tensor.dtype, tuple(tensor.shape)))
         return specs
+
+
+def _saved_module_weight(wrapper, leaf: str) -> torch.Tensor:
+    """The weight ``leaf`` of a module trained whole, as PEFT's wrapper forwards: the original with
+    the adapter off (or no active adapter of its own), else the active adapter's trained copy."""
+    active = wrapper.active_adapters
+    if wrapper.disable_adapters or not active or any(a not in wrapper.modules_to_save for a in active):
+        return wrapper.original_module.get_parameter(leaf)
+    return wrapper.modules_to_save[active[0]].get_parameter(leaf)
 
 
 def hf_weights(model: torch.nn.Module) -> Iterable[tuple[str, torch.Tensor]]:
