@@ -70,5 +70,6 @@ def test_a_dry_run_on_one_gpu_plans_every_gpu_job_on_it_and_no_scoring(tmp_path)
             "alpha": 32,
             "dropout": 0.0,
             "target_modules": ["all-linear"],
+            "modules_to_save": [],  # Qwen3 knows its own chat template's tokens
         }
     assert "results-one-gpu/data/rl_pool.parquet" in next(c for c in commands if "-m agentrl grpo " in c)

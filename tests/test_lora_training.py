@@ -112,6 +112,51 @@ def test_sft_with_lora_on_two_zero2_processes_packed_trains_as_one_process(sft_l
         torch.testing.assert_close(weights[name], tensor, rtol=1e-3, atol=2e-3, msg=name)
 
 
+SFT_LORA_EMBEDDING = {**SFT_LORA, "lora": {**SFT_LORA["lora"], "modules_to_save": ["embed_tokens"]}}
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.slow
+def test_sft_with_lora_and_a_trained_embedding_exports_it_tied_checkpoints_it_and_resumes_to_the_same_model(tmp_path):
+    """``sft.lora.modules_to_save: [embed_tokens]`` (presets/lora.yaml): the embedding, which is the
+    tied output head, trains beside the adapters; the merged folder holds the trained copy under the
+    model's own name, the checkpoint holds the copy but not the frozen original, and a run stopped
+    after a checkpoint resumes to the uninterrupted run's weights."""
+    root = sft_workspace(tmp_path)
+    straight, weights = train_sft_run(root, "straight", SFT_LORA_EMBEDDING)
+    base = load_file(root / "base" / "model.safetensors")
+    assert "lm_head.weight" not in weights, "the tied head is written once, as the embedding"
+    assert not torch.equal(weights["model.embed_tokens.weight"], base["model.embed_tokens.weight"])
+    for name, tensor in base.items():
+        if name != "model.embed_tokens.weight" and not name.endswith(tuple(f"{m}.weight" for m in ADAPTED)):
+            assert torch.equal(weights[name], tensor), f"{name} is frozen under LoRA"
+    states = torch.load(root / "straight" / "ckpt" / "step_9" / "mp_rank_00_model_states.pt", weights_only=False)
+    whole = [k for k in states["module"] if ".lora_A." not in k and ".lora_B." not in k]
+    assert any(k.endswith("model.embed_tokens.modules_to_save.default.weight") for k in whole), whole
+    # the frozen original is the model folder's; only the tied head's aliases of both stay (as
+    # _check_only_the_adapters_are_saved says of the head)
+    assert [k for k in whole if ".embed_tokens." in k and ".modules_to_save." not in k] == [], whole
+    assert all(".embed_tokens." in k or ".lm_head." in k for k in whole), whole
+
+    process = subprocess.Popen(
+        sft_run_args(root, "stopped", SFT_LORA_EMBEDDING, 1),
+        env=sft_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # its own process group, killed whole as a job's is
+    )
+    _stop_after(process, root / "stopped" / "ckpt", 3, signal.SIGKILL)
+    process.communicate(timeout=600)
+    done = subprocess.run(
+        sft_run_args(root, "stopped", SFT_LORA_EMBEDDING, 1), env=sft_env(), capture_output=True, text=True, timeout=900
+    )
+    assert done.returncode == 0 and "resumed from" in done.stderr, done.stderr[-3000:]
+    resumed, resumed_weights = sft_run_results(root / "stopped")
+    assert [m["loss"] for m in resumed[-3:]] == pytest.approx([m["loss"] for m in straight[-3:]], rel=1e-6, abs=1e-7)
+    for name, tensor in weights.items():
+        torch.testing.assert_close(resumed_weights[name], tensor, rtol=1e-6, atol=1e-7, msg=name)
+
+
 # grpo_t: the KL-to-reference variant (kl_coef 0.001), so the reference forward runs with the adapter
 # off; the entropy bonus gives the adapters a gradient whatever the tiny policy's rewards are; one
 # optimizer step per GRPO step, so step 1's update runs at the initial policy (KL 0).
