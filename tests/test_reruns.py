@@ -297,7 +297,12 @@ TRAINING_JOBS = {
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("rule", sorted(TRAINING_JOBS))
+@pytest.mark.parametrize(
+    "rule",
+    # long: the pretraining is SFT's trainer with another recipe, so it stops, keeps and resumes
+    # through the code the sft case runs; CI runs that one
+    [pytest.param(rule, marks=pytest.mark.long) if rule == "pretrain" else rule for rule in sorted(TRAINING_JOBS)],
+)
 def test_a_killed_training_job_resumes_from_its_checkpoint(tmp_path, rule):
     overlay, (checkpoint_dir, model_dir, metrics, done_line) = TRAINING_JOBS[rule]
     write_config(tmp_path, TINY, overlay, {"sft": {"save_every_steps": 2, "keep_checkpoints": 1}})
