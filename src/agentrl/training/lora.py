@@ -59,15 +59,20 @@ def is_lora(model: torch.nn.Module) -> bool:
     return hasattr(model, "peft_config") and hasattr(model, "disable_adapter")
 
 
-def linear_layer_names(model_dir: str | Path) -> list[str]:
-    """The names (last component, as ``q_proj``) of the linear layers of the model in ``model_dir``
-    but its output head: what ``target_modules`` may name. Built on the meta device from
-    ``config.json``: no weight is read."""
+def _meta_model(model_dir: str | Path) -> torch.nn.Module:
+    """The model in ``model_dir`` built from its ``config.json`` on the meta device: its modules'
+    names and types, no weight read."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(str(model_dir))
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        return AutoModelForCausalLM.from_config(config)
+
+
+def linear_layer_names(model_dir: str | Path) -> list[str]:
+    """The names (last component, as ``q_proj``) of the linear layers of the model in ``model_dir``
+    but its output head: what ``target_modules`` may name (:func:`_meta_model`)."""
+    model = _meta_model(model_dir)
     head = model.get_output_embeddings()
     return sorted(
         {
@@ -80,13 +85,8 @@ def linear_layer_names(model_dir: str | Path) -> list[str]:
 
 def module_names(model_dir: str | Path) -> list[str]:
     """The names (last component, as ``embed_tokens``) of every module of the model in
-    ``model_dir`` with weights of its own: what ``modules_to_save`` may name. Built on the meta
-    device from ``config.json``."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(str(model_dir))
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+    ``model_dir`` with weights of its own: what ``modules_to_save`` may name (:func:`_meta_model`)."""
+    model = _meta_model(model_dir)
     return sorted(
         {
             name.rsplit(".", 1)[-1]
