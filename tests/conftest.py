@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-
 
 @pytest.fixture(autouse=True)
 def launcher_variables_stay_in_their_test():
@@ -16,6 +14,8 @@ def launcher_variables_stay_in_their_test():
     rank. They are put back as they were after each test (init_distributed sets them again for a
     group that is still up)."""
     import os
+
+    from agentrl.training.deepspeed_engine import LAUNCHER_VARIABLES
 
     before = {key: os.environ.get(key) for key in LAUNCHER_VARIABLES}
     yield

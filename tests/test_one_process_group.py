@@ -13,15 +13,17 @@ from pathlib import Path
 
 import torch
 
+from agentrl.training.deepspeed_engine import LAUNCHER_VARIABLES
+
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 # What a child process reports: its group and the launcher variables after init_distributed.
 PROBE = """
 import json, os
-from agentrl.training.deepspeed_engine import close_distributed, init_distributed
+from agentrl.training.deepspeed_engine import LAUNCHER_VARIABLES, close_distributed, init_distributed
 ctx = init_distributed(1)
-keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-print(json.dumps({"world": ctx.world_size, "rank": ctx.rank, "env": {k: os.environ.get(k) for k in keys}}))
+env = {k: os.environ.get(k) for k in LAUNCHER_VARIABLES}
+print(json.dumps({"world": ctx.world_size, "rank": ctx.rank, "env": env}))
 close_distributed()
 """
 
@@ -35,8 +37,7 @@ def _probe(env: dict[str, str]) -> dict:
 
 
 def _clean_env() -> dict[str, str]:
-    launcher = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}
-    env = {k: v for k, v in os.environ.items() if k not in launcher}
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
     env["PYTHONPATH"] = f"{SRC}{os.pathsep}{env.get('PYTHONPATH', '')}"
     return env
 

@@ -68,6 +68,9 @@ class DistributedContext:
         return self.rank == 0
 
 
+# What torchrun sets for each rank, and what a one-process group sets to its own store.
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
 # The launcher variables of the one-process group this process made (none: it made none). A later
 # init_distributed in the same process (the group is still up) sets them again, should something
 # have removed them in between (a test harness that keeps them from the stages it starts).
@@ -84,9 +87,7 @@ def _one_process_group(backend: str, timeout) -> None:
     executor (the colocated engine) RANK, LOCAL_RANK, MASTER_ADDR and MASTER_PORT.
     """
     store = torch.distributed.TCPStore("127.0.0.1", 0, 1, True, timeout=timeout)
-    _ONE_PROCESS_ENV.update(
-        {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port)}
-    )
+    _ONE_PROCESS_ENV.update(dict(zip(LAUNCHER_VARIABLES, ("0", "1", "0", "127.0.0.1", str(store.port)), strict=True)))
     os.environ.update(_ONE_PROCESS_ENV)
     torch.distributed.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
 
